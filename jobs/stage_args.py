@@ -1,0 +1,72 @@
+"""The command-line shape every stage shares: ``--config FILE``, stage flags, then ``key=value``.
+
+Stage flags (``--input``, ``--workers`` ...) are sugar for overrides: each flag maps to a config
+key, and flags are applied after the config file but before the explicit ``key=value`` overrides,
+so the most specific thing a user typed wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from omegaconf import DictConfig
+
+from pipeline.config import ConfigError, load_config
+
+
+def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A parser with ``--config`` and trailing ``key=value`` overrides; add the stage's flags to it."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", metavar="FILE", help="YAML file merged over the schema defaults")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. workers=2")
+    return parser
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_quote(v) for v in value) + "]"
+    return _quote(value)
+
+
+def _quote(value: Any) -> str:
+    text = str(value)
+    # quote values that YAML would otherwise misread (globs, s3 urls with colons, commas)
+    if any(c in text for c in ",[]{}:*?#'\" ") or text == "":
+        return "'" + text.replace("'", "''") + "'"
+    return text
+
+
+def flag_overrides(args: argparse.Namespace, flag_to_key: Mapping[str, str]) -> list[str]:
+    """``key=value`` strings for the flags the user gave (``None`` means not given)."""
+    out = []
+    for flag, key in flag_to_key.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            out.append(f"{key}={_format_value(value)}")
+    return out
+
+
+def resolve(args: argparse.Namespace, schema: type, flag_to_key: Mapping[str, str], preset: str | None = None) -> DictConfig:
+    """The stage config: schema, preset, ``--config``, stage flags, then ``key=value`` overrides."""
+    overrides = flag_overrides(args, flag_to_key) + list(args.overrides)
+    return load_config(schema, config_file=args.config, overrides=overrides, preset=preset)
+
+
+def run_main(body: Callable[[], int | None], known_errors: tuple[type[BaseException], ...] = ()) -> int:
+    """Run a stage body, turning expected failures into one ``error: ...`` line and exit code 2."""
+    try:
+        return int(body() or 0)
+    except (ConfigError, *known_errors) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def main_argv(argv: Sequence[str] | None) -> list[str]:
+    """``argv`` or ``sys.argv[1:]``."""
+    return list(sys.argv[1:] if argv is None else argv)
