@@ -20,9 +20,14 @@ from pipeline.config import ConfigError, load_config
 def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """A parser with ``--config`` and trailing ``key=value`` overrides; add the stage's flags to it."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_config_args(parser)
+    return parser
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--config FILE`` and the trailing ``key=value`` list (after any other positionals)."""
     parser.add_argument("--config", metavar="FILE", help="YAML file merged over the schema defaults")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. workers=2")
-    return parser
 
 
 def _format_value(value: Any) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
@@ -118,12 +119,14 @@ def _load_yaml(path: str | Path) -> DictConfig:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        loaded = OmegaConf.load(path)
-    except Exception as err:  # yaml.YAMLError and friends: report the first line only
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:  # report the first line only
         raise ConfigError(f"cannot parse config file {path}: {str(err).splitlines()[0]}") from None
-    if not isinstance(loaded, DictConfig):
-        raise ConfigError(f"config file {path} must hold a mapping of keys, not a {type(loaded).__name__}")
-    return loaded
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys, not a {type(data).__name__}")
+    return OmegaConf.create(data)
 
 
 def _parse_overrides(overrides: Iterable[str]) -> DictConfig:

@@ -1,0 +1,117 @@
+"""pipeline.config: merge order, typed values, one-line errors with suggestions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import pytest
+
+from pipeline.config import ConfigError, load_config, preset_names, to_dict, to_yaml, valid_keys
+from pipeline.model_config import ModelConfig, to_options
+
+
+@dataclass
+class _Inner:
+    lr: float = 0.2
+    """learning rate"""
+
+
+@dataclass
+class _Schema:
+    PRESET_SECTION: ClassVar[str] = ""
+    workers: int = 1
+    """number of workers"""
+    name: str = "run"
+    """run name"""
+    optim: _Inner = field(default_factory=_Inner)
+    """optimizer"""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """model"""
+
+
+def test_defaults_then_file_then_overrides(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("workers: 3\nname: from-file\n")
+    cfg = load_config(_Schema, config_file=cfg_file, overrides=["workers=5", "optim.lr=0.1"])
+    assert (cfg.workers, cfg.name, cfg.optim.lr) == (5, "from-file", 0.1)
+
+
+def test_preset_sits_between_schema_and_file(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("model:\n  lstm:\n    dim: 99\n")
+    cfg = load_config(_Schema, config_file=cfg_file, preset="small")
+    assert cfg.model.lstm.projection_dim == 128  # from the preset
+    assert cfg.model.lstm.dim == 99  # the file wins over the preset
+
+
+def test_misspelled_key_names_it_and_suggests(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(_Schema, overrides=["wokrers=2"])
+    message = str(err.value)
+    assert "\n" not in message
+    assert "'wokrers'" in message and "'workers'" in message
+
+
+def test_misspelled_nested_key_in_file(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("model:\n  lstm:\n    projection_dmi: 8\n")
+    with pytest.raises(ConfigError, match=r"model\.lstm\.projection_dmi.*model\.lstm\.projection_dim"):
+        load_config(_Schema, config_file=cfg_file)
+
+
+def test_wrong_type_is_one_line():
+    with pytest.raises(ConfigError) as err:
+        load_config(_Schema, overrides=["workers=many"])
+    assert "workers" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("bad", ["workers", "=3"])
+def test_malformed_override(bad):
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(_Schema, overrides=[bad])
+
+
+def test_missing_and_unparsable_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(_Schema, config_file=tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("workers: [1, 2\n")
+    with pytest.raises(ConfigError, match="cannot parse"):
+        load_config(_Schema, config_file=bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("3\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(_Schema, config_file=scalar)
+
+
+def test_unknown_preset_lists_known_ones():
+    with pytest.raises(ConfigError, match="tiny"):
+        load_config(_Schema, preset="huge")
+
+
+def test_presets_are_the_released_sizes():
+    assert {"tiny", "small", "medium", "original"} <= set(preset_names())
+    for name, (dim, proj, highway) in {
+        "small": (1024, 128, 1),
+        "medium": (2048, 256, 1),
+        "original": (4096, 512, 2),
+    }.items():
+        options = to_options(load_config(_Schema, preset=name).model)
+        assert (options["lstm"]["dim"], options["lstm"]["projection_dim"]) == (dim, proj)
+        assert options["char_cnn"]["n_highway"] == highway
+        assert sum(n for _, n in options["char_cnn"]["filters"]) == 2048
+        assert options["char_cnn"]["n_characters"] == 262
+
+
+def test_resolved_config_is_read_only_and_serialisable():
+    cfg = load_config(_Schema)
+    with pytest.raises(Exception):
+        cfg.workers = 4
+    assert "workers: 1" in to_yaml(cfg)
+    assert to_dict(cfg)["optim"] == {"lr": 0.2}
+
+
+def test_valid_keys_are_dotted():
+    keys = valid_keys(_Schema)
+    assert "optim.lr" in keys and "model.lstm.cell_clip" in keys
