@@ -1,0 +1,1 @@
+"""Stage 1: raw corpus -> vocabulary + WebDataset shards (see docs/architecture.md)."""

@@ -1,0 +1,334 @@
+"""The shard directory format: blocks in WebDataset tars, the vocabulary files and the manifest.
+
+This module is the one implementation of the layout in ``docs/architecture.md`` ("Shard output
+format"). The shard stage writes through it; the train and embed stages read through it, so a
+change of layout happens here and nowhere else.
+
+A *block* is one WebDataset sample: a run of sentences with their vocabulary ids.
+
+- ``sentences.txt``: UTF-8, one sentence per line, tokens joined by one space.
+- ``ids.npy``: int32, shape ``(total_tokens,)``: every sentence's ids concatenated, no boundaries.
+- ``lengths.npy``: int32, shape ``(num_sentences,)``: tokens per sentence; sums to ``total_tokens``.
+
+Tars are written with fixed member metadata (mtime 0, fixed owner and mode) so that the same
+blocks always give the same bytes, which the shard stage's reruns and sha256 checks rely on.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import numpy as np
+import webdataset as wds
+
+from pipeline import storage
+
+BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
+SPECIALS = (BOS, EOS, UNK)
+"""The first three vocabulary lines, in this order (bilm-tf's vocabulary format)."""
+
+SPLITS = ("train", "heldout")
+"""Shard splits, in the order the manifest lists them."""
+
+MANIFEST_FILE = "manifest.json"
+VOCAB_FILE = "vocab.txt"
+COUNTS_FILE = "vocab_counts.tsv"
+
+SENTENCES_MEMBER = "sentences.txt"
+IDS_MEMBER = "ids.npy"
+LENGTHS_MEMBER = "lengths.npy"
+
+TAR_MTIME = 0
+"""Member mtime of every tar entry: a constant, so output bytes do not depend on the clock."""
+TAR_OWNER = "elmo"
+TAR_MODE = 0o444
+
+
+class FormatError(ValueError):
+    """A block, vocabulary or manifest that does not follow the format; one line naming it."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """One decoded block.
+
+    ``sentences``: S sentences, each a list of tokens.
+    ``ids``: int32 array ``(sum(lengths),)``, all sentences' vocabulary ids concatenated.
+    ``lengths``: int32 array ``(S,)``, tokens per sentence.
+    """
+
+    key: str
+    sentences: list[list[str]]
+    ids: np.ndarray
+    lengths: np.ndarray
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.ids.shape[0])
+
+    def sentence_ids(self) -> list[np.ndarray]:
+        """Per-sentence id arrays: S views into ``ids``, the i-th of shape ``(lengths[i],)``."""
+        return np.split(self.ids, np.cumsum(self.lengths)[:-1]) if len(self.lengths) else []
+
+
+def shard_name(split: str, shard: int) -> str:
+    """File name of shard number ``shard`` of ``split``: ``train-000012.tar``."""
+    _check_split(split)
+    return f"{split}-{shard:06d}.tar"
+
+
+def block_key(split: str, shard: int, block: int) -> str:
+    """The ``__key__`` of block ``block`` in shard ``shard``: ``train-000012-000003``."""
+    _check_split(split)
+    return f"{split}-{shard:06d}-{block:06d}"
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise FormatError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def encode_block(sentences: Sequence[Sequence[str]], ids: Any, key: str) -> dict[str, Any]:
+    """A WebDataset sample (member name -> bytes, plus ``__key__``) for one block.
+
+    ``sentences``: S non-empty token lists; tokens must be non-empty and hold no whitespace.
+    ``ids``: integer array-like ``(sum of sentence lengths,)``, the concatenated vocabulary ids.
+    Write the result with a writer from :func:`tar_writer` (it expects bytes, no encoder).
+    """
+    lengths = np.fromiter((len(s) for s in sentences), dtype=np.int32, count=len(sentences))
+    flat = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
+    if flat.ndim != 1 or flat.shape[0] != int(lengths.sum()):
+        raise FormatError(f"block {key}: ids have shape {flat.shape}, expected ({int(lengths.sum())},)")
+    if flat.size and (flat.min() < 0 or flat.max() > np.iinfo(np.int32).max):
+        raise FormatError(f"block {key}: ids out of int32 range")
+    if (lengths == 0).any():
+        raise FormatError(f"block {key}: sentence {int(np.argmin(lengths))} is empty")
+    lines = []
+    for i, sentence in enumerate(sentences):
+        line = " ".join(sentence)
+        if len(line.split()) != len(sentence) or "\n" in line:
+            raise FormatError(f"block {key}: sentence {i} has an empty token or one containing whitespace")
+        lines.append(line)
+    return {
+        "__key__": key,
+        SENTENCES_MEMBER: ("\n".join(lines) + "\n").encode("utf-8"),
+        IDS_MEMBER: _npy_bytes(flat.astype(np.int32)),
+        LENGTHS_MEMBER: _npy_bytes(lengths),
+    }
+
+
+def _member(sample: dict[str, Any], name: str, key: str) -> Any:
+    if name not in sample:
+        raise FormatError(f"block {key}: missing member {name!r} (has {sorted(k for k in sample if not k.startswith('_'))})")
+    return sample[name]
+
+
+def _as_array(value: Any, name: str, key: str) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        array = value
+    else:
+        try:
+            array = np.load(io.BytesIO(bytes(value)), allow_pickle=False)
+        except (ValueError, OSError) as err:
+            raise FormatError(f"block {key}: {name} is not a valid .npy array ({err})") from None
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise FormatError(f"block {key}: {name} must be a 1-d integer array, got {array.dtype} {array.shape}")
+    return array.astype(np.int32, copy=False)
+
+
+def decode_block(sample: dict[str, Any]) -> Block:
+    """Decode a sample as WebDataset yields it from a shard (raw bytes per member, or already
+    decoded str / ndarray values) and check that its members agree with each other."""
+    key = str(sample.get("__key__", "?"))
+    where = f"{key} ({sample['__url__']})" if "__url__" in sample else key
+    text = _member(sample, SENTENCES_MEMBER, where)
+    if not isinstance(text, str):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise FormatError(f"block {where}: {SENTENCES_MEMBER} is not UTF-8 ({err})") from None
+    ids = _as_array(_member(sample, IDS_MEMBER, where), IDS_MEMBER, where)
+    lengths = _as_array(_member(sample, LENGTHS_MEMBER, where), LENGTHS_MEMBER, where)
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    sentences = [line.split(" ") for line in lines]
+    if len(sentences) != len(lengths):
+        raise FormatError(f"block {where}: {len(sentences)} sentences but {len(lengths)} lengths")
+    for i, (sentence, length) in enumerate(zip(sentences, lengths, strict=True)):
+        if len(sentence) != length:
+            raise FormatError(f"block {where}: sentence {i} has {len(sentence)} tokens, lengths.npy says {length}")
+    if int(lengths.sum()) != ids.shape[0]:
+        raise FormatError(f"block {where}: {ids.shape[0]} ids but lengths sum to {int(lengths.sum())}")
+    return Block(key=key, sentences=sentences, ids=ids, lengths=lengths)
+
+
+def tar_writer(fileobj: BinaryIO) -> wds.TarWriter:
+    """A WebDataset tar writer over an open binary stream, with fixed member metadata so that the
+    same samples always produce the same bytes. Write :func:`encode_block` samples to it."""
+    return wds.TarWriter(fileobj, user=TAR_OWNER, group=TAR_OWNER, mode=TAR_MODE, encoder=False, mtime=TAR_MTIME)
+
+
+def iter_tar_samples(fileobj: BinaryIO, url: str = "?") -> Iterator[dict[str, Any]]:
+    """Raw samples (member name -> bytes, ``__key__``, ``__url__``) of a WebDataset tar stream, in
+    file order, grouping consecutive members by the key before the first dot of their name."""
+    sample: dict[str, Any] | None = None
+    try:
+        with tarfile.open(fileobj=fileobj, mode="r|") as tar:
+            for info in tar:
+                if not info.isfile():
+                    continue
+                key, dot, member = info.name.partition(".")
+                if not dot:
+                    raise FormatError(f"shard {url}: member {info.name!r} has no extension")
+                if sample is None or sample["__key__"] != key:
+                    if sample is not None:
+                        yield sample
+                    sample = {"__key__": key, "__url__": url}
+                sample[member] = tar.extractfile(info).read()
+    except tarfile.TarError as err:
+        raise FormatError(f"shard {url}: not a readable tar ({err})") from None
+    if sample is not None:
+        yield sample
+
+
+def read_shard(path: str) -> Iterator[Block]:
+    """The decoded blocks of one shard file (local or ``s3://``), in file order."""
+    with storage.open_read(path) as f:
+        for sample in iter_tar_samples(f, url=path):
+            yield decode_block(sample)
+
+
+def encode_vocab(tokens: Sequence[str]) -> bytes:
+    """``vocab.txt`` bytes: one token per line, specials first (checked)."""
+    _check_vocab(list(tokens), "vocabulary")
+    return ("\n".join(tokens) + "\n").encode("utf-8")
+
+
+def encode_counts(tokens: Sequence[str], counts: Sequence[int]) -> bytes:
+    """``vocab_counts.tsv`` bytes: ``token<TAB>count`` per line, in vocabulary order."""
+    if len(tokens) != len(counts):
+        raise FormatError(f"vocabulary counts: {len(tokens)} tokens but {len(counts)} counts")
+    return "".join(f"{t}\t{int(c)}\n" for t, c in zip(tokens, counts, strict=True)).encode("utf-8")
+
+
+def _check_vocab(tokens: list[str], where: str) -> None:
+    if tuple(tokens[:3]) != SPECIALS:
+        raise FormatError(f"{where}: must start with {', '.join(SPECIALS)}, found {tokens[:3]}")
+    seen: set[str] = set()
+    for i, token in enumerate(tokens):
+        if not token or token.split() != [token]:
+            raise FormatError(f"{where}: line {i + 1} is empty or contains whitespace: {token!r}")
+        if token in seen:
+            raise FormatError(f"{where}: token {token!r} appears twice (again on line {i + 1})")
+        seen.add(token)
+
+
+def _read_text(path: str, what: str) -> str:
+    try:
+        return storage.read_bytes(path).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise FormatError(f"{what} {path} is not UTF-8 ({err})") from None
+
+
+def parse_vocab(text: str, where: str = "vocabulary") -> list[str]:
+    """Tokens of ``vocab.txt`` text, checked: specials first, no duplicates, no blank lines."""
+    tokens = text.split("\n")
+    if tokens and tokens[-1] == "":
+        tokens.pop()
+    _check_vocab(tokens, where)
+    return tokens
+
+
+def read_vocab(path: str) -> list[str]:
+    """The tokens of a ``vocab.txt`` (local or ``s3://``); index = vocabulary id."""
+    return parse_vocab(_read_text(path, "vocabulary"), path)
+
+
+def read_counts(path: str) -> list[tuple[str, int]]:
+    """``(token, count)`` pairs of a ``vocab_counts.tsv``, in vocabulary order."""
+    pairs = []
+    for i, line in enumerate(_read_text(path, "vocabulary counts").splitlines()):
+        token, tab, count = line.rpartition("\t")
+        if not tab or not count.isdigit():
+            raise FormatError(f"vocabulary counts {path}: line {i + 1} is not token<TAB>count: {line!r}")
+        pairs.append((token, int(count)))
+    return pairs
+
+
+_SHARD_FIELDS = {"name": str, "sentences": int, "tokens": int, "sha256": str}
+
+
+def validate_manifest(manifest: Any, where: str) -> dict:
+    """Check the fields other stages rely on (see the contract); returns ``manifest``."""
+    if not isinstance(manifest, dict):
+        raise FormatError(f"manifest {where}: expected a JSON object")
+    shards = manifest.get("shards")
+    totals = manifest.get("totals")
+    vocab = manifest.get("vocab")
+    if not isinstance(shards, dict) or not isinstance(totals, dict) or not isinstance(vocab, dict):
+        raise FormatError(f"manifest {where}: needs 'shards', 'totals' and 'vocab' objects")
+    for split in SPLITS:
+        entries = shards.get(split)
+        if not isinstance(entries, list):
+            raise FormatError(f"manifest {where}: shards.{split} must be a list")
+        for i, entry in enumerate(entries):
+            for name, kind in _SHARD_FIELDS.items():
+                if not isinstance(entry, dict) or not isinstance(entry.get(name), kind):
+                    raise FormatError(f"manifest {where}: shards.{split}[{i}].{name} missing or not {kind.__name__}")
+        total = totals.get(split)
+        if not isinstance(total, dict) or not all(isinstance(total.get(k), int) for k in ("sentences", "tokens")):
+            raise FormatError(f"manifest {where}: totals.{split}.sentences/tokens missing or not int")
+    for name, kind in (("file", str), ("counts_file", str), ("size", int), ("sha256", str)):
+        if not isinstance(vocab.get(name), kind):
+            raise FormatError(f"manifest {where}: vocab.{name} missing or not {kind.__name__}")
+    return manifest
+
+
+def parse_manifest(data: bytes, where: str) -> dict:
+    """A manifest from ``manifest.json`` bytes, validated."""
+    try:
+        manifest = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise FormatError(f"manifest {where} is not valid JSON ({err})") from None
+    return validate_manifest(manifest, where)
+
+
+def manifest_path(shard_dir: str) -> str:
+    return storage.join(shard_dir, MANIFEST_FILE)
+
+
+def read_manifest(shard_dir: str) -> dict:
+    """The manifest of a shard directory (local or ``s3://`` prefix), validated.
+
+    Raises FormatError when it is missing (the shard stage writes it last, so a missing manifest
+    means the stage has not finished) or malformed.
+    """
+    path = manifest_path(shard_dir)
+    if not storage.exists(path):
+        raise FormatError(f"no {MANIFEST_FILE} in {shard_dir}: not a shard directory, or the shard stage did not finish")
+    return parse_manifest(storage.read_bytes(path), path)
+
+
+def shard_urls(shard_dir: str, split: str, manifest: dict | None = None) -> list[str]:
+    """Full paths of the shards of ``split`` listed in the manifest, in order."""
+    _check_split(split)
+    manifest = read_manifest(shard_dir) if manifest is None else manifest
+    return [storage.join(shard_dir, entry["name"]) for entry in manifest["shards"][split]]
+
+
+def vocab_path(shard_dir: str, manifest: dict | None = None) -> str:
+    """Full path of the vocabulary file of a shard directory."""
+    manifest = read_manifest(shard_dir) if manifest is None else manifest
+    return storage.join(shard_dir, manifest["vocab"]["file"])
