@@ -1,0 +1,25 @@
+"""ELMo biLM in pure PyTorch, compatible with bilm-tf / AllenNLP weights (see docs/architecture.md)."""
+
+from elmo_model.bilm import BiLM, BiLMOutput
+from elmo_model.characters import batch_to_ids, token_mask, token_to_ids, tokens_to_ids
+from elmo_model.lstm import LSTMState, StackedBiLSTM
+from elmo_model.options import BiLMOptions, OptionsError
+from elmo_model.token_encoder import TokenEncoder
+from elmo_model.weights import WeightsError, load_weights, save_weights
+
+__all__ = [
+    "BiLM",
+    "BiLMOptions",
+    "BiLMOutput",
+    "LSTMState",
+    "OptionsError",
+    "StackedBiLSTM",
+    "TokenEncoder",
+    "WeightsError",
+    "batch_to_ids",
+    "load_weights",
+    "save_weights",
+    "token_mask",
+    "token_to_ids",
+    "tokens_to_ids",
+]

@@ -1,0 +1,258 @@
+"""Stacked projected LSTM with cell/projection clipping, both directions fused (spec 4.5-4.7, 7.3).
+
+Shapes: D = 2 directions (0 forward, 1 backward), N layers, B rows, T steps, C cell size,
+P projection size. Both directions read their own input left to right; the caller reverses the
+backward stream within each row's length. Per layer the parameters of both directions are stacked
+on a leading axis of size 2 so one `torch.bmm` advances both directions at once.
+
+Gates are stored in the order (i, f, o, j) so the three sigmoid gates are one contiguous slice;
+`bias` is bilm-tf's `B` (no +1 forget bias folded in: it is added at run time, as TF does, which
+keeps export -> load bit exact).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+# Column blocks: internal order (i, f, o, j) <-> TF order (i, j, f, o).
+TF_TO_INTERNAL = (0, 2, 3, 1)
+INTERNAL_TO_TF = (0, 3, 1, 2)
+
+
+def permute_gate_blocks(x: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    """Reorder the 4 gate blocks of the last axis (..., 4C) -> (..., 4C); exact (no arithmetic)."""
+    blocks = x.chunk(4, dim=-1)
+    return torch.cat([blocks[i] for i in order], dim=-1)
+
+
+@dataclass
+class LSTMState:
+    """Per-row recurrent state: c (N, 2, B, C) and h (N, 2, B, P), the clipped values that recur."""
+
+    c: torch.Tensor
+    h: torch.Tensor
+
+    @classmethod
+    def zeros(cls, n_layers: int, batch: int, dim: int, projection_dim: int, like: torch.Tensor) -> LSTMState:
+        return cls(
+            c=like.new_zeros(n_layers, 2, batch, dim),
+            h=like.new_zeros(n_layers, 2, batch, projection_dim),
+        )
+
+    def detach(self) -> LSTMState:
+        return LSTMState(self.c.detach(), self.h.detach())
+
+    def index_rows(self, index: torch.Tensor) -> LSTMState:
+        """Rows `index` (a LongTensor over B) of every layer and direction."""
+        return LSTMState(self.c.index_select(2, index), self.h.index_select(2, index))
+
+
+class FusedLSTMLayer(nn.Module):
+    """One layer of both directions: w_ih (2, in, 4C), w_hh (2, P, 4C), bias (2, 4C), w_p (2, C, P)."""
+
+    def __init__(self, input_dim: int, dim: int, projection_dim: int):
+        super().__init__()
+        self.input_dim, self.dim, self.projection_dim = input_dim, dim, projection_dim
+        self.w_ih = nn.Parameter(torch.empty(2, input_dim, 4 * dim))
+        self.w_hh = nn.Parameter(torch.empty(2, projection_dim, 4 * dim))
+        self.bias = nn.Parameter(torch.empty(2, 4 * dim))
+        self.w_p = nn.Parameter(torch.empty(2, dim, projection_dim))
+        forget = torch.zeros(4 * dim)
+        forget[dim : 2 * dim] = 1.0
+        self.register_buffer("forget_offset", forget, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """TF's Glorot-uniform for the (in+P, 4C) kernel and the (C, P) projection, bias 0 (spec 7.10)."""
+        kernel_limit = math.sqrt(6.0 / (self.input_dim + self.projection_dim + 4 * self.dim))
+        proj_limit = math.sqrt(6.0 / (self.dim + self.projection_dim))
+        with torch.no_grad():
+            nn.init.uniform_(self.w_ih, -kernel_limit, kernel_limit)
+            nn.init.uniform_(self.w_hh, -kernel_limit, kernel_limit)
+            nn.init.zeros_(self.bias)
+            nn.init.uniform_(self.w_p, -proj_limit, proj_limit)
+
+    def input_gates(self, x: torch.Tensor) -> torch.Tensor:
+        """Input-to-gate products of every step at once: x (2, T, B, in) -> (2, T, B, 4C), biases included."""
+        d, t, b, _ = x.shape
+        bias = (self.bias + self.forget_offset).unsqueeze(1)
+        return torch.baddbmm(bias, x.reshape(d, t * b, self.input_dim), self.w_ih).view(d, t, b, -1)
+
+
+def _clamp(x: torch.Tensor, clip: float | None, inplace: bool) -> torch.Tensor:
+    if clip is None:
+        return x
+    return x.clamp_(-clip, clip) if inplace else x.clamp(-clip, clip)
+
+
+def _cell(
+    gates: torch.Tensor,
+    c_prev: torch.Tensor,
+    w_p: torch.Tensor,
+    cell_clip: float | None,
+    proj_clip: float | None,
+    inplace: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of the TF LSTMCell (spec 4.5) for both directions.
+
+    gates (2, k, 4C) pre-activations in (i, f, o, j) order, c_prev (2, k, C) -> (c (2, k, C), h (2, k, P)).
+    With `inplace`, `gates` and `c_prev` are overwritten (no autograd, no per-step allocation of c).
+    """
+    dim = c_prev.shape[-1]
+    if inplace:
+        sig = gates[..., : 3 * dim].sigmoid_()
+        cell_input = gates[..., 3 * dim :].tanh_()
+    else:
+        sig = torch.sigmoid(gates[..., : 3 * dim])
+        cell_input = torch.tanh(gates[..., 3 * dim :])
+    i, f, o = sig.split(dim, dim=-1)
+    c = c_prev.mul_(f).addcmul_(i, cell_input) if inplace else torch.addcmul(f * c_prev, i, cell_input)
+    # Clip c before tanh(c); the clipped c and clipped h are what recur.
+    c = _clamp(c, cell_clip, inplace)
+    m = torch.tanh(c).mul_(o) if inplace else o * torch.tanh(c)
+    h = _clamp(torch.bmm(m, w_p), proj_clip, inplace)
+    return c, h
+
+
+class StackedBiLSTM(nn.Module):
+    """N fused layers, residual for layers >= 1 when `use_skip_connections`, input dropout in training."""
+
+    def __init__(
+        self,
+        n_layers: int,
+        input_dim: int,
+        dim: int,
+        projection_dim: int,
+        cell_clip: float | None,
+        proj_clip: float | None,
+        use_skip_connections: bool,
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        self.n_layers, self.dim, self.projection_dim = n_layers, dim, projection_dim
+        self.cell_clip, self.proj_clip = cell_clip, proj_clip
+        self.use_skip_connections, self.dropout = use_skip_connections, dropout
+        self.layers = nn.ModuleList(
+            FusedLSTMLayer(input_dim if i == 0 else projection_dim, dim, projection_dim)
+            for i in range(n_layers)
+        )
+
+    def zero_state(self, batch: int, like: torch.Tensor) -> LSTMState:
+        return LSTMState.zeros(self.n_layers, batch, self.dim, self.projection_dim, like)
+
+    def forward(
+        self, inputs: torch.Tensor, mask: torch.Tensor, state: LSTMState | None = None
+    ) -> tuple[torch.Tensor, LSTMState]:
+        """inputs (2, B, T, in) [0] forward stream, [1] backward stream (already reversed per row),
+        mask (B, T) bool with real positions a prefix of each row, state (N, 2, B, .) or None (zeros).
+
+        Returns outs (N, 2, B, T, P) (residual applied, zeros at padding) and the final state: for
+        each row the state after its last real step (rows of length 0 keep their initial state).
+        """
+        if inputs.dim() != 4 or inputs.shape[0] != 2:
+            raise ValueError(f"LSTM inputs must have shape (2, B, T, in), got {tuple(inputs.shape)}")
+        _, batch, steps, _ = inputs.shape
+        if mask.shape != (batch, steps):
+            raise ValueError(f"LSTM mask must have shape {(batch, steps)}, got {tuple(mask.shape)}")
+        mask = mask.bool()
+        lengths = mask.sum(dim=1)
+        prefix = torch.arange(steps, device=mask.device) < lengths.unsqueeze(1)
+        if not torch.equal(prefix, mask):
+            raise ValueError("LSTM mask must mark a prefix of each row (padding on the right only)")
+        if state is None:
+            state = self.zero_state(batch, inputs)
+        elif state.c.shape != (self.n_layers, 2, batch, self.dim) or state.h.shape != (
+            self.n_layers,
+            2,
+            batch,
+            self.projection_dim,
+        ):
+            raise ValueError(
+                f"LSTM state shapes c {tuple(state.c.shape)} h {tuple(state.h.shape)} do not match "
+                f"(n_layers={self.n_layers}, 2, B={batch}, {self.dim} / {self.projection_dim})"
+            )
+        needs_grad = torch.is_grad_enabled() and (
+            inputs.requires_grad or state.c.requires_grad or any(p.requires_grad for p in self.parameters())
+        )
+        if needs_grad:
+            return self._forward_autograd(inputs, mask, lengths, state)
+        return self._forward_inplace(inputs, lengths, state)
+
+    def _layer_input(self, x: torch.Tensor) -> torch.Tensor:
+        # Spec 7.3: DropoutWrapper(input_keep_prob) around every layer, fresh mask per element.
+        return F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
+
+    def _forward_inplace(
+        self, inputs: torch.Tensor, lengths: torch.Tensor, state: LSTMState
+    ) -> tuple[torch.Tensor, LSTMState]:
+        """No-autograd path: rows sorted by length so step t only touches the k_t rows still running."""
+        _, batch, steps, _ = inputs.shape
+        order = torch.argsort(lengths, descending=True, stable=True)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(batch, device=order.device)
+        sorted_lengths = lengths[order].tolist()
+        active = [sum(1 for n in sorted_lengths if n > t) for t in range(max(sorted_lengths, default=0))]
+
+        x = inputs.index_select(1, order).transpose(1, 2).contiguous()  # (2, T, B, in), time-major
+        work = state.index_rows(order)
+        c_all, h_all = work.c.clone(), work.h.clone()
+        outs = x.new_zeros(self.n_layers, 2, steps, batch, self.projection_dim)
+        for li, layer in enumerate(self.layers):
+            layer_in = self._layer_input(x)
+            xg = layer.input_gates(layer_in)
+            c, h, out = c_all[li], h_all[li], outs[li]
+            for t, k in enumerate(active):
+                gates = torch.baddbmm(xg[:, t, :k], h[:, :k], layer.w_hh)
+                _, h_new = _cell(gates, c[:, :k], layer.w_p, self.cell_clip, self.proj_clip, inplace=True)
+                h[:, :k] = h_new
+                out[:, t, :k] = h_new
+            if self.use_skip_connections and li > 0:
+                # Layer inputs are zero at padding (previous layer's output), so the sum stays zero there.
+                out.add_(layer_in)
+            x = out
+        final = LSTMState(c_all, h_all).index_rows(inverse)
+        return outs.index_select(3, inverse).transpose(2, 3), final
+
+    def _forward_autograd(
+        self, inputs: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor, state: LSTMState
+    ) -> tuple[torch.Tensor, LSTMState]:
+        """Differentiable path: state updates of finished rows are masked out with torch.where."""
+        _, batch, steps, _ = inputs.shape
+        run = int(lengths.max()) if batch else 0
+        valid = mask.t().unsqueeze(-1)  # (T, B, 1)
+        full = mask.all(dim=0).tolist()
+        x = inputs.transpose(1, 2)  # (2, T, B, in)
+        layer_outs, finals_c, finals_h = [], [], []
+        for li, layer in enumerate(self.layers):
+            layer_in = self._layer_input(x)
+            xg = layer.input_gates(layer_in)
+            c, h = state.c[li], state.h[li]
+            step_outs = []
+            for t in range(run):
+                gates = torch.baddbmm(xg[:, t], h, layer.w_hh)
+                c_new, h_new = _cell(gates, c, layer.w_p, self.cell_clip, self.proj_clip, inplace=False)
+                if full[t]:
+                    c, h = c_new, h_new
+                    step_outs.append(h_new)
+                else:
+                    c = torch.where(valid[t], c_new, c)
+                    h = torch.where(valid[t], h_new, h)
+                    step_outs.append(h_new * valid[t])
+            out = (
+                torch.stack(step_outs, dim=1) if step_outs else x.new_zeros(2, 0, batch, self.projection_dim)
+            )
+            if run < steps:
+                out = F.pad(out, (0, 0, 0, 0, 0, steps - run))
+            if self.use_skip_connections and li > 0:
+                out = out + layer_in * valid
+            layer_outs.append(out)
+            finals_c.append(c)
+            finals_h.append(h)
+            x = out
+        outs = torch.stack(layer_outs).transpose(2, 3)
+        return outs, LSTMState(torch.stack(finals_c), torch.stack(finals_h))
