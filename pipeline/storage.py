@@ -1,0 +1,718 @@
+"""One storage layer for local paths and ``s3://bucket/key`` urls; the only module that touches boto3.
+
+Every stage passes paths as plain strings and calls the functions here, so the same code reads and
+writes a laptop directory or an S3 bucket. Writes are atomic: nothing ever appears under a final
+name half-written (a temp file + ``os.replace`` locally; a single PUT or a multipart upload that is
+completed only on a clean exit on S3).
+
+S3 endpoint: ``AWS_ENDPOINT_URL`` or :func:`configure`; credentials come from boto3's standard chain
+only and are never printed or logged. Throttling and 5xx answers are retried with backoff
+(botocore's ``standard`` mode; ``AWS_RETRY_MODE`` / ``AWS_MAX_ATTEMPTS`` override it). Every failure
+is a one-line :class:`StorageError` naming the path and the cause.
+
+:func:`configure` only affects this process; Ray workers get the endpoint through the
+``AWS_ENDPOINT_URL`` environment variable (``pipeline.ray_runtime.worker_env``).
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import io
+import logging
+import os
+import re
+import secrets
+import shutil
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import BinaryIO
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    IncompleteReadError,
+    NoCredentialsError,
+    ReadTimeoutError,
+    ResponseStreamingError,
+)
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+log = logging.getLogger(__name__)
+
+S3_SCHEME = "s3://"
+PARTIAL_SUFFIX = ".elmo-partial"
+"""Suffix of in-progress local writes; listings and globs never return these files."""
+PART_SIZE = 8 * 1024 * 1024
+"""Multipart part size (S3 needs >= 5 MiB for all but the last part); doubles every 2000 parts so a
+streamed object can reach hundreds of GB within S3's 10000-part limit."""
+COPY_CHUNK = 8 * 1024 * 1024
+READ_BUFFER = 1024 * 1024
+READ_RETRIES = 3
+"""Times a broken S3 read stream is reopened at its current offset before the read fails."""
+CONNECT_TIMEOUT_S = 5
+READ_TIMEOUT_S = 60
+DEFAULT_MAX_ATTEMPTS = 4
+"""Bounded so an unreachable endpoint fails within seconds (backoff ~0.5+1+2 s on average)."""
+
+
+class StorageError(Exception):
+    """A storage operation failed; the message is one line naming the path and the cause."""
+
+
+# ---------------------------------------------------------------- paths (pure)
+
+
+def is_s3(path: str | os.PathLike) -> bool:
+    """True for an ``s3://bucket/key`` url."""
+    return isinstance(path, str) and path.startswith(S3_SCHEME)
+
+
+def split_s3(path: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` -> ``("bucket", "a/b")``; the key may be empty (a whole bucket)."""
+    bucket, _, key = path[len(S3_SCHEME) :].partition("/")
+    if not bucket:
+        raise StorageError(f"{path}: not an s3 url of the form s3://bucket/key (no bucket name)")
+    return bucket, key
+
+
+def join(base: str | os.PathLike, *parts: str) -> str:
+    """Join path components; ``s3://`` urls always use ``/`` whatever the local OS."""
+    if not is_s3(base):
+        return os.path.join(os.fspath(base), *parts)
+    pieces = [base.rstrip("/")] + [p.strip("/") for p in parts if p.strip("/")]
+    return "/".join(pieces)
+
+
+def has_glob(pattern: str) -> bool:
+    """Whether ``pattern`` contains a glob metacharacter (``*``, ``?``, ``[``)."""
+    return any(c in pattern for c in "*?[")
+
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """Compile a glob into a regex with local-glob semantics for ``/``-separated keys.
+
+    ``*`` and ``?`` stay inside one path segment, ``**/`` matches zero or more whole segments,
+    ``[...]`` / ``[!...]`` are character classes.
+    """
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:[^/]*/)*")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and pattern.find("]", i + 2) > 0:
+            # as in fnmatch: a ']' right after '[' (or '[!') is a member, not the end
+            end = pattern.index("]", i + 2)
+            body = pattern[i + 1 : end]
+            body = "^" + body[1:] if body.startswith("!") else body
+            out.append("[" + body.replace("\\", "\\\\") + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def literal_prefix(pattern: str) -> str:
+    """The part of ``pattern`` before its first glob metacharacter (what a listing can narrow to)."""
+    cut = min((pattern.index(c) for c in "*?[" if c in pattern), default=len(pattern))
+    return pattern[:cut]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+# ---------------------------------------------------------------- local backend
+
+
+def _local_cause(exc: OSError) -> str:
+    causes = {
+        FileNotFoundError: "no such file or directory",
+        PermissionError: "permission denied",
+        IsADirectoryError: "is a directory",
+        NotADirectoryError: "a parent of the path is not a directory",
+        FileExistsError: "a parent of the path is a file",
+    }
+    for kind, text in causes.items():
+        if isinstance(exc, kind):
+            return text
+    return _one_line(exc.strerror or exc)
+
+
+@contextmanager
+def _local_errors(path: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise StorageError(f"{path}: {_local_cause(exc)}") from exc
+
+
+class _LocalWrite:
+    """A temp file next to the target, renamed onto it by :meth:`commit`."""
+
+    def __init__(self, path: str):
+        self.path = path
+        parent, name = os.path.split(os.path.abspath(path))
+        self.tmp = os.path.join(parent, f".{name}.{secrets.token_hex(6)}{PARTIAL_SUFFIX}")
+        with _local_errors(path):
+            if os.path.isdir(path):
+                raise IsADirectoryError(path)
+            os.makedirs(parent, exist_ok=True)
+            # os.open (not tempfile) so the final file gets the usual umask-derived mode
+            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        self.file = os.fdopen(fd, "wb")
+
+    def commit(self) -> None:
+        try:
+            with _local_errors(self.path):
+                if not self.file.closed:  # the caller may have closed it already
+                    self.file.flush()
+                    os.fsync(self.file.fileno())
+                    self.file.close()
+                os.replace(self.tmp, self.path)
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        self.file.close()
+        try:
+            os.remove(self.tmp)
+        except FileNotFoundError:
+            pass
+
+
+def _is_partial(path: str) -> bool:
+    return path.endswith(PARTIAL_SUFFIX)
+
+
+def _prefix_overlaps(directory: str, prefix: str) -> bool:
+    """Whether files under ``directory`` can start with ``prefix`` (prunes the walk)."""
+    directory = directory.rstrip(os.sep) + os.sep
+    return directory.startswith(prefix) or prefix.startswith(directory)
+
+
+class LocalBackend:
+    """Plain files; directories are created on write, as S3 has none."""
+
+    def open_read(self, path: str) -> BinaryIO:
+        with _local_errors(path):
+            if os.path.isdir(path):
+                raise IsADirectoryError(path)
+            return open(path, "rb")
+
+    def start_write(self, path: str) -> _LocalWrite:
+        return _LocalWrite(path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def delete(self, path: str) -> None:
+        with _local_errors(path):
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        root = os.path.dirname(prefix)
+        found = []
+        for dirpath, dirnames, filenames in os.walk(root or "."):
+            shown = dirpath if root else os.path.relpath(dirpath)
+            shown = "" if shown == "." else shown
+            dirnames[:] = [d for d in dirnames if _prefix_overlaps(os.path.join(shown, d), prefix)]
+            for name in filenames:
+                full = os.path.join(shown, name)
+                if full.startswith(prefix) and not _is_partial(full):
+                    found.append(full)
+        return sorted(found)
+
+    def is_object(self, path: str) -> bool:
+        return os.path.isfile(path)
+
+    def glob(self, pattern: str) -> list[str]:
+        hits = globlib.glob(pattern, recursive=True)
+        return sorted(p for p in hits if os.path.isfile(p) and not _is_partial(p))
+
+
+# ---------------------------------------------------------------- s3 backend
+
+_endpoint_override: str | None = None
+_clients: dict[tuple[int, str | None], object] = {}
+_clients_lock = threading.Lock()
+
+
+def configure(endpoint_url: str | None = None) -> None:
+    """Use ``endpoint_url`` for S3 in this process (``None``: ``AWS_ENDPOINT_URL`` or AWS itself).
+
+    Also drops cached clients, so credentials changed in the environment take effect.
+    """
+    global _endpoint_override
+    _endpoint_override = endpoint_url
+    _forget_clients()
+
+
+def _forget_clients() -> None:
+    global _clients_lock
+    _clients.clear()
+    _clients_lock = threading.Lock()
+
+
+# a forked child (Ray, DataLoader workers) must not reuse the parent's sockets or a held lock
+os.register_at_fork(after_in_child=_forget_clients)
+
+
+def endpoint_url() -> str | None:
+    """The S3 endpoint in effect: :func:`configure`'s, else ``AWS_ENDPOINT_URL``, else AWS's own."""
+    return _endpoint_override or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def _retry_config() -> dict:
+    raw = os.environ.get("AWS_MAX_ATTEMPTS", str(DEFAULT_MAX_ATTEMPTS))
+    if not raw.isdigit() or int(raw) < 1:
+        raise StorageError(f"AWS_MAX_ATTEMPTS={raw!r}: not a positive integer")
+    return {"mode": os.environ.get("AWS_RETRY_MODE", "standard"), "max_attempts": int(raw)}
+
+
+def _new_client(endpoint: str | None):
+    config = Config(
+        retries=_retry_config(),
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=READ_TIMEOUT_S,
+        # custom endpoints (SeaweedFS, MinIO, an IP) rarely resolve bucket subdomains
+        s3={"addressing_style": "path"} if endpoint else None,
+    )
+    return boto3.session.Session().client("s3", endpoint_url=endpoint, config=config)
+
+
+def s3_client():
+    """The boto3 S3 client of this process for the current endpoint (cached, keyed by pid)."""
+    key = (os.getpid(), endpoint_url())
+    client = _clients.get(key)
+    if client is None:
+        with _clients_lock:
+            client = _clients.get(key) or _new_client(key[1])
+            _clients[key] = client
+    return client
+
+
+_CLIENT_CAUSES = {
+    "NoSuchKey": "no such object",
+    "404": "no such object",
+    "NotFound": "no such object",
+    "InvalidAccessKeyId": "credentials rejected: the access key id is unknown to the endpoint (InvalidAccessKeyId)",
+    "SignatureDoesNotMatch": "credentials rejected: the secret key does not match the access key (SignatureDoesNotMatch)",
+    "AccessDenied": "access denied: the credentials lack permission or no credentials were sent (AccessDenied)",
+    "403": "access denied (403 Forbidden): wrong secret key, unknown access key or missing permission",
+    "InvalidBucketName": "invalid bucket name",
+}
+
+
+def _client_cause(exc: ClientError, bucket: str) -> str:
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", "unknown"))
+    if code == "NoSuchBucket":
+        return f"bucket '{bucket}' does not exist (NoSuchBucket)"
+    cause = _CLIENT_CAUSES.get(code) or f"{code}: {error.get('Message', 'no message')}"
+    return _one_line(cause)
+
+
+def _endpoint_label() -> str:
+    return endpoint_url() or "the default AWS endpoint"
+
+
+@contextmanager
+def _s3_errors(path: str) -> Iterator[None]:
+    """Turn botocore exceptions into a one-line StorageError naming ``path`` and the cause."""
+    bucket = split_s3(path)[0]
+    try:
+        yield
+    except ClientError as exc:
+        raise StorageError(f"{path}: {_client_cause(exc, bucket)}") from exc
+    except NoCredentialsError as exc:
+        raise StorageError(
+            f"{path}: no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile)"
+        ) from exc
+    except BotoConnectionError as exc:
+        raise StorageError(
+            f"{path}: cannot reach S3 endpoint {_endpoint_label()} ({type(exc).__name__})"
+        ) from exc
+    except BotoCoreError as exc:
+        raise StorageError(f"{path}: {_one_line(exc)}") from exc
+
+
+def _object(path: str) -> tuple[str, str]:
+    bucket, key = split_s3(path)
+    if not key or key.endswith("/"):
+        raise StorageError(f"{path}: not an object url (no key after the bucket, or ends with '/')")
+    return bucket, key
+
+
+class _S3Reader(io.RawIOBase):
+    """A seekable read stream over one object version; a broken stream is reopened at its offset."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.bucket, self.key = _object(path)
+        with _s3_errors(path):
+            response = s3_client().get_object(Bucket=self.bucket, Key=self.key)
+        self.size = response["ContentLength"]
+        self.etag = response["ETag"]
+        self.body = response["Body"]
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        if base + offset != self.pos:
+            self._drop_body()
+            self.pos = max(0, base + offset)
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        if self.pos >= self.size or len(buffer) == 0:
+            return 0
+        for attempt in range(READ_RETRIES + 1):
+            try:
+                data = self._body().read(min(len(buffer), self.size - self.pos))
+                break
+            except (
+                ReadTimeoutError,
+                ResponseStreamingError,
+                IncompleteReadError,
+                BotoConnectionError,
+            ) as exc:
+                self._drop_body()
+                if attempt == READ_RETRIES:
+                    raise StorageError(
+                        f"{self.path}: read failed at byte {self.pos}: {_one_line(exc)}"
+                    ) from exc
+        buffer[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+    def readall(self) -> bytes:
+        chunks = []
+        while chunk := self.read(COPY_CHUNK):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _body(self):
+        if self.body is None:
+            # IfMatch: a resumed stream must not splice in a concurrently replaced object
+            with _s3_errors(self.path):
+                self.body = s3_client().get_object(
+                    Bucket=self.bucket, Key=self.key, Range=f"bytes={self.pos}-", IfMatch=self.etag
+                )["Body"]
+        return self.body
+
+    def _drop_body(self) -> None:
+        if self.body is not None:
+            self.body.close()
+            self.body = None
+
+    def close(self) -> None:
+        self._drop_body()
+        super().close()
+
+
+class _S3Write(io.BufferedIOBase):
+    """A write stream: one PUT if the object stays under a part, else a multipart upload.
+
+    Nothing is visible under the key until :meth:`commit`; :meth:`discard` aborts the upload.
+    ``close()`` only closes the stream: committing is the job of :func:`open_write`.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.bucket, self.key = _object(path)
+        self.buffer = bytearray()
+        self.written = 0
+        self.upload_id: str | None = None
+        self.parts: list[dict] = []
+        self.file = self
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.written
+
+    def write(self, data) -> int:
+        if self.closed:
+            raise ValueError(f"{self.path}: write to a closed stream")
+        before = len(self.buffer)
+        self.buffer += data
+        size = len(self.buffer) - before
+        self.written += size
+        while len(self.buffer) >= self._part_size():
+            self._upload_part(self._part_size())
+        return size
+
+    def _part_size(self) -> int:
+        return PART_SIZE * 2 ** (len(self.parts) // 2000)
+
+    def _upload_part(self, size: int) -> None:
+        client = s3_client()
+        with _s3_errors(self.path):
+            if self.upload_id is None:
+                self.upload_id = client.create_multipart_upload(Bucket=self.bucket, Key=self.key)["UploadId"]
+            number = len(self.parts) + 1
+            chunk = bytes(self.buffer[:size])
+            etag = client.upload_part(
+                Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number, Body=chunk
+            )["ETag"]
+        self.parts.append({"ETag": etag, "PartNumber": number})
+        del self.buffer[:size]
+
+    def commit(self) -> None:
+        try:
+            self._finish()
+        except BaseException:
+            self.discard()
+            raise
+        self.close()
+
+    def _finish(self) -> None:
+        client = s3_client()
+        if self.upload_id is None:
+            with _s3_errors(self.path):
+                client.put_object(Bucket=self.bucket, Key=self.key, Body=bytes(self.buffer))
+            return
+        if self.buffer:
+            self._upload_part(len(self.buffer))
+        with _s3_errors(self.path):
+            client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=self.key,
+                UploadId=self.upload_id,
+                MultipartUpload={"Parts": self.parts},
+            )
+
+    def discard(self) -> None:
+        self.close()
+        self.buffer = bytearray()
+        if self.upload_id is None:
+            return
+        try:
+            s3_client().abort_multipart_upload(Bucket=self.bucket, Key=self.key, UploadId=self.upload_id)
+        except (BotoCoreError, ClientError) as exc:
+            # the caller's original error matters more; a stale upload is invisible and expires
+            log.warning("%s: could not abort multipart upload: %s", self.path, _one_line(exc))
+        self.upload_id = None
+
+
+def _head(bucket: str, key: str) -> bool:
+    """HEAD an object: True if it exists, False on 404/403 (which carry no detail)."""
+    try:
+        s3_client().head_object(Bucket=bucket, Key=key)
+        return True
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "403", "NoSuchKey"):
+            return False
+        raise
+
+
+def _first_keys(bucket: str, prefix: str, count: int = 1) -> list[str]:
+    response = s3_client().list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=count)
+    return [o["Key"] for o in response.get("Contents", [])]
+
+
+class S3Backend:
+    """Objects in S3 (or an S3-compatible server) through boto3."""
+
+    def open_read(self, path: str) -> BinaryIO:
+        return io.BufferedReader(_S3Reader(path), buffer_size=READ_BUFFER)
+
+    def start_write(self, path: str) -> _S3Write:
+        return _S3Write(path)
+
+    def exists(self, path: str) -> bool:
+        bucket, key = split_s3(path)
+        with _s3_errors(path):
+            if key and not key.endswith("/") and _head(bucket, key):
+                return True
+            # a HEAD miss says nothing about the bucket and a 403 has no detail: a listing tells both
+            return bool(_first_keys(bucket, key.rstrip("/") + "/" if key else ""))
+
+    def is_object(self, path: str) -> bool:
+        bucket, key = split_s3(path)
+        with _s3_errors(path):
+            # the key itself sorts before every longer key it prefixes
+            return bool(key) and _first_keys(bucket, key) == [key]
+
+    def delete(self, path: str) -> None:
+        bucket, key = _object(path)
+        with _s3_errors(path):
+            s3_client().delete_object(Bucket=bucket, Key=key)
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        bucket, key = split_s3(prefix)
+        paginator = s3_client().get_paginator("list_objects_v2")
+        found = []
+        with _s3_errors(prefix):
+            for page in paginator.paginate(Bucket=bucket, Prefix=key):
+                found += [o["Key"] for o in page.get("Contents", []) if not o["Key"].endswith("/")]
+        return sorted(f"{S3_SCHEME}{bucket}/{k}" for k in found)
+
+    def glob(self, pattern: str) -> list[str]:
+        bucket, key = split_s3(pattern)
+        if has_glob(bucket):
+            raise StorageError(f"{pattern}: globs in the bucket name are not supported")
+        regex = glob_regex(key)
+        listed = self.list_prefix(f"{S3_SCHEME}{bucket}/{literal_prefix(key)}")
+        return [p for p in listed if regex.match(split_s3(p)[1])]
+
+
+_LOCAL = LocalBackend()
+_S3 = S3Backend()
+
+
+def _backend(path: str) -> LocalBackend | S3Backend:
+    return _S3 if is_s3(path) else _LOCAL
+
+
+def _local_only(path: str | os.PathLike, role: str) -> str:
+    if is_s3(path):
+        raise StorageError(f"{path}: {role} must be a local path, not an s3:// url")
+    return os.fspath(path)
+
+
+# ---------------------------------------------------------------- public API
+
+
+def _path(path: str | os.PathLike) -> str:
+    return path if isinstance(path, str) else os.fspath(path)
+
+
+def open_read(path: str | os.PathLike) -> BinaryIO:
+    """A binary stream over a file or object (S3: streamed and seekable, not downloaded first)."""
+    path = _path(path)
+    return _backend(path).open_read(path)
+
+
+@contextmanager
+def open_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """Yield a binary stream; its bytes appear under ``path`` only if the block exits cleanly.
+
+    On an exception nothing is left under ``path`` (an object already there stays untouched).
+    S3 streams are not seekable: write seek-needing formats (HDF5) locally and :func:`upload_file`.
+    """
+    path = _path(path)
+    pending = _backend(path).start_write(path)
+    try:
+        yield pending.file
+    except BaseException:
+        pending.discard()
+        raise
+    pending.commit()
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+    """The whole content of a file or object."""
+    with open_read(path) as stream:
+        return stream.read()
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Atomically replace ``path`` with ``data``."""
+    with open_write(path) as stream:
+        stream.write(data)
+
+
+def exists(path: str | os.PathLike) -> bool:
+    """True for an existing file/directory, an object, or an S3 prefix with objects under ``prefix/``."""
+    path = _path(path)
+    return _backend(path).exists(path)
+
+
+def delete(path: str | os.PathLike) -> None:
+    """Remove one file or object; a missing one is not an error (a missing bucket is)."""
+    path = _path(path)
+    _backend(path).delete(path)
+
+
+def list_prefix(prefix: str | os.PathLike) -> list[str]:
+    """Sorted full paths of all files/objects whose path starts with ``prefix`` (recursive).
+
+    ``prefix`` is a string prefix, as in S3: ``out/shard`` also matches ``out/shard-2/x``; end it
+    with ``/`` for one directory. A missing directory lists as empty.
+    """
+    prefix = _path(prefix)
+    return _backend(prefix).list_prefix(prefix)
+
+
+def expand(pattern_or_paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
+    """Sorted, de-duplicated paths from a glob, a path, or a list of them.
+
+    Globs (``*``, ``?``, ``[..]``, ``**``) work locally and on S3 with the same meaning; a glob that
+    matches nothing or a plain path that does not exist is a StorageError.
+    """
+    items = [pattern_or_paths] if isinstance(pattern_or_paths, str | os.PathLike) else list(pattern_or_paths)
+    found: set[str] = set()
+    for item in map(_path, items):
+        found.update(_expand_one(item))
+    return sorted(found)
+
+
+def _expand_one(item: str) -> list[str]:
+    backend = _backend(item)
+    if not has_glob(item):
+        if not backend.is_object(item):
+            raise StorageError(f"{item}: no such file or object")
+        return [item]
+    hits = backend.glob(item)
+    if not hits:
+        raise StorageError(f"{item}: no file or object matches this pattern")
+    return hits
+
+
+def _copy(source: str, target: str) -> None:
+    with open_read(source) as src, open_write(target) as dst:
+        shutil.copyfileobj(src, dst, COPY_CHUNK)
+
+
+def upload_file(local_path: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Copy a local file to ``path`` (S3 or local), atomically."""
+    _copy(_local_only(local_path, "upload source"), _path(path))
+
+
+def download_file(path: str | os.PathLike, local_path: str | os.PathLike) -> None:
+    """Copy ``path`` (S3 or local) to a local file, atomically."""
+    _copy(_path(path), _local_only(local_path, "download target"))
+
+
+def _gopen_s3(url: str, mode: str = "rb", bufsize: int = 8192, **kwargs) -> BinaryIO:
+    if mode != "rb":
+        raise StorageError(f"{url}: webdataset can only read s3:// urls here; write with storage.open_write")
+    return open_read(url)
+
+
+def register_webdataset_s3() -> None:
+    """Let ``webdataset`` open ``s3://`` urls through boto3 (its gopen has no s3 scheme).
+
+    Per process: call it in each Ray worker that builds a ``WebDataset`` over S3 urls.
+    """
+    import webdataset.gopen
+
+    webdataset.gopen.gopen_schemes["s3"] = _gopen_s3

@@ -1,0 +1,106 @@
+"""Shared fixtures: a real S3 server (SeaweedFS) and an embedded Ray cluster, each started once.
+
+Both are lazy: a test session that asks for neither starts neither. ``ray_local`` depends on
+``s3_server`` so Ray starts after the AWS_* variables are set; its workers inherit them from the
+driver's environment and also get them explicitly through ``runtime_env['env_vars']``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+import pytest
+
+from pipeline import storage
+from pipeline.local_s3 import REGION, LocalS3Server
+
+TEST_BUCKET = "elmo-test"
+AWS_VARS_CLEARED = ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE")
+"""Ambient variables that would change which credentials or retries the tests use."""
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """What tests need to know about the session's S3 server."""
+
+    endpoint_url: str
+    bucket: str
+    access_key: str
+    secret_key: str
+    server: LocalS3Server
+
+    def url(self, key: str = "") -> str:
+        return f"s3://{self.bucket}/{key}"
+
+
+def _set_env(values: dict[str, str | None]) -> dict[str, str | None]:
+    """Apply ``values`` (None unsets) to os.environ; return what was there before."""
+    previous = {name: os.environ.get(name) for name in values}
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    return previous
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A SeaweedFS S3 server on free loopback ports with one bucket; AWS_* env set for the session."""
+    with LocalS3Server(tmp_path_factory.mktemp("s3server")) as server:
+        server.create_bucket(TEST_BUCKET)
+        env = {
+            "AWS_ENDPOINT_URL": server.endpoint_url,
+            "AWS_ACCESS_KEY_ID": server.access_key,
+            "AWS_SECRET_ACCESS_KEY": server.secret_key,
+            "AWS_DEFAULT_REGION": REGION,
+            **dict.fromkeys(AWS_VARS_CLEARED),
+        }
+        previous = _set_env(env)
+        storage.configure()
+        try:
+            yield S3Server(server.endpoint_url, TEST_BUCKET, server.access_key, server.secret_key, server)
+        finally:
+            _set_env(previous)
+            storage.configure()
+
+
+@pytest.fixture
+def s3_prefix(s3_server, request) -> str:
+    """A fresh ``s3://bucket/<test name>-<random>/`` prefix for one test."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", request.node.name)[:60]
+    return s3_server.url(f"{name}-{secrets.token_hex(4)}/")
+
+
+@pytest.fixture(scope="session")
+def ray_local(s3_server):
+    """An embedded 2-CPU Ray cluster for the session (started after the S3 environment is set)."""
+    import ray
+
+    from pipeline.ray_runtime import worker_env
+
+    if ray.is_initialized():
+        raise RuntimeError("ray_local: Ray is already initialised by something else in this session")
+    # short: Ray's unix socket paths live under it and must stay within ~107 characters
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=512 * 1024 * 1024,
+        _temp_dir=temp_dir,
+        configure_logging=True,
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+        runtime_env={"env_vars": worker_env()},
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
