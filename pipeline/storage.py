@@ -713,6 +713,7 @@ def register_webdataset_s3() -> None:
 
     Per process: call it in each Ray worker that builds a ``WebDataset`` over S3 urls.
     """
-    import webdataset.gopen
+    # the module, not webdataset.gopen (the package rebinds that name to the function)
+    from webdataset.gopen import gopen_schemes
 
-    webdataset.gopen.gopen_schemes["s3"] = _gopen_s3
+    gopen_schemes["s3"] = _gopen_s3

@@ -1,0 +1,369 @@
+"""pipeline.storage against a local tmp directory and a real SeaweedFS S3 server (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+
+import boto3
+import numpy as np
+import pytest
+import webdataset as wds
+from botocore import UNSIGNED
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from pipeline import storage
+from pipeline.storage import StorageError, join
+
+MB = 1024 * 1024
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path) -> str:
+    """A fresh empty location, ending in '/', on each backend."""
+    if request.param == "local":
+        return str(tmp_path) + "/"
+    return request.getfixturevalue("s3_prefix")
+
+
+@pytest.fixture
+def fresh_clients():
+    """Drop cached S3 clients before and after a test that changes credentials or the endpoint."""
+    storage.configure()
+    yield
+    storage.configure()
+
+
+def payload(size: int, seed: int = 0) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def put_tree(root: str, names: list[str]) -> None:
+    for name in names:
+        storage.write_bytes(join(root, name), name.encode())
+
+
+def one_line_error(excinfo, *needles: str) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+def test_join_and_is_s3():
+    assert join("s3://b/", "x/", "/y.tar") == "s3://b/x/y.tar"
+    assert join("s3://b", "x") == "s3://b/x"
+    assert join("/tmp/a", "b", "c") == os.path.join("/tmp/a", "b", "c")
+    assert storage.is_s3("s3://b/k") and not storage.is_s3("/s3://x") and not storage.is_s3("b/k")
+    assert storage.split_s3("s3://bkt/a/b") == ("bkt", "a/b")
+    with pytest.raises(StorageError, match="no bucket name"):
+        storage.split_s3("s3:///key")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "key", "matches"),
+    [
+        ("d/*.tar", "d/a.tar", True),
+        ("d/*.tar", "d/sub/a.tar", False),
+        ("d/**/*.tar", "d/a.tar", True),
+        ("d/**/*.tar", "d/x/y/a.tar", True),
+        ("d/s-00?.tar", "d/s-001.tar", True),
+        ("d/s-00?.tar", "d/s-0001.tar", False),
+        ("d/s-00[12].tar", "d/s-002.tar", True),
+        ("d/s-00[!12].tar", "d/s-002.tar", False),
+        ("d/a+b.tar", "d/a+b.tar", True),
+        ("d/a.tar", "d/aXtar", False),
+    ],
+)
+def test_glob_regex_follows_local_glob_rules(pattern, key, matches):
+    assert bool(storage.glob_regex(pattern).match(key)) is matches
+
+
+# ---------------------------------------------------------------- both backends
+
+
+def test_bytes_round_trip_and_overwrite(root):
+    path = join(root, "a/b/c.bin")
+    data = payload(1000)
+    storage.write_bytes(path, data)
+    assert storage.read_bytes(path) == data
+    storage.write_bytes(path, b"second")
+    assert storage.read_bytes(path) == b"second"
+    storage.write_bytes(join(root, "empty"), b"")
+    assert storage.read_bytes(join(root, "empty")) == b""
+
+
+def test_streaming_write_and_read(root):
+    path = join(root, "stream.bin")
+    data = payload(300_000, seed=1)
+    with storage.open_write(path) as out:
+        for start in range(0, len(data), 70_001):
+            out.write(memoryview(data)[start : start + 70_001])
+        assert out.tell() == len(data)
+    with storage.open_read(path) as stream:
+        head = stream.read(10)
+        rest = b"".join(iter(lambda: stream.read(65_536), b""))
+        assert head + rest == data
+        stream.seek(123_456)
+        assert stream.read(5) == data[123_456:123_461]
+        stream.seek(-3, io.SEEK_END)
+        assert stream.read() == data[-3:]
+
+
+def test_lines_stream(root):
+    path = join(root, "lines.txt")
+    storage.write_bytes(path, b"one\ntwo\nthree\n")
+    with storage.open_read(path) as stream:
+        assert [line.decode().strip() for line in stream] == ["one", "two", "three"]
+
+
+def test_list_prefix(root):
+    put_tree(root, ["a/1", "a/2", "a/sub/3", "ab/4", "b/5"])
+    assert storage.list_prefix(join(root, "a") + "/") == [join(root, n) for n in ["a/1", "a/2", "a/sub/3"]]
+    assert storage.list_prefix(join(root, "a")) == [join(root, n) for n in ["a/1", "a/2", "a/sub/3", "ab/4"]]
+    assert storage.list_prefix(root) == [join(root, n) for n in ["a/1", "a/2", "a/sub/3", "ab/4", "b/5"]]
+    assert storage.list_prefix(join(root, "missing/")) == []
+
+
+def test_exists_and_delete(root):
+    put_tree(root, ["d/x.bin"])
+    path = join(root, "d/x.bin")
+    assert storage.exists(path)
+    assert storage.exists(join(root, "d"))  # a directory / a prefix with objects under it
+    assert not storage.exists(join(root, "d/y.bin"))
+    storage.delete(path)
+    assert not storage.exists(path)
+    storage.delete(path)  # deleting what is gone is fine
+
+
+def test_expand_globs_and_lists(root):
+    put_tree(root, ["x/s-000.tar", "x/s-001.tar", "x/s-002.txt", "x/sub/s-003.tar"])
+    tars = [join(root, n) for n in ["x/s-000.tar", "x/s-001.tar"]]
+    assert storage.expand(join(root, "x/*.tar")) == tars
+    assert storage.expand(join(root, "x/**/*.tar")) == tars + [join(root, "x/sub/s-003.tar")]
+    assert storage.expand(join(root, "x/s-00[01].*")) == tars
+    mixed = [join(root, "x/s-002.txt"), join(root, "x/s-00?.tar"), tars[0]]
+    assert storage.expand(mixed) == tars + [join(root, "x/s-002.txt")]
+    assert storage.expand(tars[1]) == [tars[1]]
+
+
+def test_expand_nothing_is_an_error(root):
+    put_tree(root, ["x/s-000.tar"])
+    with pytest.raises(StorageError) as excinfo:
+        storage.expand(join(root, "x/*.json"))
+    one_line_error(excinfo, join(root, "x/*.json"), "matches")
+    with pytest.raises(StorageError) as excinfo:
+        storage.expand([join(root, "x/s-000.tar"), join(root, "x/s-999.tar")])
+    one_line_error(excinfo, join(root, "x/s-999.tar"), "no such")
+
+
+def test_upload_and_download(root, tmp_path):
+    source = tmp_path / "source.bin"
+    source.write_bytes(payload(50_000, seed=2))
+    remote = join(root, "up/loaded.bin")
+    storage.upload_file(str(source), remote)
+    assert storage.read_bytes(remote) == source.read_bytes()
+    target = tmp_path / "new" / "dir" / "downloaded.bin"
+    storage.download_file(remote, target)
+    assert target.read_bytes() == source.read_bytes()
+
+
+def test_multipart_sized_round_trip(root):
+    """Over 20 MB: several parts on S3 (8 MiB each), streamed in uneven pieces."""
+    path = join(root, "big.bin")
+    data = payload(21 * MB, seed=3)
+    with storage.open_write(path) as out:
+        for start in range(0, len(data), 3 * MB + 7):
+            out.write(data[start : start + 3 * MB + 7])
+    assert storage.read_bytes(path) == data
+    with storage.open_read(path) as stream:
+        stream.seek(17 * MB)
+        assert stream.read(MB) == data[17 * MB : 18 * MB]
+
+
+@pytest.mark.parametrize("size", [1000, storage.PART_SIZE + MB], ids=["small", "multipart"])
+def test_interrupted_write_leaves_nothing(root, size):
+    fresh, existing = join(root, "fresh.bin"), join(root, "existing.bin")
+    storage.write_bytes(existing, b"old content")
+    for path in (fresh, existing):
+        with pytest.raises(RuntimeError, match="interrupted"):
+            with storage.open_write(path) as out:
+                out.write(payload(size))
+                raise RuntimeError("interrupted mid-way")
+    assert not storage.exists(fresh)
+    assert storage.read_bytes(existing) == b"old content"
+    assert storage.list_prefix(root) == [existing]  # no temp files or partial objects visible
+
+
+def test_webdataset_streams_a_tar(root):
+    storage.register_webdataset_s3()
+    url = join(root, "shard-000000.tar")
+    with storage.open_write(url) as stream:
+        writer = wds.TarWriter(stream)
+        for i in range(3):
+            writer.write(
+                {"__key__": f"sample-{i}", "txt": f"text {i}", "npy": np.arange(i + 1, dtype=np.int32)}
+            )
+        writer.close()
+    samples = list(wds.WebDataset(url, shardshuffle=False).decode())
+    assert [s["__key__"] for s in samples] == ["sample-0", "sample-1", "sample-2"]
+    assert [s["txt"] for s in samples] == ["text 0", "text 1", "text 2"]
+    np.testing.assert_array_equal(samples[2]["npy"], [0, 1, 2])
+
+
+# ---------------------------------------------------------------- s3 only
+
+
+def test_multipart_upload_is_used_and_aborted(s3_server, s3_prefix):
+    client = s3_server.server.client()
+    bucket, key = storage.split_s3(join(s3_prefix, "abandoned.bin"))
+
+    def pending():
+        uploads = client.list_multipart_uploads(Bucket=bucket, Prefix=key).get("Uploads", [])
+        return [u for u in uploads if u["Key"] == key]
+
+    with pytest.raises(RuntimeError):
+        with storage.open_write(f"s3://{bucket}/{key}") as out:
+            out.write(payload(storage.PART_SIZE + 1))
+            assert len(pending()) == 1  # a part is already uploaded, yet nothing under the key
+            assert not storage.exists(f"s3://{bucket}/{key}")
+            raise RuntimeError("stop")
+    assert pending() == []
+    storage.write_bytes(join(s3_prefix, "whole.bin"), payload(2 * storage.PART_SIZE + 1))
+    etag = client.head_object(Bucket=bucket, Key=storage.split_s3(join(s3_prefix, "whole.bin"))[1])["ETag"]
+    assert etag.strip('"').endswith("-3")
+
+
+def test_wrong_secret_is_a_clear_error(s3_prefix, monkeypatch, fresh_clients):
+    path = join(s3_prefix, "x.bin")
+    storage.write_bytes(path, b"x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    storage.configure()
+    for operation in (storage.read_bytes, storage.exists, lambda p: storage.write_bytes(p, b"y")):
+        with pytest.raises(StorageError) as excinfo:
+            operation(path)
+        one_line_error(excinfo, path, "SignatureDoesNotMatch")
+    message = str(excinfo.value)
+    assert "not-the-secret" not in message
+
+
+def test_unknown_access_key_is_a_clear_error(s3_prefix, monkeypatch, fresh_clients):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "NOSUCHKEY")
+    storage.configure()
+    with pytest.raises(StorageError) as excinfo:
+        storage.list_prefix(s3_prefix)
+    one_line_error(excinfo, s3_prefix, "InvalidAccessKeyId")
+
+
+def test_missing_credentials_are_a_clear_error(s3_prefix, monkeypatch, fresh_clients, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    storage.configure()
+    with pytest.raises(StorageError) as excinfo:
+        storage.read_bytes(join(s3_prefix, "x.bin"))
+    one_line_error(excinfo, "no AWS credentials")
+
+
+def test_missing_bucket_is_a_clear_error(s3_server):
+    path = "s3://no-such-bucket-elmo/k.bin"
+    operations = (
+        storage.read_bytes,
+        storage.exists,
+        storage.list_prefix,
+        lambda p: storage.write_bytes(p, b"x"),
+        lambda p: storage.write_bytes(p, payload(storage.PART_SIZE + 1)),
+        storage.expand,
+    )
+    for operation in operations:
+        with pytest.raises(StorageError) as excinfo:
+            operation(path)
+        one_line_error(excinfo, path, "bucket 'no-such-bucket-elmo' does not exist")
+
+
+def test_missing_key_is_a_clear_error(s3_prefix):
+    path = join(s3_prefix, "never-written.bin")
+    with pytest.raises(StorageError) as excinfo:
+        storage.read_bytes(path)
+    one_line_error(excinfo, path, "no such object")
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_endpoint_fails_fast(s3_prefix, fresh_clients):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{closed_port}"
+    storage.configure(endpoint_url=endpoint)
+    with pytest.raises(StorageError) as excinfo:
+        storage.read_bytes(join(s3_prefix, "x.bin"))
+    one_line_error(excinfo, join(s3_prefix, "x.bin"), "cannot reach S3 endpoint", endpoint)
+
+
+def test_anonymous_requests_are_refused(s3_server, s3_prefix):
+    path = join(s3_prefix, "private.bin")
+    storage.write_bytes(path, b"secret data")
+    bucket, key = storage.split_s3(path)
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_server.endpoint_url,
+        region_name="us-east-1",
+        config=Config(signature_version=UNSIGNED),
+    )
+    for call in (
+        lambda: client.get_object(Bucket=bucket, Key=key),
+        lambda: client.list_objects_v2(Bucket=bucket),
+    ):
+        with pytest.raises(ClientError) as excinfo:
+            call()
+        assert excinfo.value.response["Error"]["Code"] == "AccessDenied"
+
+
+def test_not_an_object_url(s3_server):
+    with pytest.raises(StorageError, match="not an object url"):
+        storage.read_bytes(s3_server.url(""))
+
+
+# ---------------------------------------------------------------- local only
+
+
+def test_local_errors_name_the_path_and_cause(tmp_path):
+    missing = str(tmp_path / "missing.bin")
+    with pytest.raises(StorageError) as excinfo:
+        storage.read_bytes(missing)
+    one_line_error(excinfo, missing, "no such file")
+    (tmp_path / "afile").write_bytes(b"x")
+    under_file = str(tmp_path / "afile" / "child.bin")
+    with pytest.raises(StorageError) as excinfo:
+        storage.write_bytes(under_file, b"y")
+    one_line_error(excinfo, under_file, "parent")
+    with pytest.raises(StorageError) as excinfo:
+        storage.read_bytes(str(tmp_path))
+    one_line_error(excinfo, str(tmp_path), "is a directory")
+    with pytest.raises(StorageError, match="must be a local path"):
+        storage.download_file(str(tmp_path / "afile"), "s3://b/k")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root bypasses file permissions")
+def test_local_permission_denied(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    with pytest.raises(StorageError) as excinfo:
+        storage.write_bytes(str(locked / "x.bin"), b"x")
+    one_line_error(excinfo, "permission denied")
+
+
+def test_local_write_keeps_umask_mode(tmp_path):
+    path = tmp_path / "mode.bin"
+    storage.write_bytes(str(path), b"x")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
