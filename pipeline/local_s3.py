@@ -288,6 +288,7 @@ class LocalS3Server:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         self._remove_sockets()
+        self.ports = {}
 
     def _remove_sockets(self) -> None:
         # weed names its unix sockets /tmp/seaweedfs-<component>-<port>.sock and leaves some behind

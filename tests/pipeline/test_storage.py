@@ -367,3 +367,21 @@ def test_local_write_keeps_umask_mode(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+# ---------------------------------------------------------------- ray workers
+
+
+def test_ray_workers_reach_s3_through_storage(ray_local, s3_prefix):
+    """Workers see the session's AWS_* variables and get their own client (no inherited sockets)."""
+    storage.write_bytes(join(s3_prefix, "in.bin"), b"from the driver")
+
+    @ray_local.remote
+    def copy_in_worker(prefix: str) -> int:
+        data = storage.read_bytes(join(prefix, "in.bin"))
+        storage.write_bytes(join(prefix, "out.bin"), data.upper())
+        return os.getpid()
+
+    worker_pid = ray_local.get(copy_in_worker.remote(s3_prefix))
+    assert worker_pid != os.getpid()
+    assert storage.read_bytes(join(s3_prefix, "out.bin")) == b"FROM THE DRIVER"
