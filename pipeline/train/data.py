@@ -1,0 +1,547 @@
+"""Training and held-out batches of the original recipe (spec 7.2, 7.8), read from a shard directory.
+
+Pieces, from the shard up:
+
+- :func:`read_shard_sentences` loads the sentences of one shard that a rank reads (IO shell over
+  ``pipeline.shard.format.read_shard``); :func:`wrap_sentences` lays them out in reading order,
+  each wrapped as ``[<S>] + w + [</S>]`` (reversed stream: ``[</S>] + reversed(w) + [<S>]``).
+- :class:`SentenceSource` is one direction's endless (training) or one-pass (test) sentence
+  generator for one rank, with a small resumable position.
+- :class:`RowStreams` is bilm-tf's ``_get_batch``: B rows, each owning a current-sentence buffer,
+  cut into windows of U tokens.
+- :class:`LMBatchStream` pairs a forward and an independently shuffled reversed stream and yields
+  :class:`LMBatch` es; ``state_dict``/``load_state_dict`` capture its exact position.
+
+Rank split: with at least as many shards as ranks, rank r reads shards ``r, r+W, r+2W, ...`` (in
+manifest order). With fewer shards than ranks every rank reads every shard but keeps only the
+sentences whose index within the shard is ``r mod W``; sentences rather than blocks, so that even a
+one-block shard splits evenly and no rank is left without data. Training streams cycle forever,
+so ranks with more data never outlast the others: the step count (:func:`steps_per_epoch`) is the
+same on every rank and uneven shards cannot hang DDP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.shard import format as shard_format
+from pipeline.train.char_cache import CharCache
+
+BOS_ID, EOS_ID, UNK_ID = (
+    shard_format.SPECIALS.index(t) for t in (shard_format.BOS, shard_format.EOS, shard_format.UNK)
+)
+"""Vocabulary ids of ``<S>``, ``</S>``, ``<UNK>``: fixed by the shard format (the first three lines)."""
+
+STATE_FORMAT = 1
+"""Version of :meth:`LMBatchStream.state_dict`'s layout."""
+
+_SHARD_ORDER_TAG = 0
+_SENTENCE_ORDER_TAG = 1
+
+
+@dataclass(frozen=True)
+class ShardSentences:
+    """The sentences of one shard that one rank reads, in stored order.
+
+    ``ids``: int32 ``(N,)``, the kept sentences' word ids concatenated (OOV = ``<UNK>``).
+    ``lengths``: int64 ``(S,)``, tokens per kept sentence (sums to N).
+    ``oov_pos``: int64 ``(K,)``, sorted positions in ``ids`` of out-of-vocabulary tokens.
+    ``oov_words``: K strings, their spellings (character inputs always spell the real word).
+    """
+
+    ids: np.ndarray
+    lengths: np.ndarray
+    oov_pos: np.ndarray
+    oov_words: list[str]
+
+
+@dataclass(frozen=True)
+class WrappedSentences:
+    """Sentences in reading order, each boundary-wrapped, concatenated into one id array.
+
+    ``ids``: int32 ``(T,)``, ``T = N + 2S``; sentence j is ``ids[ends[j] - lengths[j] - 2 : ends[j]]``.
+    ``ends``: int64 ``(S,)``, one past each sentence's last position.
+    ``oov_pos``: int64 ``(K,)``, sorted positions in ``ids`` of out-of-vocabulary tokens;
+    ``oov_words``: their K spellings.
+    """
+
+    ids: np.ndarray
+    ends: np.ndarray
+    oov_pos: np.ndarray
+    oov_words: list[str]
+
+    @property
+    def n_sentences(self) -> int:
+        return int(self.ends.shape[0])
+
+    def begin(self, j: int) -> int:
+        return 0 if j == 0 else int(self.ends[j - 1])
+
+    def oov_between(self, start: int, stop: int) -> tuple[np.ndarray, list[str]]:
+        """OOV positions in ``[start, stop)`` (int64 ``(k,)``) and their k spellings."""
+        lo, hi = np.searchsorted(self.oov_pos, (start, stop))
+        return self.oov_pos[lo:hi], self.oov_words[lo:hi]
+
+
+def read_shard_sentences(
+    url: str,
+    vocab_size: int,
+    stride: tuple[int, int] | None = None,
+    expected: tuple[int, int] | None = None,
+) -> ShardSentences:
+    """Load one shard (local or ``s3://``) for one rank.
+
+    ``stride``: ``(rank, world_size)`` to keep only sentences whose index in the shard is
+    ``rank mod world_size``; None keeps all. ``expected``: the manifest's ``(sentences, tokens)``
+    for this shard, checked against what the file holds. Raises ``FormatError`` naming the shard
+    when ids fall outside the vocabulary or the counts disagree with the manifest.
+    """
+    ids_parts: list[np.ndarray] = []
+    length_parts: list[np.ndarray] = []
+    oov_parts: list[np.ndarray] = []
+    oov_words: list[str] = []
+    n_sentences = n_tokens = kept_tokens = 0
+    for block in shard_format.read_shard(url):
+        lengths = block.lengths.astype(np.int64)
+        if block.ids.size and (block.ids.min() < 0 or block.ids.max() >= vocab_size):
+            raise shard_format.FormatError(
+                f"shard {url}: block {block.key} has word ids outside the vocabulary of {vocab_size} "
+                f"({block.ids.min()}..{block.ids.max()}); does the shard match vocab.txt?"
+            )
+        if stride is None:
+            keep = np.ones(lengths.shape[0], dtype=bool)
+        else:
+            keep = (n_sentences + np.arange(lengths.shape[0])) % stride[1] == stride[0]
+        n_sentences += lengths.shape[0]
+        n_tokens += block.ids.shape[0]
+        ids = block.ids[np.repeat(keep, lengths)]
+        kept_lengths = lengths[keep]
+        unknown = np.flatnonzero(ids == UNK_ID)
+        if unknown.size:
+            kept_sentences = np.flatnonzero(keep)
+            ends = np.cumsum(kept_lengths)
+            sentence = np.searchsorted(ends, unknown, side="right")
+            token = unknown - (ends - kept_lengths)[sentence]
+            for s, t in zip(kept_sentences[sentence].tolist(), token.tolist(), strict=True):
+                oov_words.append(block.sentences[s][t])
+            oov_parts.append(unknown + kept_tokens)
+        kept_tokens += ids.shape[0]
+        ids_parts.append(ids)
+        length_parts.append(kept_lengths)
+    if expected is not None and (n_sentences, n_tokens) != tuple(expected):
+        raise shard_format.FormatError(
+            f"shard {url}: manifest lists {expected[0]} sentences / {expected[1]} tokens, "
+            f"the shard holds {n_sentences} / {n_tokens}"
+        )
+    return ShardSentences(
+        ids=np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.int32),
+        lengths=np.concatenate(length_parts) if length_parts else np.zeros(0, np.int64),
+        oov_pos=np.concatenate(oov_parts) if oov_parts else np.zeros(0, np.int64),
+        oov_words=oov_words,
+    )
+
+
+def wrap_sentences(shard: ShardSentences, order: np.ndarray, reverse: bool) -> WrappedSentences:
+    """Lay out ``shard``'s sentences in ``order`` (int ``(S,)``, a permutation of ``range(S)``),
+    each wrapped as ``[<S>] + w + [</S>]``, or ``[</S>] + reversed(w) + [<S>]`` when ``reverse``.
+    Vectorised: no per-token Python work."""
+    lengths = shard.lengths[order]
+    src_starts = (np.cumsum(shard.lengths) - shard.lengths)[order]
+    ends = np.cumsum(lengths + 2)
+    begins = ends - lengths - 2
+    ids = np.empty(int(ends[-1]) if ends.size else 0, dtype=np.int32)
+    ids[begins] = EOS_ID if reverse else BOS_ID
+    ids[ends - 1] = BOS_ID if reverse else EOS_ID
+    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    offset = np.repeat(lengths - 1, lengths) - within if reverse else within
+    src = np.repeat(src_starts, lengths) + offset
+    dst = np.repeat(begins + 1, lengths) + within
+    ids[dst] = shard.ids[src]
+    oov_pos = np.zeros(0, np.int64)
+    oov_words: list[str] = []
+    if shard.oov_pos.size:
+        dst_of_src = np.empty(shard.ids.shape[0], dtype=np.int64)
+        dst_of_src[src] = dst
+        moved = dst_of_src[shard.oov_pos]
+        sort = np.argsort(moved, kind="stable")
+        oov_pos = moved[sort]
+        oov_words = [shard.oov_words[k] for k in sort.tolist()]
+    return WrappedSentences(ids=ids, ends=ends, oov_pos=oov_pos, oov_words=oov_words)
+
+
+def _rng(*entropy: int) -> np.random.Generator:
+    return np.random.default_rng(list(entropy))
+
+
+class SentenceSource:
+    """One direction's sentence generator for one rank (bilm-tf's ``LMDataset`` sentence stream).
+
+    Training (``test=False``): shards in a seeded random order per pass (each of the rank's shards
+    once per pass), sentences shuffled per shard with a seed of ``(seed, stream, pass, shard)``,
+    cycling forever. Test: the rank's shards once, in manifest order, sentences in stored order.
+
+    Position: ``pass_index``, ``shard_pos`` (index into this pass's shard order) and ``offset``
+    (sentences already handed out from that shard).
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        vocab_size: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        stream: int = 0,
+        reverse: bool = False,
+        test: bool = False,
+        sizes: Sequence[tuple[int, int]] | None = None,
+        reader: Callable[..., ShardSentences] = read_shard_sentences,
+    ):
+        if not urls:
+            raise ValueError("SentenceSource: no shards to read")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"SentenceSource: rank {rank} is outside world size {world_size}")
+        if seed < 0:
+            raise ValueError(f"SentenceSource: seed must be >= 0, got {seed}")
+        if sizes is not None and len(sizes) != len(urls):
+            raise ValueError(f"SentenceSource: {len(urls)} shards but {len(sizes)} manifest sizes")
+        self.urls = list(urls)
+        self.vocab_size = vocab_size
+        self.rank, self.world_size, self.seed, self.stream = rank, world_size, seed, stream
+        self.reverse, self.test = reverse, test
+        self.sizes = list(sizes) if sizes is not None else None
+        self.reader = reader
+        if len(self.urls) >= world_size:
+            self.shards = list(range(rank, len(self.urls), world_size))
+            self.stride: tuple[int, int] | None = None
+        else:
+            self.shards = list(range(len(self.urls)))
+            self.stride = (rank, world_size)
+        self.pass_index = self.shard_pos = self.offset = 0
+        self._loaded: tuple[tuple[int, int], WrappedSentences] | None = None
+        self._empty_in_a_row = 0
+
+    def shard_order(self, pass_index: int) -> list[int]:
+        """Indices into ``urls`` in the order pass ``pass_index`` reads them."""
+        if self.test:
+            return list(self.shards)
+        perm = _rng(self.seed, self.stream, _SHARD_ORDER_TAG, pass_index).permutation(len(self.shards))
+        return [self.shards[i] for i in perm.tolist()]
+
+    def _load(self) -> WrappedSentences:
+        where = (self.pass_index, self.shard_pos)
+        if self._loaded is not None and self._loaded[0] == where:
+            return self._loaded[1]
+        shard = self.shard_order(self.pass_index)[self.shard_pos]
+        expected = self.sizes[shard] if self.sizes is not None else None
+        sentences = self.reader(self.urls[shard], self.vocab_size, self.stride, expected)
+        n = sentences.lengths.shape[0]
+        if self.test:
+            order = np.arange(n)
+        else:
+            order = _rng(self.seed, self.stream, _SENTENCE_ORDER_TAG, self.pass_index, shard).permutation(n)
+        wrapped = wrap_sentences(sentences, order, self.reverse)
+        self._loaded = (where, wrapped)
+        self._empty_in_a_row = 0 if n else self._empty_in_a_row + 1
+        if not self.test and self._empty_in_a_row >= len(self.shards):
+            raise ValueError(
+                f"rank {self.rank} of {self.world_size}: its {len(self.shards)} shard(s) "
+                f"({self.urls[self.shards[0]]}, ...) hold no sentences for it; the stream would never yield"
+            )
+        return wrapped
+
+    def next_sentence(self) -> tuple[WrappedSentences, int, int] | None:
+        """The next sentence as ``(layout, begin, end)``: its wrapped ids are
+        ``layout.ids[begin:end]``. None when a test pass is over (training never ends)."""
+        while True:
+            if self.shard_pos == len(self.shards):
+                if self.test:
+                    return None
+                self.pass_index, self.shard_pos, self.offset = self.pass_index + 1, 0, 0
+            wrapped = self._load()
+            if self.offset < wrapped.n_sentences:
+                j = self.offset
+                self.offset += 1
+                return wrapped, wrapped.begin(j), int(wrapped.ends[j])
+            self.shard_pos, self.offset = self.shard_pos + 1, 0
+
+    def position(self) -> dict[str, int]:
+        return {"pass": self.pass_index, "shard": self.shard_pos, "offset": self.offset}
+
+    def set_position(self, position: dict[str, int]) -> None:
+        self.pass_index, self.shard_pos, self.offset = position["pass"], position["shard"], position["offset"]
+        if not 0 <= self.shard_pos <= len(self.shards):
+            raise ValueError(
+                f"data state: shard position {self.shard_pos} outside this rank's {len(self.shards)} shards"
+            )
+
+
+class RowStreams:
+    """bilm-tf's ``_get_batch`` for one direction: B rows, each a continuous stream of sentences.
+
+    Each row owns a current-sentence buffer. Filling row i: while the row has room, if the buffer
+    holds at most one token, take the next sentence from the source; then take
+    ``k = min(len(buffer) - 1, room)`` tokens as inputs and the next k (shifted by one) as
+    targets, and drop k tokens from the buffer. Rows fill in order 0..B-1.
+    """
+
+    def __init__(self, source: SentenceSource, batch_size: int):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.source = source
+        # row i: [layout, position of the buffer's first token, end of its sentence]
+        self.rows: list[list[Any] | None] = [None] * batch_size
+
+    def fill(self, inputs: np.ndarray, targets: np.ndarray, oov: list[tuple[int, int, str]]) -> bool:
+        """Fill ``inputs``/``targets`` (int64 ``(B, U)``) in place and append ``(row, column, word)``
+        for every out-of-vocabulary input. False when the source ran out (the batch is partial)."""
+        unroll = inputs.shape[1]
+        for i, row in enumerate(self.rows):
+            col = 0
+            while col < unroll:
+                if row is None or row[2] - row[1] <= 1:
+                    nxt = self.source.next_sentence()
+                    if nxt is None:
+                        return False
+                    row = self.rows[i] = list(nxt)
+                layout, pos, end = row
+                k = min(end - pos - 1, unroll - col)
+                inputs[i, col : col + k] = layout.ids[pos : pos + k]
+                targets[i, col : col + k] = layout.ids[pos + 1 : pos + k + 1]
+                if layout.oov_pos.size:
+                    positions, words = layout.oov_between(pos, pos + k)
+                    oov.extend((i, col + int(p) - pos, w) for p, w in zip(positions, words, strict=True))
+                row[1] = pos + k
+                col += k
+        return True
+
+    def rows_state(self) -> list[dict[str, list] | None]:
+        """Each row's remaining buffer: ``{"ids": [...], "oov": [[pos, word], ...]}`` (None = empty)."""
+        state: list[dict[str, list] | None] = []
+        for row in self.rows:
+            if row is None:
+                state.append(None)
+                continue
+            layout, pos, end = row
+            positions, words = layout.oov_between(pos, end)
+            state.append(
+                {
+                    "ids": layout.ids[pos:end].tolist(),
+                    "oov": [[int(p) - pos, w] for p, w in zip(positions, words, strict=True)],
+                }
+            )
+        return state
+
+    def load_rows_state(self, state: Sequence[dict[str, list] | None]) -> None:
+        if len(state) != len(self.rows):
+            raise ValueError(f"data state: {len(state)} rows saved but batch_size is {len(self.rows)}")
+        rows: list[list[Any] | None] = []
+        for saved in state:
+            if saved is None:
+                rows.append(None)
+                continue
+            ids = np.asarray(saved["ids"], dtype=np.int32)
+            if ids.size and (ids.min() < 0 or ids.max() >= self.source.vocab_size):
+                raise ValueError(f"data state: row ids outside the vocabulary of {self.source.vocab_size}")
+            layout = WrappedSentences(
+                ids=ids,
+                ends=np.array([ids.shape[0]], dtype=np.int64),
+                oov_pos=np.array([p for p, _ in saved["oov"]], dtype=np.int64),
+                oov_words=[w for _, w in saved["oov"]],
+            )
+            rows.append([layout, 0, ids.shape[0]])
+        self.rows = rows
+
+
+@dataclass(frozen=True)
+class LMBatch:
+    """One training or evaluation batch; index 0 of the leading axis is the forward stream, 1 the
+    reversed stream (the layout ``BiLM.lstm`` takes).
+
+    ``char_ids``: int64 ``(2, B, U, 50)``, +1-shifted character ids of the inputs (never 0: the
+    batch is full). ``token_ids``: int64 ``(2, B, U)``, the inputs' vocabulary ids.
+    ``targets``: int64 ``(2, B, U)``, the next token's vocabulary id (OOV = ``<UNK>``).
+    """
+
+    char_ids: torch.Tensor
+    token_ids: torch.Tensor
+    targets: torch.Tensor
+
+    @property
+    def n_tokens(self) -> int:
+        """Predictions per direction: B * U (every position is real)."""
+        return int(self.targets.shape[1] * self.targets.shape[2])
+
+
+class LMBatchStream:
+    """Iterator of :class:`LMBatch` for one rank: bilm-tf's ``BidirectionalLMDataset``.
+
+    Training (``test=False``): endless; the forward and reversed streams choose shards and shuffle
+    independently (seed streams 0 and 1), so the two directions see different sentences.
+    Test (``test=True``, held-out evaluation as ``run_test``): every sentence of the rank's shards
+    once in a fixed order, both directions aligned, each row a continuous stream; it stops at the
+    first batch that cannot be filled (that partial batch is dropped).
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        cache: CharCache,
+        batch_size: int,
+        unroll_steps: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        test: bool = False,
+        sizes: Sequence[tuple[int, int]] | None = None,
+        reader: Callable[..., ShardSentences] = read_shard_sentences,
+    ):
+        if unroll_steps < 1:
+            raise ValueError(f"unroll_steps must be >= 1, got {unroll_steps}")
+        self.cache = cache
+        self.batch_size, self.unroll_steps = batch_size, unroll_steps
+        self.test = test
+        self.streams = [
+            RowStreams(
+                SentenceSource(
+                    urls,
+                    cache.vocab_size,
+                    rank=rank,
+                    world_size=world_size,
+                    seed=seed,
+                    stream=direction,
+                    reverse=bool(direction),
+                    test=test,
+                    sizes=sizes,
+                    reader=reader,
+                ),
+                batch_size,
+            )
+            for direction in (0, 1)
+        ]
+        self._finished = False
+
+    def __iter__(self) -> Iterator[LMBatch]:
+        return self
+
+    def __next__(self) -> LMBatch:
+        if self._finished:
+            raise StopIteration
+        shape = (2, self.batch_size, self.unroll_steps)
+        token_ids = np.empty(shape, dtype=np.int64)
+        targets = np.empty(shape, dtype=np.int64)
+        oov: list[list[tuple[int, int, str]]] = [[], []]
+        for direction, rows in enumerate(self.streams):
+            if not rows.fill(token_ids[direction], targets[direction], oov[direction]):
+                self._finished = True
+                raise StopIteration
+        found = [(d, i, t, w) for d in (0, 1) for i, t, w in oov[d]]
+        index = (
+            tuple(np.array([f[axis] for f in found], dtype=np.int64) for axis in range(3)) if found else ()
+        )
+        char_ids = self.cache.spell(token_ids, index, [f[3] for f in found])
+        return LMBatch(
+            char_ids=torch.from_numpy(char_ids),
+            token_ids=torch.from_numpy(token_ids),
+            targets=torch.from_numpy(targets),
+        )
+
+    def _identity(self) -> dict[str, Any]:
+        source = self.streams[0].source
+        return {
+            "rank": source.rank,
+            "world_size": source.world_size,
+            "seed": source.seed,
+            "test": self.test,
+            "batch_size": self.batch_size,
+            "n_shards": len(source.urls),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where both streams are, as small JSON-able lists: per direction the source position
+        (pass, shard, offset) and every row's remaining buffer. Taken between batches, it makes a
+        restored stream yield exactly the batches this one would have yielded next."""
+        return {
+            "format": STATE_FORMAT,
+            **self._identity(),
+            "streams": [{**rows.source.position(), "rows": rows.rows_state()} for rows in self.streams],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; ValueError naming the key when it was taken by another
+        rank, world size, seed, mode, batch size or shard list (``unroll_steps`` may differ)."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"data state: format {state.get('format')!r}, expected {STATE_FORMAT}")
+        for key, value in self._identity().items():
+            if state.get(key) != value:
+                raise ValueError(
+                    f"data state: {key} is {state.get(key)!r} in the checkpoint but {value!r} now"
+                )
+        for rows, saved in zip(self.streams, state["streams"], strict=True):
+            rows.source.set_position(saved)
+            rows.load_rows_state(saved["rows"])
+        self._finished = False
+
+
+def load_char_cache(shard_dir: str, manifest: dict | None = None) -> CharCache:
+    """The :class:`CharCache` of a shard directory's ``vocab.txt`` (checked by the shard format)."""
+    return CharCache(shard_format.read_vocab(shard_format.vocab_path(shard_dir, manifest)))
+
+
+def open_lm_batches(
+    shard_dir: str,
+    split: str,
+    cache: CharCache,
+    batch_size: int,
+    unroll_steps: int,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 0,
+    test: bool = False,
+    manifest: dict | None = None,
+) -> LMBatchStream:
+    """An :class:`LMBatchStream` over ``split`` (``train`` / ``heldout``) of a shard directory,
+    checking each shard against the manifest's sentence and token counts as it is read."""
+    manifest = shard_format.read_manifest(shard_dir) if manifest is None else manifest
+    urls = shard_format.shard_urls(shard_dir, split, manifest)
+    if not urls:
+        raise ValueError(f"shard directory {shard_dir}: the manifest lists no {split} shards")
+    if manifest["vocab"]["size"] != cache.vocab_size:
+        raise ValueError(
+            f"shard directory {shard_dir}: manifest vocab.size {manifest['vocab']['size']} but the "
+            f"vocabulary has {cache.vocab_size} tokens"
+        )
+    sizes = [(entry["sentences"], entry["tokens"]) for entry in manifest["shards"][split]]
+    return LMBatchStream(
+        urls,
+        cache,
+        batch_size,
+        unroll_steps,
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        test=test,
+        sizes=sizes,
+    )
+
+
+def steps_per_epoch(manifest: dict, batch_size: int, unroll_steps: int, world_size: int) -> int:
+    """bilm-tf's ``n_batches_per_epoch`` (spec 7.6): ``int(n_train_tokens / (B * U * W))`` with
+    the training token count (words, no boundaries) from the manifest. Every rank gets the same
+    number; it may be 0 for a corpus smaller than one global batch."""
+    for name, value in (
+        ("batch_size", batch_size),
+        ("unroll_steps", unroll_steps),
+        ("world_size", world_size),
+    ):
+        if value < 1:
+            raise ValueError(f"steps_per_epoch: {name} must be >= 1, got {value}")
+    return int(manifest["totals"]["train"]["tokens"] / (batch_size * unroll_steps * world_size))

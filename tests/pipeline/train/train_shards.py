@@ -1,0 +1,85 @@
+"""Build small shard directories for the train-stage tests with the shard format's own encoder."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from pipeline import storage
+from pipeline.shard import format as shard_format
+
+FIXTURE_DIR = Path(__file__).resolve().parents[2] / "data" / "train"
+
+
+def fixture_sentences() -> list[list[str]]:
+    """bilm-tf's training fixture: 5 tokenized sentences (134 tokens)."""
+    return [
+        line.split() for line in (FIXTURE_DIR / "train_data.txt").read_text().splitlines() if line.strip()
+    ]
+
+
+def fixture_vocab() -> list[str]:
+    """bilm-tf's 32-line training vocabulary (<S>, </S>, <UNK>, then by descending count)."""
+    return (FIXTURE_DIR / "train_vocab.txt").read_text().split()
+
+
+def write_shard_dir(
+    root: str,
+    splits: dict[str, list[list[list[list[str]]]]],
+    vocab: list[str],
+    counts: list[int] | None = None,
+) -> dict:
+    """Write a shard directory under ``root`` (local or s3://) and return its manifest.
+
+    ``splits``: split name -> shards -> blocks -> sentences (token lists). OOV tokens get the
+    ``<UNK>`` id. ``counts``: the vocab_counts.tsv column (default: counts over the train split).
+    """
+    index = {token: i for i, token in enumerate(vocab)}
+    unk = index[shard_format.UNK]
+    if counts is None:
+        counts = [0] * len(vocab)
+        for shard in splits.get("train", []):
+            for block in shard:
+                for sentence in block:
+                    for token in sentence:
+                        if token in index:
+                            counts[index[token]] += 1
+    storage.write_bytes(storage.join(root, shard_format.VOCAB_FILE), shard_format.encode_vocab(vocab))
+    storage.write_bytes(
+        storage.join(root, shard_format.COUNTS_FILE), shard_format.encode_counts(vocab, counts)
+    )
+    manifest: dict = {"shards": {}, "totals": {}}
+    for split in shard_format.SPLITS:
+        entries = []
+        for s, shard in enumerate(splits.get(split, [])):
+            name = shard_format.shard_name(split, s)
+            with storage.open_write(storage.join(root, name)) as f:
+                writer = shard_format.tar_writer(f)
+                for b, block in enumerate(shard):
+                    ids = [index.get(token, unk) for sentence in block for token in sentence]
+                    writer.write(shard_format.encode_block(block, ids, shard_format.block_key(split, s, b)))
+                writer.close()
+            data = storage.read_bytes(storage.join(root, name))
+            entries.append(
+                {
+                    "name": name,
+                    "sentences": sum(len(block) for block in shard),
+                    "tokens": sum(len(sentence) for block in shard for sentence in block),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                }
+            )
+        manifest["shards"][split] = entries
+        manifest["totals"][split] = {
+            "sentences": sum(e["sentences"] for e in entries),
+            "tokens": sum(e["tokens"] for e in entries),
+        }
+    vocab_bytes = shard_format.encode_vocab(vocab)
+    manifest["vocab"] = {
+        "file": shard_format.VOCAB_FILE,
+        "counts_file": shard_format.COUNTS_FILE,
+        "size": len(vocab),
+        "sha256": hashlib.sha256(vocab_bytes).hexdigest(),
+    }
+    storage.write_bytes(shard_format.manifest_path(root), json.dumps(manifest).encode())
+    return manifest
