@@ -1,0 +1,239 @@
+"""The input corpus as fixed line ranges ("shard specs"), and reading one range back.
+
+The driver makes one streaming pass over the input (:func:`plan_shards`) and cuts it into ranges of
+``lines_per_shard`` lines; shard k is always lines ``[k * lines_per_shard, (k + 1) * lines_per_shard)``
+of the concatenated input, so a rerun knows exactly which shards exist. Each spec records where its
+lines are (byte ranges of text files, sentence ranges of a shard directory's tars) and a sha256 of its
+input, so a worker reads only its own range (S3 reads are ranged) and a rerun can tell whether the input
+changed under a half-finished output. Memory stays O(number of shards).
+
+Plain text: lines are split on ``\\n``; a final line without a newline still counts; file boundaries
+end a line. Shard directory: the sentences of ``shard_splits`` in manifest order, tokens joined by spaces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+
+from pipeline import storage
+from pipeline.embed.errors import EmbedError
+from pipeline.shard import format as shard_format
+
+READ_CHUNK = 4 * 1024 * 1024
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Part of one input file: ``kind`` ``text`` = bytes [start, end); ``tar`` = sentences [start, end)
+    of a shard tar, counted from its first block."""
+
+    kind: str
+    path: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Input lines [first_line, first_line + num_lines) and where they are."""
+
+    index: int
+    first_line: int
+    num_lines: int
+    segments: tuple[Segment, ...]
+    input_sha256: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ShardSpec:
+        segments = tuple(Segment(**s) for s in data["segments"])
+        return cls(**{**data, "segments": segments})
+
+
+def is_shard_dir(path: str) -> bool:
+    """Whether ``path`` is a shard directory (it holds the shard stage's manifest.json)."""
+    return not storage.has_glob(path) and storage.exists(shard_format.manifest_path(path))
+
+
+def resolve_inputs(patterns: Sequence[str]) -> tuple[str, list[str]]:
+    """``("shards", [dir])`` or ``("text", sorted files)``; EmbedError when nothing usable is named."""
+    if not patterns:
+        raise EmbedError("no input given: pass --input FILES or input=[...]")
+    if len(patterns) == 1 and is_shard_dir(patterns[0]):
+        return "shards", [patterns[0]]
+    try:
+        paths = storage.expand(list(patterns))
+    except storage.StorageError as err:
+        raise EmbedError(f"input: {err}") from None
+    for path in paths:
+        if path.endswith(COMPRESSED_SUFFIXES):
+            raise EmbedError(f"input {path}: compressed files are not read (shards are read by byte range); decompress it first")
+    return "text", paths
+
+
+class _Planner:
+    """Accumulates segments until a shard's worth of lines, then emits a ShardSpec."""
+
+    def __init__(self, lines_per_shard: int):
+        self.lines_per_shard = lines_per_shard
+        self.specs: list[ShardSpec] = []
+        self._reset(first_line=0)
+
+    def _reset(self, first_line: int) -> None:
+        self.first_line = first_line
+        self.lines = 0
+        self.segments: list[Segment] = []
+        self.hash = hashlib.sha256()
+
+    @property
+    def room(self) -> int:
+        return self.lines_per_shard - self.lines
+
+    def add(self, segment: Segment, lines: int, digest_data: bytes) -> None:
+        if lines == 0:
+            return
+        self.segments.append(segment)
+        self.lines += lines
+        self.hash.update(digest_data)
+        if self.room == 0:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.lines:
+            self.specs.append(
+                ShardSpec(len(self.specs), self.first_line, self.lines, tuple(self.segments), self.hash.hexdigest())
+            )
+        self._reset(self.first_line + self.lines)
+
+
+def _text_segments(path: str, planner: _Planner) -> None:
+    """Cut one text file into segments at shard boundaries (one streaming pass)."""
+    try:
+        stream = storage.open_read(path)
+    except storage.StorageError as err:
+        raise EmbedError(f"input: {err}") from None
+    with stream:
+        start = pos = 0  # byte offsets: start of the open segment, end of the bytes read so far
+        lines = 0
+        digest = hashlib.sha256()
+        last_byte = b"\n"  # an unterminated final line is one more line
+        while True:
+            chunk = stream.read(READ_CHUNK)
+            if not chunk:
+                break
+            view_start = 0
+            while True:
+                need = planner.room - lines
+                cut = _nth_newline(chunk, view_start, need)
+                if cut is None:
+                    count = chunk.count(b"\n", view_start)
+                    lines += count
+                    digest.update(chunk[view_start:])
+                    break
+                digest.update(chunk[view_start : cut + 1])
+                end = pos + cut + 1
+                planner.add(Segment("text", path, start, end), lines + need, digest.digest())
+                start, lines, digest = end, 0, hashlib.sha256()
+                view_start = cut + 1
+            last_byte = chunk[-1:]
+            pos += len(chunk)
+        if pos > start:
+            lines += last_byte != b"\n"
+            planner.add(Segment("text", path, start, pos), lines, digest.digest())
+
+
+def _nth_newline(data: bytes, start: int, n: int) -> int | None:
+    """Index of the n-th ``\\n`` in ``data[start:]`` (n >= 1), or None when there are fewer."""
+    if data.count(b"\n", start) < n:
+        return None
+    pos = start - 1
+    for _ in range(n):
+        pos = data.index(b"\n", pos + 1)
+    return pos
+
+
+def _tar_segments(shard_dir: str, splits: Sequence[str], planner: _Planner) -> None:
+    """Cut the tars of a shard directory into sentence ranges, from its manifest alone."""
+    try:
+        manifest = shard_format.read_manifest(shard_dir)
+    except (shard_format.FormatError, storage.StorageError) as err:
+        raise EmbedError(f"input: {err}") from None
+    for split in splits:
+        if split not in shard_format.SPLITS:
+            raise EmbedError(f"shard_splits: unknown split {split!r}; expected some of {', '.join(shard_format.SPLITS)}")
+        for entry in manifest["shards"][split]:
+            path = storage.join(shard_dir, entry["name"])
+            done = 0
+            while done < entry["sentences"]:
+                take = min(planner.room, entry["sentences"] - done)
+                key = f"{entry['sha256']}:{done}:{done + take}\n".encode()
+                planner.add(Segment("tar", path, done, done + take), take, key)
+                done += take
+
+
+def plan_shards(kind: str, paths: Sequence[str], lines_per_shard: int, shard_splits: Sequence[str] = ()) -> list[ShardSpec]:
+    """The shard specs of the whole input, in line order (one streaming pass over text input)."""
+    if lines_per_shard < 1:
+        raise EmbedError(f"lines_per_shard must be >= 1, got {lines_per_shard}")
+    planner = _Planner(lines_per_shard)
+    if kind == "shards":
+        _tar_segments(paths[0], shard_splits, planner)
+    else:
+        for path in paths:
+            _text_segments(path, planner)
+    planner.flush()
+    return planner.specs
+
+
+def _text_lines(segment: Segment) -> list[bytes]:
+    with storage.open_read(segment.path) as stream:
+        stream.seek(segment.start)
+        data = _read_exactly(stream, segment.end - segment.start, segment.path)
+    lines = data.split(b"\n")
+    if data.endswith(b"\n"):
+        lines.pop()
+    return lines
+
+
+def _read_exactly(stream: io.IOBase, size: int, path: str) -> bytes:
+    parts, left = [], size
+    while left > 0:
+        chunk = stream.read(left)
+        if not chunk:
+            raise EmbedError(f"input {path}: file shrank while reading (expected {size} bytes); the input changed")
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def _tar_lines(segment: Segment) -> Iterator[bytes]:
+    seen = 0
+    for block in shard_format.read_shard(segment.path):
+        count = len(block.sentences)
+        lo, hi = max(segment.start - seen, 0), min(segment.end - seen, count)
+        for sentence in block.sentences[lo:hi]:
+            yield " ".join(sentence).encode("utf-8")
+        seen += count
+        if seen >= segment.end:
+            return
+
+
+def read_lines(spec: ShardSpec) -> list[bytes]:
+    """The raw lines (no newline) of one shard, ``spec.num_lines`` of them."""
+    lines: list[bytes] = []
+    try:
+        for segment in spec.segments:
+            lines.extend(_text_lines(segment) if segment.kind == "text" else _tar_lines(segment))
+    except (storage.StorageError, shard_format.FormatError) as err:
+        raise EmbedError(f"input: {err}") from None
+    if len(lines) != spec.num_lines:
+        raise EmbedError(
+            f"input {spec.segments[0].path}: shard {spec.index} should hold {spec.num_lines} lines, read {len(lines)}; the input changed"
+        )
+    return lines

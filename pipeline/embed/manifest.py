@@ -1,0 +1,78 @@
+"""The output folder's names and its ``manifest.json`` (pure functions + one write).
+
+Layout of a sharded output (local folder or s3 prefix)::
+
+    embeddings-000000.hdf5 ...   one shard per ``lines_per_shard`` input lines (AllenNLP layout)
+    manifest.json                written last: every shard, totals, model, settings
+    _progress/run.json           the settings of the run that owns this output
+    _progress/embeddings-000000.json ...   one entry per complete shard (written after its shard)
+
+A shard entry: ``name``, ``index``, ``first_line``, ``end_line`` (exclusive), ``sentences``, ``tokens``,
+``empty_sentences``, ``invalid_utf8_lines``, ``split_sentences``, ``bytes``, ``sha256`` (of the HDF5
+file) and ``input_sha256`` (of the input lines it holds).
+"""
+
+from __future__ import annotations
+
+import json
+
+from pipeline import storage
+
+FORMAT = "elmo-embeddings/1"
+MANIFEST_FILE = "manifest.json"
+PROGRESS_DIR = "_progress"
+RUN_FILE = "run.json"
+COUNTED = ("sentences", "tokens", "empty_sentences", "invalid_utf8_lines", "split_sentences", "bytes")
+"""Entry fields summed into ``totals``."""
+
+
+def shard_name(index: int) -> str:
+    return f"embeddings-{index:06d}.hdf5"
+
+
+def shard_path(output: str, index: int) -> str:
+    return storage.join(output, shard_name(index))
+
+
+def progress_dir(output: str) -> str:
+    return storage.join(output, PROGRESS_DIR)
+
+
+def entry_path(output: str, index: int) -> str:
+    return storage.join(output, PROGRESS_DIR, f"embeddings-{index:06d}.json")
+
+
+def run_path(output: str) -> str:
+    return storage.join(output, PROGRESS_DIR, RUN_FILE)
+
+
+def manifest_path(output: str) -> str:
+    return storage.join(output, MANIFEST_FILE)
+
+
+def totals(entries: list[dict]) -> dict:
+    """Sums of the counted fields, plus the number of shards."""
+    out = {key: sum(int(e[key]) for e in entries) for key in COUNTED}
+    out["shards"] = len(entries)
+    return out
+
+
+def build_manifest(run: dict, model: dict, entries: list[dict], config: dict) -> dict:
+    """The manifest document: ``run`` settings, ``model`` (paths, sha256, dims), shards in line order."""
+    ordered = sorted(entries, key=lambda e: e["index"])
+    return {
+        "format": FORMAT,
+        "layers": run["layers"],
+        "dtype": run["dtype"],
+        "stateful": run["stateful"],
+        "lines_per_shard": run["lines_per_shard"],
+        "input": run["input"],
+        "model": model,
+        "totals": totals(ordered),
+        "shards": ordered,
+        "config": config,
+    }
+
+
+def write_json(path: str, document: dict) -> None:
+    storage.write_bytes(path, (json.dumps(document, indent=2, sort_keys=False) + "\n").encode("utf-8"))

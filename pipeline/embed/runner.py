@@ -1,0 +1,178 @@
+"""The embed stage from a resolved EmbedConfig to a finished output: checks, plan, run, manifest.
+
+Order matters for "fail fast, lose nothing": settings, model files (loaded once on the driver),
+input and output are all checked before Ray starts; the output is claimed (``_progress/run.json``)
+before the first shard, and ``manifest.json`` is written only when every shard is complete.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+import ray
+from tqdm import tqdm
+
+from pipeline.config import to_dict
+from pipeline.embed import manifest
+from pipeline.embed.config import check_config, is_single_file
+from pipeline.embed.dataflow import embed_stream
+from pipeline.embed.embedder import EmbedSettings
+from pipeline.embed.errors import EmbedError
+from pipeline.embed.inputs import plan_shards, resolve_inputs
+from pipeline.embed.model_files import load_bilm, resolve_model
+from pipeline.embed.resume import check_writable, claim_output, complete_shards
+from pipeline.embed.single_file import delete_parts, merge, parts_path
+from pipeline.ray_runtime import ray_session
+
+
+@dataclass
+class EmbedResult:
+    """What a run did. ``complete`` is False only when ``stop_after_shards`` stopped it early."""
+
+    output: str
+    complete: bool
+    shards: int
+    new_shards: int
+    sentences: int
+    tokens: int
+    new_tokens: int
+    seconds: float
+    totals: dict
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def run_settings(cfg, kind: str, paths: list[str], model_sha256: str) -> dict:
+    """The settings that decide the vectors; a rerun into the same output must repeat them."""
+    return {
+        "format": manifest.FORMAT,
+        "input_kind": kind,
+        "input": list(paths),
+        "shard_splits": list(cfg.shard_splits) if kind == "shards" else [],
+        "model_sha256": model_sha256,
+        "layers": cfg.layers,
+        "dtype": cfg.dtype,
+        "stateful": bool(cfg.stateful),
+        "stateful_batch_size": int(cfg.stateful_batch_size) if cfg.stateful else 0,
+        "lines_per_shard": int(cfg.lines_per_shard),
+        "max_sentence_tokens": int(cfg.max_sentence_tokens),
+        "long_sentences": cfg.long_sentences,
+        "invalid_utf8": cfg.invalid_utf8,
+    }
+
+
+def gpus_per_worker(use_gpu: str) -> float:
+    """1 when actors should take a GPU (``auto``: the cluster has one), else 0."""
+    available = ray.cluster_resources().get("GPU", 0)
+    if use_gpu == "true" and not available:
+        raise EmbedError("use_gpu=true but the Ray cluster has no GPU; set use_gpu=auto or false")
+    return 1.0 if use_gpu != "false" and available else 0.0
+
+
+def settings_for(cfg, device: str) -> EmbedSettings:
+    return EmbedSettings(
+        layers=cfg.layers,
+        dtype=cfg.dtype,
+        stateful=bool(cfg.stateful),
+        batch_tokens=int(cfg.batch_tokens),
+        max_batch_sentences=int(cfg.max_batch_sentences),
+        stateful_batch_size=int(cfg.stateful_batch_size),
+        max_sentence_tokens=int(cfg.max_sentence_tokens),
+        long_sentences=cfg.long_sentences,
+        invalid_utf8=cfg.invalid_utf8,
+        threads=max(1, int(cfg.cpus_per_worker)),
+        device=device,
+    )
+
+
+def run_embed(cfg) -> EmbedResult:
+    """Embed ``cfg.input`` into ``cfg.output``; resumes a run killed earlier with the same settings."""
+    check_config(cfg)
+    single = is_single_file(cfg.output)
+    target = parts_path(cfg.output) if single else cfg.output
+    source = resolve_model(cfg.model, cfg.options_file, cfg.weights_file)
+    load_bilm(source)  # a broken weights file fails here, in one line, not inside an actor
+    kind, paths = resolve_inputs(list(cfg.input))
+    check_writable(target)
+    specs = plan_shards(kind, paths, int(cfg.lines_per_shard), list(cfg.shard_splits))
+    run = run_settings(cfg, kind, paths, source.sha256)
+    resumed = claim_output(target, run)
+    done = complete_shards(target, specs, bool(cfg.verify_resume)) if resumed else {}
+    if cfg.stateful and len(done) < len(specs):
+        todo = [(spec, spec.index not in done) for spec in specs]  # done shards still carry the state
+    else:
+        todo = [(spec, True) for spec in specs if spec.index not in done]
+
+    total_lines = sum(s.num_lines for s in specs)
+    start = time.monotonic()
+    new_shards = new_tokens = 0
+    stopped = False
+    bar = tqdm(
+        total=total_lines,
+        initial=sum(e["sentences"] for e in done.values()),
+        unit="sent",
+        desc="embed",
+        disable=not cfg.progress,
+        file=sys.stderr,
+    )
+    with bar, ray_session(cfg.ray_address or None, int(cfg.num_cpus) or None):
+        gpus = gpus_per_worker(cfg.use_gpu)
+        settings = settings_for(cfg, "cuda" if gpus else "cpu")
+        stream = embed_stream(todo, source, settings, target, int(cfg.workers), float(cfg.cpus_per_worker), gpus)
+        for result in stream:
+            if not result["written"]:
+                continue
+            entry = result["entry"]
+            done[entry["index"]] = entry
+            new_shards += 1
+            new_tokens += entry["tokens"]
+            bar.update(entry["sentences"])
+            bar.set_postfix_str(f"{new_tokens / max(time.monotonic() - start, 1e-9):,.0f} tok/s")
+            if cfg.stop_after_shards and new_shards >= cfg.stop_after_shards and len(done) < len(specs):
+                stopped = True
+                stream.close()
+                break
+    seconds = time.monotonic() - start
+
+    entries = [done[i] for i in sorted(done)]
+    totals = manifest.totals(entries)
+    result = EmbedResult(
+        cfg.output, not stopped, len(specs), new_shards, totals["sentences"], totals["tokens"], new_tokens, seconds, totals
+    )
+    if stopped:
+        return result
+    missing = sorted(set(range(len(specs))) - set(done))
+    if missing:
+        raise EmbedError(f"output {target}: shards {missing[:5]} were not written; rerun to finish")
+    document = manifest.build_manifest(run, source.to_dict(), entries, to_dict(cfg))
+    manifest.write_json(manifest.manifest_path(target), document)
+    if single:
+        merge(
+            target,
+            specs,
+            cfg.output,
+            max_tokens=int(cfg.max_sentence_tokens),
+            long_sentences=cfg.long_sentences,
+            invalid_utf8=cfg.invalid_utf8,
+        )
+        if not cfg.keep_parts:
+            delete_parts(target)
+    return result
+
+
+def summary(result: EmbedResult) -> str:
+    """A few lines for the end of a run."""
+    t = result.totals
+    state = "complete" if result.complete else "STOPPED EARLY (stop_after_shards); rerun with the same arguments to finish"
+    return "\n".join(
+        [
+            f"embed {state}: {result.output}",
+            f"  shards {result.shards} ({result.new_shards} written now), sentences {t['sentences']:,}, tokens {t['tokens']:,}",
+            f"  empty sentences {t['empty_sentences']}, invalid UTF-8 lines {t['invalid_utf8_lines']}, split sentences {t['split_sentences']}",
+            f"  {result.new_tokens:,} tokens in {result.seconds:.1f} s = {result.tokens_per_second:,.0f} tokens/s",
+        ]
+    )
