@@ -81,7 +81,7 @@ class FusedLSTMLayer(nn.Module):
         """Input-to-gate products of every step at once: x (2, T, B, in) -> (2, T, B, 4C), biases included."""
         d, t, b, _ = x.shape
         bias = (self.bias + self.forget_offset).unsqueeze(1)
-        return torch.baddbmm(bias, x.reshape(d, t * b, self.input_dim), self.w_ih).view(d, t, b, -1)
+        return torch.baddbmm(bias, x.reshape(d, t * b, self.input_dim), self.w_ih).view(d, t, b, 4 * self.dim)
 
 
 def _clamp(x: torch.Tensor, clip: float | None, inplace: bool) -> torch.Tensor:
