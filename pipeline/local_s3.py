@@ -188,7 +188,7 @@ class LocalS3Server:
     def client(self, secret_key: str | None = None, timeout: float = 10.0):
         """A boto3 S3 client for this server with its identity (or another ``secret_key``)."""
         config = Config(
-            retries={"mode": "standard", "max_attempts": 1},
+            retries={"mode": "standard", "total_max_attempts": 1},
             connect_timeout=timeout,
             read_timeout=timeout,
             s3={"addressing_style": "path"},

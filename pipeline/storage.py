@@ -283,7 +283,8 @@ def _retry_config() -> dict:
     raw = os.environ.get("AWS_MAX_ATTEMPTS", str(DEFAULT_MAX_ATTEMPTS))
     if not raw.isdigit() or int(raw) < 1:
         raise StorageError(f"AWS_MAX_ATTEMPTS={raw!r}: not a positive integer")
-    return {"mode": os.environ.get("AWS_RETRY_MODE", "standard"), "max_attempts": int(raw)}
+    # total_max_attempts counts the first try, like AWS_MAX_ATTEMPTS (botocore's max_attempts does not)
+    return {"mode": os.environ.get("AWS_RETRY_MODE", "standard"), "total_max_attempts": int(raw)}
 
 
 def _new_client(endpoint: str | None):

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import http.server
 import io
 import os
 import socket
+import threading
 
 import boto3
 import numpy as np
 import pytest
+import torch
 import webdataset as wds
 from botocore import UNSIGNED
 from botocore.config import Config
@@ -217,6 +220,17 @@ def test_webdataset_streams_a_tar(root):
     np.testing.assert_array_equal(samples[2]["npy"], [0, 1, 2])
 
 
+def test_torch_checkpoint_through_a_stream(root):
+    """torch.save needs only write/tell, so checkpoints stream to S3 without a local copy."""
+    path = join(root, "ckpt/model.pt")
+    state = {"weight": torch.arange(12.0).reshape(3, 4), "step": 7}
+    with storage.open_write(path) as stream:
+        torch.save(state, stream)
+    with storage.open_read(path) as stream:
+        loaded = torch.load(stream)
+    assert loaded["step"] == 7 and torch.equal(loaded["weight"], state["weight"])
+
+
 # ---------------------------------------------------------------- s3 only
 
 
@@ -306,6 +320,63 @@ def test_unreachable_endpoint_fails_fast(s3_prefix, fresh_clients):
     with pytest.raises(StorageError) as excinfo:
         storage.read_bytes(join(s3_prefix, "x.bin"))
     one_line_error(excinfo, join(s3_prefix, "x.bin"), "cannot reach S3 endpoint", endpoint)
+
+
+class _FlakyS3(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with 503 SlowDown ``failures`` times, then with the object ``b"ok"``."""
+
+    failures = 0
+    requests: list[str] = []
+
+    def do_GET(self):
+        type(self).requests.append(self.path)
+        if len(self.requests) <= self.failures:
+            body = b"<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>"
+            self.send_response(503)
+        else:
+            body = b"ok"
+            self.send_response(200)
+            self.send_header("ETag", '"etag"')
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def flaky_endpoint(fresh_clients, monkeypatch):
+    """A loopback HTTP endpoint that throttles; yields its handler class to set ``failures``."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKFLAKY")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "flaky-secret")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
+    _FlakyS3.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FlakyS3)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    storage.configure(endpoint_url=f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        yield _FlakyS3
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.timeout(60)
+def test_throttling_is_retried_with_backoff(flaky_endpoint):
+    flaky_endpoint.failures = 2
+    assert storage.read_bytes("s3://bkt/key.bin") == b"ok"
+    assert flaky_endpoint.requests == ["/bkt/key.bin"] * 3
+
+
+@pytest.mark.timeout(60)
+def test_retries_are_bounded(flaky_endpoint):
+    flaky_endpoint.failures = 100
+    with pytest.raises(StorageError) as excinfo:
+        storage.read_bytes("s3://bkt/key.bin")
+    one_line_error(excinfo, "s3://bkt/key.bin", "SlowDown")
+    assert len(flaky_endpoint.requests) == 3  # AWS_MAX_ATTEMPTS
 
 
 def test_anonymous_requests_are_refused(s3_server, s3_prefix):
