@@ -107,19 +107,29 @@ def encode_block(sentences: Sequence[Sequence[str]], ids: Any, key: str) -> dict
     Write the result with a writer from :func:`tar_writer` (it expects bytes, no encoder).
     """
     lengths = np.fromiter((len(s) for s in sentences), dtype=np.int32, count=len(sentences))
+    lines = []
+    for i, sentence in enumerate(sentences):
+        line = " ".join(sentence)
+        if not sentence or len(line.split()) != len(sentence) or "\n" in line:
+            raise FormatError(
+                f"block {key}: sentence {i} is empty or has an empty token or one containing whitespace"
+            )
+        lines.append(line)
+    return encode_joined_block(lines, ids, lengths, key)
+
+
+def encode_joined_block(lines: Sequence[str], ids: Any, lengths: Any, key: str) -> dict[str, Any]:
+    """:func:`encode_block` for sentences already joined into lines (the shard stage's fast path):
+    ``lines`` S strings of ``lengths[i]`` space-separated tokens; ``ids`` ``(sum(lengths),)``.
+    Checks only the array shapes; the caller guarantees the lines match ``lengths``."""
+    lengths = np.asarray(lengths, dtype=np.int32)
     flat = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
+    if lengths.ndim != 1 or lengths.shape[0] != len(lines):
+        raise FormatError(f"block {key}: {len(lines)} sentences but lengths of shape {lengths.shape}")
     if flat.ndim != 1 or flat.shape[0] != int(lengths.sum()):
         raise FormatError(f"block {key}: ids have shape {flat.shape}, expected ({int(lengths.sum())},)")
     if flat.size and (flat.min() < 0 or flat.max() > np.iinfo(np.int32).max):
         raise FormatError(f"block {key}: ids out of int32 range")
-    if (lengths == 0).any():
-        raise FormatError(f"block {key}: sentence {int(np.argmin(lengths))} is empty")
-    lines = []
-    for i, sentence in enumerate(sentences):
-        line = " ".join(sentence)
-        if len(line.split()) != len(sentence) or "\n" in line:
-            raise FormatError(f"block {key}: sentence {i} has an empty token or one containing whitespace")
-        lines.append(line)
     return {
         "__key__": key,
         SENTENCES_MEMBER: ("\n".join(lines) + "\n").encode("utf-8"),
@@ -130,7 +140,9 @@ def encode_block(sentences: Sequence[Sequence[str]], ids: Any, key: str) -> dict
 
 def _member(sample: dict[str, Any], name: str, key: str) -> Any:
     if name not in sample:
-        raise FormatError(f"block {key}: missing member {name!r} (has {sorted(k for k in sample if not k.startswith('_'))})")
+        raise FormatError(
+            f"block {key}: missing member {name!r} (has {sorted(k for k in sample if not k.startswith('_'))})"
+        )
     return sample[name]
 
 
@@ -168,7 +180,9 @@ def decode_block(sample: dict[str, Any]) -> Block:
         raise FormatError(f"block {where}: {len(sentences)} sentences but {len(lengths)} lengths")
     for i, (sentence, length) in enumerate(zip(sentences, lengths, strict=True)):
         if len(sentence) != length:
-            raise FormatError(f"block {where}: sentence {i} has {len(sentence)} tokens, lengths.npy says {length}")
+            raise FormatError(
+                f"block {where}: sentence {i} has {len(sentence)} tokens, lengths.npy says {length}"
+            )
     if int(lengths.sum()) != ids.shape[0]:
         raise FormatError(f"block {where}: {ids.shape[0]} ids but lengths sum to {int(lengths.sum())}")
     return Block(key=key, sentences=sentences, ids=ids, lengths=lengths)
@@ -177,7 +191,9 @@ def decode_block(sample: dict[str, Any]) -> Block:
 def tar_writer(fileobj: BinaryIO) -> wds.TarWriter:
     """A WebDataset tar writer over an open binary stream, with fixed member metadata so that the
     same samples always produce the same bytes. Write :func:`encode_block` samples to it."""
-    return wds.TarWriter(fileobj, user=TAR_OWNER, group=TAR_OWNER, mode=TAR_MODE, encoder=False, mtime=TAR_MTIME)
+    return wds.TarWriter(
+        fileobj, user=TAR_OWNER, group=TAR_OWNER, mode=TAR_MODE, encoder=False, mtime=TAR_MTIME
+    )
 
 
 def iter_tar_samples(fileobj: BinaryIO, url: str = "?") -> Iterator[dict[str, Any]]:
@@ -286,9 +302,13 @@ def validate_manifest(manifest: Any, where: str) -> dict:
         for i, entry in enumerate(entries):
             for name, kind in _SHARD_FIELDS.items():
                 if not isinstance(entry, dict) or not isinstance(entry.get(name), kind):
-                    raise FormatError(f"manifest {where}: shards.{split}[{i}].{name} missing or not {kind.__name__}")
+                    raise FormatError(
+                        f"manifest {where}: shards.{split}[{i}].{name} missing or not {kind.__name__}"
+                    )
         total = totals.get(split)
-        if not isinstance(total, dict) or not all(isinstance(total.get(k), int) for k in ("sentences", "tokens")):
+        if not isinstance(total, dict) or not all(
+            isinstance(total.get(k), int) for k in ("sentences", "tokens")
+        ):
             raise FormatError(f"manifest {where}: totals.{split}.sentences/tokens missing or not int")
     for name, kind in (("file", str), ("counts_file", str), ("size", int), ("sha256", str)):
         if not isinstance(vocab.get(name), kind):
@@ -317,7 +337,9 @@ def read_manifest(shard_dir: str) -> dict:
     """
     path = manifest_path(shard_dir)
     if not storage.exists(path):
-        raise FormatError(f"no {MANIFEST_FILE} in {shard_dir}: not a shard directory, or the shard stage did not finish")
+        raise FormatError(
+            f"no {MANIFEST_FILE} in {shard_dir}: not a shard directory, or the shard stage did not finish"
+        )
     return parse_manifest(storage.read_bytes(path), path)
 
 

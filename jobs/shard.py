@@ -1,0 +1,53 @@
+"""``elmo shard`` / ``python -m jobs.shard``: raw corpus -> vocabulary + WebDataset shards + manifest.
+
+    python -m jobs.shard --input PATHS_OR_GLOBS... --output DIR_OR_S3 [--workers N] \\
+        [--config FILE] [key=value ...]
+
+Rerunning over a complete output does nothing; over a partial one (a killed run) it completes it.
+Under ``ray job submit`` it joins the job's cluster; otherwise it starts an embedded one.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from jobs.stage_args import main_argv, resolve, run_main, stage_parser
+
+FLAGS = {"input": "input", "heldout_input": "heldout_input", "output": "output", "workers": "workers"}
+"""argparse destination -> ShardConfig key."""
+
+
+def build_parser():
+    parser = stage_parser("elmo shard", "Tokenize a corpus, build the vocabulary and write WebDataset shards.")
+    parser.add_argument(
+        "--input", nargs="+", metavar="PATH", help="input files or globs, local or s3:// (plain or .gz)"
+    )
+    parser.add_argument(
+        "--heldout-input", dest="heldout_input", nargs="+", metavar="PATH", help="inputs held out entirely"
+    )
+    parser.add_argument("--output", metavar="DIR_OR_S3", help="output directory or s3:// prefix")
+    parser.add_argument("--workers", type=int, metavar="N", help="Ray tasks at once (0 = all CPUs)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(main_argv(argv))
+
+    def body() -> int:
+        # Ray only once the arguments parse
+        from pipeline.shard.config import ShardConfig
+        from pipeline.shard.job import run_shard
+
+        run_shard(resolve(args, ShardConfig, FLAGS))
+        return 0
+
+    from pipeline.shard.errors import ShardError
+    from pipeline.shard.format import FormatError
+    from pipeline.storage import StorageError
+
+    return run_main(body, known_errors=(ShardError, StorageError, FormatError))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+"""ShardError: the one exception the shard stage raises for bad input, config or output."""
+
+
+class ShardError(Exception):
+    """A shard run that cannot proceed; the message is one line naming the path or key and the cause."""

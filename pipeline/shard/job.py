@@ -1,0 +1,413 @@
+"""The shard stage's Ray shell: read, count, plan, write, record. The work itself is in the pure
+modules next to this one; this module only moves chunks and results between them and Ray.
+
+Flow (every step deterministic, so 1 or N workers give the same bytes):
+
+1. Inputs are resolved; an existing output is inspected (see :mod:`pipeline.shard.manifest`).
+2. Counting pass: the driver streams the inputs as chunks (:mod:`reader`); Ray tasks tokenize and
+   count them (:func:`passes.count_chunk`); the driver sums the counts and builds the vocabulary,
+   writes ``vocab.txt`` / ``vocab_counts.tsv`` and the plan.
+3. Layout (:mod:`layout`): which chunks feed which shard.
+4. Writing pass: the driver streams the inputs again; Ray tasks cut each chunk into per-shard
+   pieces (:func:`passes.encode_chunk`), and as soon as a shard's last chunk is submitted a writer
+   task takes its pieces straight from the object store, shuffles, blocks and writes the tar.
+5. ``manifest.json`` is written last; it marks the output complete.
+
+At most ``2 * workers`` tasks are unfinished at any time, which bounds the memory in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import RayTaskError
+
+from pipeline import storage
+from pipeline.config import to_dict
+from pipeline.ray_runtime import ray_session
+from pipeline.shard.config import check_config
+from pipeline.shard.errors import ShardError
+from pipeline.shard.format import (
+    COUNTS_FILE,
+    MANIFEST_FILE,
+    SPLITS,
+    UNK,
+    VOCAB_FILE,
+    FormatError,
+    parse_manifest,
+    parse_vocab,
+    shard_name,
+)
+from pipeline.shard.layout import SplitLayout, layout_split
+from pipeline.shard.manifest import (
+    PLAN_FILE,
+    build_manifest,
+    build_plan,
+    encode_json,
+    identity_of,
+    plan_chunks,
+    run_identity,
+)
+from pipeline.shard.passes import ChunkSummary, LineSettings, count_chunk, encode_chunk
+from pipeline.shard.progress import Progress, summary
+from pipeline.shard.reader import iter_chunks, resolve_inputs
+from pipeline.shard.sentences import LineStats
+from pipeline.shard.vocabulary import Vocabulary, build_vocabulary
+from pipeline.shard.writer import ShardRecord, build_shard, describe_shard
+
+WRITE_PROBE = ".shard-write-probe"
+_index_cache: dict[str, dict[str, int]] = {}
+"""Per worker process: vocabulary sha256 -> token index, so each worker builds the dict once."""
+
+
+@ray.remote
+def _count_task(chunk, settings):
+    return count_chunk(chunk, settings)
+
+
+@ray.remote
+def _encode_task(chunk, settings, vocab_box, vocab_sha, offsets, shards, shard_tokens, expected, keys):
+    if vocab_sha not in _index_cache:
+        _index_cache.clear()
+        _index_cache[vocab_sha] = {t: i for i, t in enumerate(ray.get(vocab_box[0]))}
+    pieces = encode_chunk(chunk, settings, _index_cache[vocab_sha], offsets, shards, shard_tokens, expected)
+    out = tuple(pieces[key] for key in keys)
+    return out if len(out) > 1 else out[0]
+
+
+@ray.remote
+def _write_task(path, name, split, shard, seed, block_tokens, unk_id, *pieces):
+    return build_shard(path, name, pieces, split, shard, seed, block_tokens, unk_id)
+
+
+@ray.remote
+def _describe_task(path, name, unk_id):
+    return describe_shard(path, name, unk_id)
+
+
+def _get(refs):
+    """``ray.get`` that re-raises our own errors from a task as themselves (one line)."""
+    try:
+        return ray.get(refs)
+    except RayTaskError as err:
+        cause = err.cause
+        if isinstance(cause, ShardError | storage.StorageError | FormatError):
+            raise cause from None
+        raise
+
+
+class _Window:
+    """Unfinished tasks, at most ``limit``; finished results go to ``on_done``."""
+
+    def __init__(self, limit: int, on_done):
+        self.limit = max(1, limit)
+        self.on_done = on_done
+        self.refs: list = []
+        self.tags: dict = {}
+
+    def add(self, ref, tag=None) -> None:
+        self.refs.append(ref)
+        self.tags[ref] = tag
+        while len(self.refs) >= self.limit:
+            self._wait_one()
+
+    def _wait_one(self) -> None:
+        done, self.refs = ray.wait(self.refs, num_returns=1, fetch_local=False)
+        tag = self.tags.pop(done[0])
+        if tag is not None:
+            self.on_done(tag, _get(done[0]))
+
+    def drain(self) -> None:
+        while self.refs:
+            self._wait_one()
+
+
+def _settings(config: dict, main_sources: int) -> LineSettings:
+    return LineSettings(
+        tokenizer=config["tokenizer"],
+        moses_lang=config["moses_lang"],
+        lowercase=config["lowercase"],
+        max_line_bytes=config["max_line_bytes"],
+        heldout_fraction=config["heldout_fraction"],
+        main_sources=main_sources,
+    )
+
+
+def _output_prefix(output: str) -> str:
+    return output.rstrip("/") + "/"
+
+
+def _inspect_output(output: str, identity: dict) -> tuple[dict | None, dict | None]:
+    """``(manifest, plan)`` already in ``output`` for this run; ShardError when the output holds
+    another run's shards."""
+    manifest_path, plan_path = storage.join(output, MANIFEST_FILE), storage.join(output, PLAN_FILE)
+    manifest = plan = None
+    if storage.exists(manifest_path):
+        manifest = parse_manifest(storage.read_bytes(manifest_path), manifest_path)
+        _check_identity(identity_of(manifest), identity, manifest_path)
+    if storage.exists(plan_path):
+        try:
+            plan = json.loads(storage.read_bytes(plan_path).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            plan = None  # a plan is only a cache of the counting pass; recount
+        if plan is not None:
+            _check_identity(identity_of(plan), identity, plan_path)
+    if manifest is None and plan is None:
+        names = [p.rsplit("/", 1)[-1] for p in storage.list_prefix(_output_prefix(output))]
+        strays = [n for n in names if n.endswith(".tar") and n.startswith(SPLITS) or n == VOCAB_FILE]
+        if strays:
+            raise ShardError(
+                f"output {output} holds {strays[0]} but no {MANIFEST_FILE} or {PLAN_FILE}: "
+                "not from this stage; choose an empty output or delete them"
+            )
+    return manifest, plan
+
+
+def _check_identity(found: dict, wanted: dict, path: str) -> None:
+    if found == wanted:
+        return
+    differing = sorted(
+        [
+            k
+            for k in set(found["config"] or {}) | set(wanted["config"])
+            if (found["config"] or {}).get(k) != wanted["config"].get(k)
+        ]
+        + [k for k in ("inputs", "heldout_inputs") if found[k] != wanted[k]]
+    )
+    raise ShardError(
+        f"{path} belongs to a run with different {', '.join(differing) or 'settings'}; "
+        "use another output or delete the old one"
+    )
+
+
+def _complete(output: str, manifest: dict) -> bool:
+    present = set(storage.list_prefix(_output_prefix(output)))
+    names = [VOCAB_FILE, COUNTS_FILE] + [s["name"] for split in SPLITS for s in manifest["shards"][split]]
+    return all(storage.join(output, n) in present for n in names)
+
+
+def _check_writable(output: str) -> None:
+    probe = storage.join(output, WRITE_PROBE)
+    try:
+        storage.write_bytes(probe, b"")
+        storage.delete(probe)
+    except storage.StorageError as err:
+        raise ShardError(f"output {output} is not writable: {err}") from None
+
+
+def _count(paths, config, settings, window_size, progress) -> tuple[list[ChunkSummary], Counter]:
+    summaries: dict[int, ChunkSummary] = {}
+    counts: Counter = Counter()
+
+    def absorb(_, result):
+        summary_, chunk_counts = result
+        summaries[summary_.index] = summary_
+        counts.update(chunk_counts)
+        progress.update(summary_.stats.lines, summary_.stats.train_tokens + summary_.stats.heldout_tokens)
+
+    window = _Window(window_size, absorb)
+    for chunk in iter_chunks(paths, config["chunk_bytes"], config["max_line_bytes"]):
+        window.add(_count_task.remote(chunk, settings), tag=chunk.index)
+    window.drain()
+    return [summaries[i] for i in range(len(summaries))], counts
+
+
+def _check_counts(total: LineStats, config: dict) -> None:
+    if total.train_sentences + total.heldout_sentences == 0:
+        raise ShardError(
+            f"empty corpus: no sentences in the inputs ({total.lines} lines read, {total.empty} empty, "
+            f"{total.overlong} longer than max_line_bytes={config['max_line_bytes']})"
+        )
+    if total.train_sentences == 0:
+        raise ShardError(f"no training sentences: all {total.heldout_sentences} sentences are held out")
+    if total.max_sentence_tokens > config["shard_tokens"]:
+        raise ShardError(
+            f"a sentence has {total.max_sentence_tokens} tokens, more than shard_tokens={config['shard_tokens']}; "
+            "raise shard_tokens or lower max_line_bytes"
+        )
+
+
+def _read_vocabulary(output: str, expected_sha: str) -> Vocabulary | None:
+    """The vocabulary an earlier run of this plan wrote, or None when it is missing or differs."""
+    vocab_path, counts_path = storage.join(output, VOCAB_FILE), storage.join(output, COUNTS_FILE)
+    if not (storage.exists(vocab_path) and storage.exists(counts_path)):
+        return None
+    try:
+        tokens = parse_vocab(storage.read_bytes(vocab_path).decode("utf-8"), vocab_path)
+        counts = [
+            int(line.rpartition("\t")[2])
+            for line in storage.read_bytes(counts_path).decode("utf-8").splitlines()
+        ]
+    except (FormatError, UnicodeDecodeError, ValueError):
+        return None
+    vocab = Vocabulary(tokens, counts)
+    return vocab if vocab.sha256 == expected_sha and len(counts) == len(tokens) else None
+
+
+def _shard_keys(layouts: dict[str, SplitLayout], chunk_index: int) -> list[tuple[str, int]]:
+    return [(split, s) for split in SPLITS for s in layouts[split].chunk_shards[chunk_index]]
+
+
+def _reusable_shards(output, layouts, manifest, unk_id, window_size) -> dict[tuple[str, int], ShardRecord]:
+    """Shards an interrupted run with this identity already wrote (read back and described).
+
+    Only reached when the output's plan or manifest has this run's identity, and the content of
+    every shard is fixed by the identity, so a file under a shard's final name (written
+    atomically) is that shard; where an old manifest recorded its sha256, it must also match."""
+    present = set(storage.list_prefix(_output_prefix(output)))
+    old = {
+        (split, s["name"]): s["sha256"]
+        for split in SPLITS
+        for s in (manifest or {}).get("shards", {}).get(split, [])
+    }
+    found: dict[tuple[str, int], ShardRecord] = {}
+
+    def keep(tag, record: ShardRecord):
+        if old.get((tag[0], record.name), record.sha256) == record.sha256:
+            found[tag] = record
+
+    window = _Window(window_size, keep)
+    for split in SPLITS:
+        for shard in range(layouts[split].num_shards):
+            name = shard_name(split, shard)
+            path = storage.join(output, name)
+            if path in present:
+                window.add(_describe_task.remote(path, name, unk_id), tag=(split, shard))
+    window.drain()
+    return found
+
+
+def _write(paths, output, config, settings, chunks, vocab, layouts, done, window_size, progress):
+    """The writing pass; returns the records of the shards it wrote."""
+    needed = {(split, s) for split in SPLITS for s in range(layouts[split].num_shards)} - set(done)
+    last_chunk = {}
+    for split in SPLITS:
+        for shard, feeding in enumerate(layouts[split].shard_chunks()):
+            last_chunk[(split, shard)] = feeding[-1]
+    vocab_box = [ray.put(vocab.tokens)]  # boxed: tasks fetch it only when their index cache misses
+    unk_id = vocab.index[UNK]
+    written: dict[tuple[str, int], ShardRecord] = {}
+
+    def finished(key, record: ShardRecord):
+        written[key] = record
+        progress.update(record.sentences, record.tokens)
+
+    window = _Window(window_size, finished)
+    pending: dict[tuple[str, int], list] = {}
+    for chunk in iter_chunks(paths, config["chunk_bytes"], config["max_line_bytes"]):
+        keys = _shard_keys(layouts, chunk.index)
+        if not any(key in needed for key in keys):
+            continue
+        summary_ = chunks[chunk.index]
+        refs = _encode_task.options(num_returns=len(keys)).remote(
+            chunk,
+            settings,
+            vocab_box,
+            vocab.sha256,
+            {split: layouts[split].offsets[chunk.index] for split in SPLITS},
+            {split: layouts[split].chunk_shards[chunk.index] for split in SPLITS},
+            config["shard_tokens"],
+            summary_.stats,
+            keys,
+        )
+        refs = refs if isinstance(refs, list) else [refs]
+        for key, ref in zip(keys, refs, strict=True):
+            if key in needed:
+                pending.setdefault(key, []).append(ref)
+        window.add(refs[0])
+        for key in keys:
+            if key in needed and last_chunk[key] == chunk.index:
+                split, shard = key
+                name = shard_name(split, shard)
+                ref = _write_task.remote(
+                    storage.join(output, name),
+                    name,
+                    split,
+                    shard,
+                    config["seed"],
+                    config["block_tokens"],
+                    unk_id,
+                    *pending.pop(key),
+                )
+                window.add(ref, tag=key)
+    window.drain()
+    if pending or set(written) != needed:
+        raise ShardError(
+            f"input changed during the run: shards {sorted(needed - set(written))[:3]} got no sentences"
+        )
+    return written
+
+
+def _cluster_workers(requested: int) -> int:
+    return requested or max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def run_shard(cfg: Any) -> dict:
+    """Run the shard stage for a resolved ShardConfig; returns the manifest (also on a no-op rerun)."""
+    check_config(cfg)
+    config = to_dict(cfg)
+    started = time.perf_counter()
+    output = config["output"]
+    inputs = resolve_inputs(config["input"], "input")
+    heldout = resolve_inputs(config["heldout_input"], "heldout_input")
+    both = set(inputs) & set(heldout)
+    if both:
+        raise ShardError(f"{sorted(both)[0]} is both an input and a heldout_input")
+    paths = inputs + heldout
+    identity = run_identity(config, inputs, heldout)
+    manifest, plan = _inspect_output(output, identity)
+    if manifest is not None and _complete(output, manifest):
+        print(f"shard: {output} is already complete ({storage.join(output, MANIFEST_FILE)}); nothing to do")
+        return manifest
+    _check_writable(output)
+    settings = _settings(config, len(inputs))
+    with ray_session(config["ray_address"] or None, num_cpus=config["workers"] or None):
+        window_size = 2 * _cluster_workers(config["workers"])
+        chunks = plan_chunks(plan, identity, config["chunk_bytes"]) if plan else None
+        vocab = _read_vocabulary(output, plan["vocab_sha256"]) if chunks is not None else None
+        distinct = plan.get("distinct_train_tokens", 0) if vocab is not None else 0
+        if vocab is None:
+            progress = Progress("shard: counting", config["progress"])
+            chunks, counts = _count(paths, config, settings, window_size, progress)
+            progress.close()
+            total = LineStats()
+            for chunk in chunks:
+                total.add(chunk.stats)
+            _check_counts(total, config)
+            vocab = build_vocabulary(counts, total.train_sentences, config["min_count"], config["max_size"])
+            distinct = len(counts)
+            del counts
+            storage.write_bytes(storage.join(output, VOCAB_FILE), vocab.vocab_bytes)
+            storage.write_bytes(storage.join(output, COUNTS_FILE), vocab.counts_bytes)
+            plan = {
+                **build_plan(identity, config["chunk_bytes"], chunks, vocab),
+                "distinct_train_tokens": distinct,
+            }
+            storage.write_bytes(storage.join(output, PLAN_FILE), encode_json(plan))
+        layouts = _layouts(chunks, config["shard_tokens"])
+        done = _reusable_shards(output, layouts, manifest, vocab.index[UNK], window_size)
+        total_tokens = sum(layouts[s].total_tokens for s in SPLITS)
+        progress = Progress("shard: writing", config["progress"])
+        written = _write(paths, output, config, settings, chunks, vocab, layouts, done, window_size, progress)
+        progress.close()
+    records = {**done, **written}
+    shards = {split: [records[(split, s)] for s in range(layouts[split].num_shards)] for split in SPLITS}
+    manifest = build_manifest(identity, paths, len(inputs), chunks, vocab, distinct, shards)
+    if sum(manifest["totals"][s]["tokens"] for s in SPLITS) != total_tokens:
+        raise ShardError(
+            f"shards in {output} do not add up to the counted tokens; delete the output and rerun"
+        )
+    storage.write_bytes(storage.join(output, MANIFEST_FILE), encode_json(manifest))
+    storage.delete(storage.join(output, PLAN_FILE))
+    print(summary(manifest, time.perf_counter() - started, output, reused=len(done)))
+    return manifest
+
+
+def _layouts(chunks: Sequence[ChunkSummary], shard_tokens: int) -> dict[str, SplitLayout]:
+    longest = max((c.stats.max_sentence_tokens for c in chunks), default=0)
+    return {split: layout_split([c.tokens(split) for c in chunks], shard_tokens, longest) for split in SPLITS}

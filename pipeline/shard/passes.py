@@ -1,0 +1,112 @@
+"""The two per-chunk computations of the shard stage, as pure functions (Ray tasks wrap them).
+
+1. :func:`count_chunk` (counting pass): tokenize a chunk, count the training split's tokens and
+   summarise it for the layout (tokens and last sentence length per split, line accounting).
+2. :func:`encode_chunk` (writing pass): tokenize it again, map tokens to ids and cut the
+   sentences into per-shard pieces. Tokenizing twice keeps memory bounded (nothing per sentence
+   survives a pass) at the price of a second tokenization, which is cheap for whitespace input.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pipeline.shard.errors import ShardError
+from pipeline.shard.format import SPLITS
+from pipeline.shard.layout import ChunkTokens
+from pipeline.shard.reader import Chunk
+from pipeline.shard.sentences import LineStats, Sentences, tokenize_lines
+from pipeline.shard.split import heldout_threshold
+from pipeline.shard.tokenizer import make_tokenizer
+from pipeline.shard.vocabulary import count_tokens
+from pipeline.shard.writer import Piece, cut_pieces
+
+
+@dataclass(frozen=True)
+class LineSettings:
+    """How lines become sentences (the config fields that matter per line)."""
+
+    tokenizer: str
+    moses_lang: str
+    lowercase: bool
+    max_line_bytes: int
+    heldout_fraction: float
+    main_sources: int
+    """Inputs ``0 .. main_sources-1`` are split by hash; later ones are explicit held-out inputs."""
+
+
+@dataclass(frozen=True)
+class ChunkSummary:
+    """What the counting pass keeps of a chunk (it goes into the plan file, for reruns)."""
+
+    index: int
+    source: int
+    stats: LineStats
+
+    last_lengths: dict[str, int]
+    """Per split, tokens of the chunk's last sentence (0 when it has none)."""
+
+    def tokens(self, split: str) -> ChunkTokens:
+        return ChunkTokens(getattr(self.stats, f"{split}_tokens"), self.last_lengths[split])
+
+    def to_dict(self) -> dict:
+        return {
+            "index": self.index,
+            "source": self.source,
+            "stats": self.stats.to_dict(),
+            "last_lengths": self.last_lengths,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ChunkSummary:
+        return cls(
+            data["index"], data["source"], LineStats.from_dict(data["stats"]), dict(data["last_lengths"])
+        )
+
+
+def chunk_sentences(chunk: Chunk, settings: LineSettings) -> Sentences:
+    """The tokenized, split sentences of a chunk."""
+    tokenize = make_tokenizer(settings.tokenizer, settings.moses_lang, settings.lowercase)
+    return tokenize_lines(
+        chunk.data,
+        tokenize,
+        settings.max_line_bytes,
+        heldout_threshold(settings.heldout_fraction),
+        all_heldout=chunk.source >= settings.main_sources,
+        dropped_overlong=chunk.overlong,
+    )
+
+
+def count_chunk(chunk: Chunk, settings: LineSettings) -> tuple[ChunkSummary, Counter]:
+    """Counting pass over one chunk: its summary and its training tokens' counts."""
+    sentences = chunk_sentences(chunk, settings)
+    last = {split: len(sentences.split(split)[-1]) if sentences.split(split) else 0 for split in SPLITS}
+    return ChunkSummary(chunk.index, chunk.source, sentences.stats, last), count_tokens(sentences.train)
+
+
+def encode_chunk(
+    chunk: Chunk,
+    settings: LineSettings,
+    index: Mapping[str, int],
+    offsets: Mapping[str, int],
+    shards: Mapping[str, range],
+    shard_tokens: int,
+    expected: LineStats,
+) -> dict[tuple[str, int], Piece]:
+    """Writing pass over one chunk: ``(split, shard) -> piece`` for every shard it feeds.
+
+    ``offsets`` / ``shards``: per split, from the layout; ``expected``: the counting pass's
+    summary, to catch an input that changed between the passes.
+    """
+    sentences = chunk_sentences(chunk, settings)
+    if sentences.stats != expected:
+        raise ShardError(
+            f"input {chunk.source} changed between the counting and writing passes (chunk {chunk.index})"
+        )
+    pieces = {}
+    for split in SPLITS:
+        cut = cut_pieces(sentences.split(split), index, offsets[split], shard_tokens, shards[split])
+        pieces.update({(split, shard): piece for shard, piece in zip(shards[split], cut, strict=True)})
+    return pieces

@@ -1,0 +1,66 @@
+"""Progress reporting: a tqdm bar per pass (lines and tokens/s) and the final summary."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from tqdm import tqdm
+
+
+class Progress:
+    """A bar counting lines, with the token rate as its postfix; silent when disabled."""
+
+    def __init__(self, desc: str, enabled: bool, total_lines: int | None = None):
+        self.start = time.perf_counter()
+        self.tokens = 0
+        self.bar = tqdm(
+            desc=desc,
+            total=total_lines,
+            unit=" lines",
+            unit_scale=True,
+            disable=not enabled,
+            file=sys.stderr,
+            leave=True,
+        )
+
+    def update(self, lines: int, tokens: int) -> None:
+        self.tokens += tokens
+        self.bar.update(lines)
+        self.bar.set_postfix_str(
+            f"{format_rate(self.tokens, time.perf_counter() - self.start)} tokens/s", refresh=False
+        )
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def format_rate(count: float, seconds: float) -> str:
+    rate = count / seconds if seconds > 0 else 0.0
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if rate >= scale:
+            return f"{rate / scale:.2f}{unit}"
+    return f"{rate:.0f}"
+
+
+def summary(manifest: dict, seconds: float, output: str, reused: int = 0) -> str:
+    """A few lines describing a finished run, for stdout."""
+    lines = manifest["lines"]
+    totals = manifest["totals"]
+    tokens = totals["train"]["tokens"] + totals["heldout"]["tokens"]
+    skipped = ", ".join(f"{n} {why}" for why, n in sorted(lines["skipped"].items()))
+    parts = [
+        f"shard: wrote {output} in {seconds:.1f}s ({format_rate(tokens, seconds)} tokens/s)",
+        f"  lines read {lines['read']}: skipped {skipped}; {lines['invalid_utf8_replaced']} with invalid UTF-8 replaced",
+    ]
+    for split in ("train", "heldout"):
+        t = totals[split]
+        parts.append(
+            f"  {split}: {t['sentences']} sentences, {t['tokens']} tokens ({t['unk_tokens']} <UNK>), {t['shards']} shards"
+        )
+    parts.append(
+        f"  vocabulary: {manifest['vocab']['size']} entries ({manifest['vocab']['distinct_train_tokens']} distinct training tokens)"
+    )
+    if reused:
+        parts.append(f"  reused {reused} shards already written by an earlier run")
+    return "\n".join(parts)

@@ -1,0 +1,205 @@
+"""Shard contents: per-chunk pieces -> one shuffled shard of blocks -> a tar written atomically.
+
+A shard's sentences arrive as *pieces*, one per chunk that holds some of them, in input order.
+The writer concatenates them, shuffles the sentence order with a generator seeded by
+``(seed, split, shard)`` (so the shuffle depends on neither worker count nor chunking), cuts the
+shuffled sentences into blocks of at most ``block_tokens`` tokens, and streams the tar to storage
+while hashing it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import numpy as np
+
+from pipeline import storage
+from pipeline.shard.format import (
+    SPLITS,
+    block_key,
+    decode_block,
+    encode_joined_block,
+    iter_tar_samples,
+    tar_writer,
+)
+from pipeline.shard.layout import sentence_shards
+from pipeline.shard.vocabulary import encode_ids
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Sentences of one shard from one chunk: ``lines`` S strings (tokens joined by a space),
+    ``ids`` int32 ``(sum(lengths),)``, ``lengths`` int32 ``(S,)``."""
+
+    lines: list[str]
+    ids: np.ndarray
+    lengths: np.ndarray
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """What the manifest lists for a written shard."""
+
+    name: str
+    sentences: int
+    tokens: int
+    blocks: int
+    bytes: int
+    sha256: str
+    unk_tokens: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def cut_pieces(
+    sentences: Sequence[Sequence[str]],
+    index: Mapping[str, int],
+    offset: int,
+    shard_tokens: int,
+    shards: range,
+) -> list[Piece]:
+    """The pieces of one chunk's sentences (one split, input order) for each shard in ``shards``.
+
+    ``offset``: the split's tokens before this chunk (from the layout).
+    """
+    ids, lengths = encode_ids(sentences, index)
+    owner = sentence_shards(lengths, offset, shard_tokens)
+    bounds = np.searchsorted(owner, [shards.start, *[s + 1 for s in shards]])
+    token_bounds = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
+    pieces = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        lines = [" ".join(tokens) for tokens in sentences[lo:hi]]
+        pieces.append(Piece(lines, ids[token_bounds[lo] : token_bounds[hi]], lengths[lo:hi]))
+    return pieces
+
+
+def shuffled_order(count: int, seed: int, split: str, shard: int) -> np.ndarray:
+    """A permutation of ``count`` sentence positions, fixed by ``(seed, split, shard)``."""
+    rng = np.random.default_rng([seed, SPLITS.index(split), shard])
+    return rng.permutation(count)
+
+
+def permute_ids(ids: np.ndarray, lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """The flat ``ids`` ``(T,)`` of sentences with ``lengths`` ``(S,)`` rearranged into sentence
+    ``order`` ``(S,)``; returns ``(T,)``."""
+    starts = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)[:-1]))
+    new_lengths = lengths[order]
+    new_starts = np.concatenate(([0], np.cumsum(new_lengths, dtype=np.int64)[:-1]))
+    gather = np.repeat(starts[order] - new_starts, new_lengths) + np.arange(int(new_lengths.sum()))
+    return ids[gather]
+
+
+def block_bounds(lengths: np.ndarray, block_tokens: int) -> list[tuple[int, int]]:
+    """Greedy ``[start, end)`` sentence ranges of at most ``block_tokens`` tokens each (a longer
+    sentence is a block by itself)."""
+    bounds = []
+    start, used = 0, 0
+    for i, length in enumerate(lengths.tolist()):
+        if used and used + length > block_tokens:
+            bounds.append((start, i))
+            start, used = i, 0
+        used += length
+    if used:
+        bounds.append((start, len(lengths)))
+    return bounds
+
+
+def shard_samples(
+    pieces: Sequence[Piece], split: str, shard: int, seed: int, block_tokens: int
+) -> Iterator[dict]:
+    """The WebDataset samples (blocks) of one shard, shuffled; see the module docstring."""
+    lines = [line for piece in pieces for line in piece.lines]
+    lengths = np.concatenate([p.lengths for p in pieces]) if pieces else np.zeros(0, np.int32)
+    ids = np.concatenate([p.ids for p in pieces]) if pieces else np.zeros(0, np.int32)
+    order = shuffled_order(len(lines), seed, split, shard)
+    ids = permute_ids(ids, lengths, order)
+    lengths = lengths[order]
+    token_bounds = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
+    for b, (lo, hi) in enumerate(block_bounds(lengths, block_tokens)):
+        block_lines = [lines[i] for i in order[lo:hi].tolist()]
+        block_ids = ids[token_bounds[lo] : token_bounds[hi]]
+        yield encode_joined_block(block_lines, block_ids, lengths[lo:hi], block_key(split, shard, b))
+
+
+class _HashingStream:
+    """Forwards writes to a stream while hashing and counting them."""
+
+    def __init__(self, stream: BinaryIO):
+        self.stream = stream
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.stream.write(data)
+
+
+def write_shard(path: str, samples: Iterator[dict]) -> tuple[int, str, int]:
+    """Write ``samples`` as a tar at ``path`` atomically; ``(blocks, sha256, bytes)``."""
+    blocks = 0
+    with storage.open_write(path) as stream:
+        hashing = _HashingStream(stream)
+        with tar_writer(hashing) as tar:
+            for sample in samples:
+                tar.write(sample)
+                blocks += 1
+    return blocks, hashing.sha.hexdigest(), hashing.size
+
+
+def build_shard(
+    path: str,
+    name: str,
+    pieces: Sequence[Piece],
+    split: str,
+    shard: int,
+    seed: int,
+    block_tokens: int,
+    unk_id: int,
+) -> ShardRecord:
+    """Write one shard from its pieces and describe it for the manifest."""
+    blocks, sha, size = write_shard(path, shard_samples(pieces, split, shard, seed, block_tokens))
+    return ShardRecord(
+        name=name,
+        sentences=sum(len(p.lines) for p in pieces),
+        tokens=int(sum(int(p.lengths.sum()) for p in pieces)),
+        blocks=blocks,
+        bytes=size,
+        sha256=sha,
+        unk_tokens=int(sum(int((p.ids == unk_id).sum()) for p in pieces)),
+    )
+
+
+class _HashingReader:
+    """Forwards reads from a stream while hashing and counting them."""
+
+    def __init__(self, stream: BinaryIO):
+        self.stream = stream
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.sha.update(data)
+        self.size += len(data)
+        return data
+
+
+def describe_shard(path: str, name: str, unk_id: int) -> ShardRecord:
+    """The record of a shard that already exists (a rerun reusing it), read back and checked."""
+    sentences = tokens = blocks = unk = 0
+    with storage.open_read(path) as stream:
+        reader = _HashingReader(stream)
+        for sample in iter_tar_samples(reader, url=path):
+            block = decode_block(sample)
+            blocks += 1
+            sentences += len(block.lengths)
+            tokens += block.num_tokens
+            unk += int((block.ids == unk_id).sum())
+        while reader.read(1 << 20):
+            pass
+    return ShardRecord(name, sentences, tokens, blocks, reader.size, reader.sha.hexdigest(), unk)
