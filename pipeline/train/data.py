@@ -298,28 +298,54 @@ class RowStreams:
         # row i: [layout, position of the buffer's first token, end of its sentence]
         self.rows: list[list[Any] | None] = [None] * batch_size
 
-    def fill(self, inputs: np.ndarray, targets: np.ndarray, oov: list[tuple[int, int, str]]) -> bool:
-        """Fill ``inputs``/``targets`` (int64 ``(B, U)``) in place and append ``(row, column, word)``
-        for every out-of-vocabulary input. False when the source ran out (the batch is partial)."""
+    def fill(self, inputs: np.ndarray, targets: np.ndarray) -> list[tuple[int, WrappedSentences, int]] | None:
+        """Fill ``inputs``/``targets`` (int64 ``(B, U)``) in place. Returns the copied pieces as
+        ``(row * U + column, layout, position in layout)`` in row-major order, or None when the
+        source ran out (the batch is partial)."""
         unroll = inputs.shape[1]
+        pieces: list[tuple[int, WrappedSentences, int]] = []
         for i, row in enumerate(self.rows):
             col = 0
             while col < unroll:
                 if row is None or row[2] - row[1] <= 1:
                     nxt = self.source.next_sentence()
                     if nxt is None:
-                        return False
+                        return None
                     row = self.rows[i] = list(nxt)
                 layout, pos, end = row
                 k = min(end - pos - 1, unroll - col)
                 inputs[i, col : col + k] = layout.ids[pos : pos + k]
                 targets[i, col : col + k] = layout.ids[pos + 1 : pos + k + 1]
-                if layout.oov_pos.size:
-                    positions, words = layout.oov_between(pos, pos + k)
-                    oov.extend((i, col + int(p) - pos, w) for p, w in zip(positions, words, strict=True))
+                pieces.append((i * unroll + col, layout, pos))
                 row[1] = pos + k
                 col += k
-        return True
+        return pieces
+
+    @staticmethod
+    def oov_inputs(
+        inputs: np.ndarray, pieces: list[tuple[int, WrappedSentences, int]]
+    ) -> tuple[tuple[np.ndarray, np.ndarray], list[str]]:
+        """The ``<UNK>`` inputs of a filled ``(B, U)`` batch: their (rows, columns) (two int64
+        ``(K,)``) and real spellings, found through the pieces :meth:`fill` returned. Per-OOV work
+        only, so a batch without OOV tokens costs one comparison."""
+        rows, cols = np.nonzero(inputs == UNK_ID)
+        if not rows.size:
+            return (rows, cols), []
+        starts = np.fromiter((piece[0] for piece in pieces), dtype=np.int64, count=len(pieces))
+        slots = rows * inputs.shape[1] + cols
+        words = []
+        for slot, j in zip(
+            slots.tolist(), (np.searchsorted(starts, slots, side="right") - 1).tolist(), strict=True
+        ):
+            start, layout, pos = pieces[j]
+            position = pos + slot - start
+            k = int(np.searchsorted(layout.oov_pos, position))
+            if k == layout.oov_pos.shape[0] or layout.oov_pos[k] != position:
+                raise RuntimeError(
+                    f"data: <UNK> input at layout position {position} has no recorded spelling"
+                )
+            words.append(layout.oov_words[k])
+        return (rows, cols), words
 
     def rows_state(self) -> list[dict[str, list] | None]:
         """Each row's remaining buffer: ``{"ids": [...], "oov": [[pos, word], ...]}`` (None = empty)."""
@@ -437,16 +463,21 @@ class LMBatchStream:
         shape = (2, self.batch_size, self.unroll_steps)
         token_ids = np.empty(shape, dtype=np.int64)
         targets = np.empty(shape, dtype=np.int64)
-        oov: list[list[tuple[int, int, str]]] = [[], []]
+        index: list[np.ndarray] = [np.zeros(0, np.int64)] * 3
+        words: list[str] = []
         for direction, rows in enumerate(self.streams):
-            if not rows.fill(token_ids[direction], targets[direction], oov[direction]):
+            pieces = rows.fill(token_ids[direction], targets[direction])
+            if pieces is None:
                 self._finished = True
                 raise StopIteration
-        found = [(d, i, t, w) for d in (0, 1) for i, t, w in oov[d]]
-        index = (
-            tuple(np.array([f[axis] for f in found], dtype=np.int64) for axis in range(3)) if found else ()
-        )
-        char_ids = self.cache.spell(token_ids, index, [f[3] for f in found])
+            (oov_rows, oov_cols), oov_words = rows.oov_inputs(token_ids[direction], pieces)
+            index = [
+                np.concatenate([index[0], np.full(len(oov_words), direction, np.int64)]),
+                np.concatenate([index[1], oov_rows]),
+                np.concatenate([index[2], oov_cols]),
+            ]
+            words += oov_words
+        char_ids = self.cache.spell(token_ids, tuple(index), words)
         return LMBatch(
             char_ids=torch.from_numpy(char_ids),
             token_ids=torch.from_numpy(token_ids),
