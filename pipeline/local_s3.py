@@ -123,6 +123,8 @@ def mini_command(weed: str, data_dir: str, config_path: str, ports: dict[str, in
         "admin.ui": "false",
         "s3.port.iceberg": "0",
         "s3.port.lance": "0",
+        # nothing else talks to this volume server: no grace period needed on stop
+        "volume.preStopSeconds": "0",
         **{name: str(port) for name, port in ports.items()},
     }
     return [weed, "mini", *(f"-{name}={value}" for name, value in flags.items())]
@@ -176,6 +178,11 @@ class LocalS3Server:
         if not self.ports:
             raise LocalS3Error("the local S3 server is not started")
         return f"http://{HOST}:{self.ports['s3.port']}"
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the running ``weed mini`` (None when stopped)."""
+        return self._process.pid if self._process else None
 
     @property
     def access_key(self) -> str:

@@ -365,7 +365,7 @@ class _S3Reader(io.RawIOBase):
     """A seekable read stream over one object version; a broken stream is reopened at its offset."""
 
     def __init__(self, path: str):
-        self.path = path
+        self.path = self.name = path
         self.bucket, self.key = _object(path)
         with _s3_errors(path):
             response = s3_client().get_object(Bucket=self.bucket, Key=self.key)
@@ -445,7 +445,7 @@ class _S3Write(io.BufferedIOBase):
     """
 
     def __init__(self, path: str):
-        self.path = path
+        self.path = self.name = path
         self.bucket, self.key = _object(path)
         self.buffer = bytearray()
         self.written = 0

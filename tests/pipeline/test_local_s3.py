@@ -54,13 +54,13 @@ def test_identity_has_no_anonymous_access():
 
 def test_server_lifecycle(tmp_path):
     with LocalS3Server(tmp_path / "srv") as server:
-        port, pid = server.ports["s3.port"], server._process.pid
+        port, pid = server.ports["s3.port"], server.pid
         server.create_bucket("lifecycle")
         server.create_bucket("lifecycle")  # idempotent for its owner
         names = [b["Name"] for b in server.client().list_buckets()["Buckets"]]
         assert "lifecycle" in names
         assert oct(os.stat(tmp_path / "srv" / "s3.json").st_mode & 0o777) == "0o600"
-    assert not _port_open(port)
+    assert not _port_open(port) and server.pid is None
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     with pytest.raises(LocalS3Error, match="not started"):
@@ -80,15 +80,30 @@ def test_start_failure_reports_the_log(tmp_path):
 
 def test_main_prints_exports_and_stops_on_sigint(tmp_path):
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.local_s3", "--data-dir", str(tmp_path / "srv"), "--bucket", "cli-bkt"],
+        [
+            sys.executable,
+            "-m",
+            "pipeline.local_s3",
+            "--data-dir",
+            str(tmp_path / "srv"),
+            "--bucket",
+            "cli-bkt",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         lines = [process.stdout.readline() for _ in range(6)]
-        exports = dict(line.removeprefix("export ").strip().split("=", 1) for line in lines if "export " in line)
-        assert set(exports) == {"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"}
+        exports = dict(
+            line.removeprefix("export ").strip().split("=", 1) for line in lines if "export " in line
+        )
+        assert set(exports) == {
+            "AWS_ENDPOINT_URL",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_DEFAULT_REGION",
+        }
         assert "local test server only" in "".join(lines)
         port = int(exports["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
         assert _port_open(port)

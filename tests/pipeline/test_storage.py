@@ -432,6 +432,19 @@ def test_local_permission_denied(tmp_path):
     one_line_error(excinfo, "permission denied")
 
 
+def test_local_permission_denied_is_reported(tmp_path, monkeypatch):
+    """The same mapping as above, for root (which file modes do not stop): os.open refuses."""
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "open", refuse)
+    target = str(tmp_path / "x.bin")
+    with pytest.raises(StorageError) as excinfo:
+        storage.write_bytes(target, b"x")
+    one_line_error(excinfo, target, "permission denied")
+
+
 def test_local_write_keeps_umask_mode(tmp_path):
     path = tmp_path / "mode.bin"
     storage.write_bytes(str(path), b"x")
