@@ -183,7 +183,9 @@ class SentenceSource:
 
     Training (``test=False``): shards in a seeded random order per pass (each of the rank's shards
     once per pass), sentences shuffled per shard with a seed of ``(seed, stream, pass, shard)``,
-    cycling forever. Test: the rank's shards once, in manifest order, sentences in stored order.
+    cycling forever. Test: the rank's shards once, in manifest order, sentences in stored order
+    (bilm-tf's ``run_test`` reads reversed glob order; the order only decides which sentences fall
+    in the dropped tail).
 
     Position: ``pass_index``, ``shard_pos`` (index into this pass's shard order) and ``offset``
     (sentences already handed out from that shard).
