@@ -318,6 +318,7 @@ _CLIENT_CAUSES = {
     "AccessDenied": "access denied: the credentials lack permission or no credentials were sent (AccessDenied)",
     "403": "access denied (403 Forbidden): wrong secret key, unknown access key or missing permission",
     "InvalidBucketName": "invalid bucket name",
+    "PreconditionFailed": "the object was replaced while it was being read (PreconditionFailed)",
 }
 
 

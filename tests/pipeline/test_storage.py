@@ -15,7 +15,7 @@ import torch
 import webdataset as wds
 from botocore import UNSIGNED
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, ResponseStreamingError
 
 from pipeline import storage
 from pipeline.storage import StorageError, join
@@ -252,6 +252,38 @@ def test_multipart_upload_is_used_and_aborted(s3_server, s3_prefix):
     storage.write_bytes(join(s3_prefix, "whole.bin"), payload(2 * storage.PART_SIZE + 1))
     etag = client.head_object(Bucket=bucket, Key=storage.split_s3(join(s3_prefix, "whole.bin"))[1])["ETag"]
     assert etag.strip('"').endswith("-3")
+
+
+class _BrokenBody:
+    """Stands in for a response body whose connection was reset."""
+
+    def read(self, amount=None):
+        raise ResponseStreamingError(error="connection reset by peer")
+
+    def close(self):
+        pass
+
+
+def test_broken_read_stream_resumes_at_its_offset(s3_prefix):
+    path = join(s3_prefix, "resume.bin")
+    data = payload(3 * MB, seed=4)
+    storage.write_bytes(path, data)
+    with storage.open_read(path) as stream:
+        head = stream.read(MB + 5)
+        stream.raw.body = _BrokenBody()
+        assert head + stream.read() == data
+
+
+def test_resumed_stream_refuses_a_replaced_object(s3_prefix):
+    path = join(s3_prefix, "replaced.bin")
+    storage.write_bytes(path, payload(3 * MB, seed=5))
+    with storage.open_read(path) as stream:
+        stream.read(MB)
+        storage.write_bytes(path, payload(3 * MB, seed=6))
+        stream.raw.body = _BrokenBody()
+        with pytest.raises(StorageError) as excinfo:
+            stream.read()
+    one_line_error(excinfo, path, "PreconditionFailed")
 
 
 def test_wrong_secret_is_a_clear_error(s3_prefix, monkeypatch, fresh_clients):
