@@ -1,0 +1,71 @@
+"""``elmo train`` / ``python -m jobs.train``: pretrain the biLM on Ray Train.
+
+    python -m jobs.train --shards DIR_OR_S3 --output RUN_DIR_OR_S3 [--preset tiny|small|medium|original] \\
+        [--workers N] [--max-steps N] [--name RUN_NAME] [--config FILE] [key=value ...]
+
+Rerunning with the same ``--output`` and ``--name`` resumes from the latest checkpoint. Under
+``ray job submit`` it joins the job's cluster; otherwise it starts an embedded one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from jobs.stage_args import main_argv, resolve, run_main, stage_parser
+from pipeline import storage
+from pipeline.config import preset_names
+
+FLAGS = {"shards": "shards", "output": "output", "workers": "workers", "max_steps": "max_steps", "name": "name"}
+"""argparse destination -> TrainConfig key."""
+
+
+def build_parser():
+    parser = stage_parser("elmo train", "Pretrain the biLM with Ray Train (DDP); log perplexity, checkpoint, export.")
+    parser.add_argument("--shards", metavar="DIR_OR_S3", help="shard directory written by 'elmo shard'")
+    parser.add_argument("--output", metavar="RUN_DIR_OR_S3", help="run directory: metrics, plot, checkpoints, export/")
+    parser.add_argument("--preset", choices=preset_names(), help="model size and recipe from configs/")
+    parser.add_argument("--workers", type=int, metavar="N", help="Ray Train workers (DDP ranks)")
+    parser.add_argument("--max-steps", dest="max_steps", type=int, metavar="N", help="stop after N steps (0 = n_epochs)")
+    parser.add_argument("--name", metavar="RUN_NAME", help="run name; rerun with the same name to resume")
+    return parser
+
+
+def summary(final: dict, run_dir: str) -> str:
+    """One line: the end-of-run held-out perplexities and where the run landed."""
+    return (
+        f"trained to step {final.get('step')}: held-out perplexity {final['eval/perplexity']:.2f} "
+        f"(fwd {final['eval/perplexity_fwd']:.2f}, bwd {final['eval/perplexity_bwd']:.2f}; "
+        f"unigram {final['eval/unigram_perplexity']:.2f}); run directory {run_dir}"
+    )
+
+
+class _Known(Exception):
+    """A known failure re-raised with its one-line message (its classes import torch, so lazily)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(main_argv(argv))
+
+    def body() -> int:
+        # torch and Ray only once the arguments parse
+        from elmo_model import OptionsError
+        from pipeline.ray_runtime import ray_session
+        from pipeline.shard.format import FormatError
+        from pipeline.train.checkpoint import CheckpointError
+        from pipeline.train.config import TrainConfig
+        from pipeline.train.trainer import TrainError, run_training
+
+        cfg = resolve(args, TrainConfig, FLAGS, preset=args.preset)
+        try:
+            with ray_session(address=str(cfg.ray_address) or None):
+                final = run_training(cfg)
+        except (TrainError, FormatError, CheckpointError, OptionsError, storage.StorageError) as err:
+            raise _Known(str(err)) from None
+        print(summary(final, str(cfg.output)))
+        return 0
+
+    return run_main(body, known_errors=(_Known,))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

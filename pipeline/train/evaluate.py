@@ -1,0 +1,80 @@
+"""Held-out perplexity as bilm-tf's run_test computes it (spec 7.8).
+
+Rows are continuous streams of sentences with the LSTM state carried from batch to batch, unroll
+1, full softmax, no dropout. Per batch the loss is the mean cross-entropy of each direction; the
+result is exp(mean of the per-batch losses), for the forward LM, the backward LM and their average
+(0.5 * (fwd + bwd) per batch). Several ranks may each score their own part of the held-out split;
+their ``HeldoutSums`` add up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.train.data import LMBatch
+from pipeline.train.objective import SharedSoftmax, direction_losses_full
+
+EVAL_UNROLL_STEPS = 1
+"""run_test rebuilds the model with unroll_steps = 1."""
+
+
+@dataclass
+class HeldoutSums:
+    """Sums over scored batches: ``losses`` (3,) float64 [fwd, bwd, avg] per-batch mean losses, ``batches``."""
+
+    losses: torch.Tensor
+    batches: int
+
+    def perplexities(self) -> dict[str, float]:
+        """``eval/perplexity_fwd``, ``eval/perplexity_bwd``, ``eval/perplexity`` (the average's)."""
+        if self.batches == 0:
+            raise ValueError(
+                "no held-out batch was scored: the held-out split is smaller than one evaluation batch"
+            )
+        mean = (self.losses / self.batches).tolist()
+        return {
+            "eval/perplexity_fwd": math.exp(mean[0]),
+            "eval/perplexity_bwd": math.exp(mean[1]),
+            "eval/perplexity": math.exp(mean[2]),
+        }
+
+
+def heldout_sums(
+    lm: torch.nn.Module,
+    softmax: SharedSoftmax,
+    batches: Iterable[LMBatch],
+    device: torch.device,
+    max_batches: int = 0,
+    autocast_dtype: torch.dtype | None = None,
+) -> HeldoutSums:
+    """Score held-out batches with ``lm`` (a ``TrainingLM``: char ids (2, B, 1, 50), c, h ->
+    top (2, B, 1, P), c, h), carrying its state. ``max_batches`` = 0 scores them all.
+
+    ``lm`` is put in eval mode for the pass and restored to its previous mode after.
+    """
+    was_training = lm.training
+    lm.eval()
+    sums = torch.zeros(3, dtype=torch.float64)
+    count = 0
+    c = h = None
+    autocast = (
+        torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else nullcontext()
+    )
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                if max_batches and count >= max_batches:
+                    break
+                with autocast:
+                    top, c, h = lm(batch.char_ids.to(device), c, h)
+                losses = direction_losses_full(top, batch.targets.to(device), softmax).double().cpu()
+                sums += torch.stack([losses[0], losses[1], losses.mean()])
+                count += 1
+    finally:
+        lm.train(was_training)
+    return HeldoutSums(sums, count)

@@ -1,0 +1,685 @@
+"""biLM pretraining on Ray Train (V2): the driver's checks and launch, and the per-worker loop.
+
+Driver (``run_training``): validates the shards, vocabulary, run directory and cluster up front
+(one-line ``TrainError``s), then starts a ``TorchTrainer`` with ``workers`` workers: NCCL + CUDA
+when the cluster has GPUs, gloo on CPU. ``FailureConfig(max_failures)`` restarts the worker group
+when a worker dies; the loop then resumes from the latest checkpoint in the run directory.
+
+Worker (``train_loop_per_worker``): one DDP rank. The token encoder and LSTM are under DDP; the
+softmax is not (its gradient travels as touched rows, see ``softmax_exchange``). Every rank runs
+the same number of steps, because the row streams never run dry (``data``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+from torch import nn
+from torch.nn import functional as F
+
+from elmo_model import BiLM, BiLMOptions
+from pipeline import storage
+from pipeline.config import to_dict
+from pipeline.model_config import to_options
+from pipeline.ray_runtime import worker_env
+from pipeline.shard import format as shard_format
+from pipeline.train import checkpoint as ckpt
+from pipeline.train import export as export_mod
+from pipeline.train.char_cache import CharCache
+from pipeline.train.data import open_lm_batches, steps_per_epoch
+from pipeline.train.evaluate import EVAL_UNROLL_STEPS, HeldoutSums, heldout_sums
+from pipeline.train.metrics import (
+    METRICS_FILE,
+    PLOT_FILE,
+    MetricsLog,
+    WandbSink,
+    measure_matmul_peak,
+    perplexity,
+    plot_perplexity,
+    read_metrics,
+    train_flops_per_token,
+)
+from pipeline.train.objective import SharedSoftmax, bidirectional_loss
+from pipeline.train.optimization import (
+    build_optimizer,
+    clip_global_norm,
+    lr_factor,
+    set_lr,
+    takes_sparse_gradients,
+)
+from pipeline.train.softmax_exchange import RowGradient, dense_allreduce_mean, exchange_rows
+from pipeline.train.unigram import heldout_unigram_perplexity
+
+RUN_FILE = "run.json"
+EXPORT_DIR = "export"
+
+
+class TrainError(RuntimeError):
+    """A training run that cannot start or did not finish; one line naming the cause."""
+
+
+# ---- the model as trained --------------------------------------------------------------------
+
+
+class TrainingLM(nn.Module):
+    """A BiLM's training forward: both streams through the token encoder and LSTM stack.
+
+    char_ids (2, B, U, 50) [0] forward stream, [1] reversed stream; c (N, 2, B, C), h (N, 2, B, P)
+    the carried state (None = zeros) -> top (2, B, U, P) (dropout applied in training, spec 7.3),
+    and the new c, h. Dropout on every layer's input comes from ``bilm.lstm.dropout``.
+    """
+
+    def __init__(self, bilm: BiLM, dropout: float):
+        super().__init__()
+        self.bilm = bilm
+        self.dropout = dropout
+        bilm.lstm.dropout = dropout
+
+    def forward(self, char_ids: torch.Tensor, c: torch.Tensor | None, h: torch.Tensor | None):
+        from elmo_model.lstm import LSTMState
+
+        _, batch, steps, chars = char_ids.shape
+        tokens = self.bilm.token_encoder(char_ids.reshape(2 * batch, steps, chars)).view(2, batch, steps, -1)
+        mask = torch.ones(batch, steps, dtype=torch.bool, device=char_ids.device)
+        state = LSTMState(c, h) if c is not None else None
+        outs, final = self.bilm.lstm(tokens, mask, state)
+        top = F.dropout(outs[-1], self.dropout, training=self.training)
+        return top, final.c, final.h
+
+
+# ---- the plan the driver hands to the workers ------------------------------------------------
+
+
+@dataclass
+class RunPlan:
+    """Facts resolved once by the driver. ``options``: the inference options.json dict of the model;
+    ``resume``: the checkpoint the run starts from (None = fresh)."""
+
+    run_dir: str
+    name: str
+    shards: str
+    manifest: dict
+    vocab_size: int
+    total_steps: int
+    steps_per_epoch: int
+    unigram_perplexity: float
+    options: dict
+    init_from: str
+    storage_endpoint: str
+    use_gpu: bool = False
+
+
+def _fail(message: str) -> TrainError:
+    return TrainError(message)
+
+
+def _check_shards(shards: str, manifest: dict) -> None:
+    for split in shard_format.SPLITS:
+        entries = manifest["shards"][split]
+        if not entries or manifest["totals"][split]["tokens"] <= 0:
+            raise _fail(
+                f"shard directory {shards}: the manifest lists no {split} data; rerun the shard stage"
+            )
+        for entry in entries:
+            path = storage.join(shards, entry["name"])
+            if not storage.exists(path):
+                raise _fail(f"shard {path} is listed in {shard_format.MANIFEST_FILE} but missing")
+            digest = storage_sha256(path)
+            if digest != entry["sha256"]:
+                raise _fail(
+                    f"shard {path} does not match {shard_format.MANIFEST_FILE} (sha256 {digest[:12]}..., manifest {entry['sha256'][:12]}...)"
+                )
+
+
+def storage_sha256(path: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with storage.open_read(path) as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _model_options(cfg: Any) -> dict:
+    if not cfg.init_from:
+        return BiLMOptions.from_dict(to_options(cfg.model)).to_dict()
+    path = storage.join(str(cfg.init_from), export_mod.OPTIONS_FILE)
+    for name in (export_mod.OPTIONS_FILE, export_mod.WEIGHTS_FILE):
+        if not storage.exists(storage.join(str(cfg.init_from), name)):
+            raise _fail(f"init_from {cfg.init_from}: no {name} there")
+    try:
+        return BiLMOptions.from_dict(json.loads(storage.read_bytes(path))).to_dict()
+    except json.JSONDecodeError as err:
+        raise _fail(f"init_from {path}: not valid JSON ({err})") from None
+
+
+def _claim_run_dir(run_dir: str, name: str) -> None:
+    path = storage.join(run_dir, RUN_FILE)
+    if storage.exists(path):
+        owner = json.loads(storage.read_bytes(path)).get("name")
+        if owner != name:
+            raise _fail(
+                f"run directory {run_dir} belongs to run {owner!r}; use name={owner} to resume it or another output"
+            )
+        return
+    if ckpt.list_checkpoints(run_dir):
+        raise _fail(f"run directory {run_dir} holds checkpoints but no {RUN_FILE}; choose another output")
+    storage.write_bytes(path, json.dumps({"name": name}).encode())
+
+
+def prepare_run(cfg: Any) -> RunPlan:
+    """Validate a resolved TrainConfig and resolve the run's facts (no Ray needed)."""
+    if cfg.storage_endpoint:
+        storage.configure(endpoint_url=str(cfg.storage_endpoint))
+    shards = str(cfg.shards).rstrip("/")
+    run_dir = str(cfg.output).rstrip("/")
+    for key in (
+        "workers",
+        "batch_size",
+        "unroll_steps",
+        "threads_per_worker",
+        "log_every",
+        "checkpoint_every",
+        "eval_batch_size",
+    ):
+        if int(cfg[key]) < 1:
+            raise _fail(f"config key {key!r} must be >= 1, got {cfg[key]}")
+    if not 0 <= float(cfg.dropout) < 1:
+        raise _fail(f"config key 'dropout' must be in [0, 1), got {cfg.dropout}")
+    if str(cfg.use_gpu) not in ("auto", "true", "false"):
+        raise _fail(f"config key 'use_gpu' must be auto, true or false, got {cfg.use_gpu!r}")
+    manifest = shard_format.read_manifest(shards)
+    vocab = shard_format.read_vocab(shard_format.vocab_path(shards, manifest))
+    if len(vocab) != manifest["vocab"]["size"]:
+        raise _fail(
+            f"shard directory {shards}: vocab.txt has {len(vocab)} tokens, the manifest says {manifest['vocab']['size']}"
+        )
+    _check_shards(shards, manifest)
+    workers, batch, unroll = int(cfg.workers), int(cfg.batch_size), int(cfg.unroll_steps)
+    per_epoch = steps_per_epoch(manifest, batch, unroll, workers)
+    total = int(cfg.max_steps) or int(cfg.n_epochs) * per_epoch
+    if total <= 0:
+        raise _fail(
+            f"{manifest['totals']['train']['tokens']} training tokens are less than one global batch "
+            f"(batch_size {batch} x unroll_steps {unroll} x workers {workers}); set max_steps or shrink the batch"
+        )
+    heldout = manifest["totals"]["heldout"]
+    if heldout["tokens"] + heldout["sentences"] < int(cfg.eval_batch_size) * workers:
+        raise _fail(
+            f"the held-out split ({heldout['tokens']} tokens) cannot fill {int(cfg.eval_batch_size)} rows on each of "
+            f"{workers} workers; lower eval_batch_size"
+        )
+    if cfg.softmax.sampled and not 0 < int(cfg.softmax.negatives) < len(vocab):
+        raise _fail(
+            f"softmax.negatives ({cfg.softmax.negatives}) must be in [1, vocabulary size {len(vocab)}); "
+            "use fewer or softmax.sampled=false"
+        )
+    options = _model_options(cfg)
+    name = str(cfg.name) or run_dir.rstrip("/").rsplit("/", 1)[-1]
+    _claim_run_dir(run_dir, name)
+    return RunPlan(
+        run_dir=run_dir,
+        name=name,
+        shards=shards,
+        manifest=manifest,
+        vocab_size=len(vocab),
+        total_steps=total,
+        steps_per_epoch=per_epoch,
+        unigram_perplexity=float(heldout_unigram_perplexity(shards, manifest)),
+        options=options,
+        init_from=str(cfg.init_from),
+        storage_endpoint=str(cfg.storage_endpoint),
+    )
+
+
+def _cluster_check(cfg: Any) -> bool:
+    """Whether to use GPUs; a TrainError when the cluster cannot hold the workers."""
+    import ray
+
+    resources = ray.cluster_resources()
+    workers, threads = int(cfg.workers), int(cfg.threads_per_worker)
+    gpus = resources.get("GPU", 0)
+    use_gpu = {"auto": gpus >= 1, "true": True, "false": False}[str(cfg.use_gpu)]
+    if use_gpu and gpus < workers:
+        raise _fail(f"workers={workers} need {workers} GPUs but the Ray cluster has {gpus:g}")
+    cpus = resources.get("CPU", 0)
+    need = workers * (1 if use_gpu else threads)
+    if cpus < need:
+        raise _fail(
+            f"workers={workers} x threads_per_worker={threads} need {need} CPUs but the Ray cluster has {cpus:g}; "
+            "lower workers or threads_per_worker"
+        )
+    return use_gpu
+
+
+def _failure_message(err: BaseException) -> str:
+    failures = getattr(err, "worker_failures", None) or {}
+    for failure in failures.values():
+        lines = [line for line in str(failure).strip().splitlines() if line.strip()]
+        if lines:
+            return lines[-1].strip()
+    lines = [line for line in str(err).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(err).__name__
+
+
+def run_training(cfg: Any) -> dict:
+    """Run (or resume) a training run; Ray must be initialised. Returns the final metrics row."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    plan = prepare_run(cfg)
+    plan.use_gpu = _cluster_check(cfg)
+    ray_storage = tempfile.mkdtemp(prefix="elmo-ray-train-")
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"config": to_dict(cfg), "plan": dataclasses.asdict(plan)},
+        torch_config=TorchConfig(backend="nccl" if plan.use_gpu else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=int(cfg.workers),
+            use_gpu=plan.use_gpu,
+            resources_per_worker=None if plan.use_gpu else {"CPU": int(cfg.threads_per_worker)},
+        ),
+        run_config=RunConfig(
+            name=plan.name,
+            storage_path=ray_storage,
+            failure_config=FailureConfig(max_failures=int(cfg.max_failures)),
+            worker_runtime_env={"env_vars": worker_env()},
+        ),
+    )
+    try:
+        trainer.fit()
+    except Exception as err:  # TrainingFailedError and friends: surface the worker's own message
+        if type(err).__name__ in ("TrainingFailedError", "WorkerGroupError", "ControllerError"):
+            raise _fail(f"training failed: {_failure_message(err)}") from None
+        raise
+    finally:
+        shutil.rmtree(ray_storage, ignore_errors=True)
+    return final_status(plan.run_dir)
+
+
+def final_status(run_dir: str) -> dict:
+    """The last ``status`` row rank 0 wrote to metrics.jsonl; a TrainError unless it says ``done``."""
+    path = storage.join(run_dir, METRICS_FILE)
+    rows = [r for r in read_metrics(path) if r.get("kind") == "status"] if storage.exists(path) else []
+    if not rows:
+        raise _fail(f"training ended without a final status in {path}")
+    if rows[-1].get("status") != "done":
+        raise _fail(str(rows[-1].get("message", "training stopped")))
+    return rows[-1]
+
+
+# ---- the per-worker loop ---------------------------------------------------------------------
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def _report(metrics: dict) -> None:
+    """ray.train.report when running under Ray Train (a barrier: every rank calls it)."""
+    try:
+        import ray.train
+
+        ray.train.report(metrics)
+    except RuntimeError:
+        pass
+
+
+class WorkerRun:
+    """One rank's training run. ``cfg`` is the resolved TrainConfig (an OmegaConf DictConfig)."""
+
+    def __init__(self, cfg: Any, plan: RunPlan, device: torch.device):
+        self.cfg, self.plan, self.device = cfg, plan, device
+        self.rank, self.world = _world()
+        if plan.storage_endpoint:
+            storage.configure(endpoint_url=plan.storage_endpoint)
+        self.autocast_dtype = torch.bfloat16 if device.type == "cuda" and cfg.bf16 else None
+        torch.manual_seed(int(cfg.seed))  # the same initial weights on every rank
+        self.bilm = BiLM.from_options({**plan.options, "dropout": float(cfg.dropout)})
+        self.softmax = SharedSoftmax(plan.vocab_size, int(plan.options["lstm"]["projection_dim"]))
+        self.vocab_bytes = storage.read_bytes(shard_format.vocab_path(plan.shards, plan.manifest))
+        self.cache = CharCache(shard_format.parse_vocab(self.vocab_bytes.decode("utf-8")))
+        self.lm = TrainingLM(self.bilm, float(cfg.dropout)).to(device)
+        self.softmax.to(device)
+        self.optimizer = build_optimizer(cfg.optimizer, [*self.lm.parameters(), *self.softmax.parameters()])
+        self.sparse_optimizer = takes_sparse_gradients(self.optimizer)
+        self.batches = open_lm_batches(
+            plan.shards,
+            "train",
+            self.cache,
+            int(cfg.batch_size),
+            int(cfg.unroll_steps),
+            rank=self.rank,
+            world_size=self.world,
+            seed=int(cfg.seed),
+            manifest=plan.manifest,
+        )
+        self.generator = torch.Generator().manual_seed(int(cfg.seed) * 1000 + self.rank)
+        torch.manual_seed(int(cfg.seed) * 1000 + 7919 + self.rank)  # dropout masks differ per rank
+        self.c = self.h = None
+        self.step = 0
+        self.resumed_from: int | None = None
+        resume = ckpt.latest_checkpoint(plan.run_dir)
+        if resume is not None:
+            self._restore(resume)
+        elif plan.init_from:
+            self._init_from(plan.init_from)
+        self.model = (
+            nn.parallel.DistributedDataParallel(
+                self.lm, device_ids=[device] if device.type == "cuda" else None, broadcast_buffers=False
+            )
+            if self.world > 1
+            else self.lm
+        )
+        self._broadcast_softmax()
+        self.log = MetricsLog(plan.run_dir, self.resumed_from) if self.rank == 0 else None
+        self.negatives = int(cfg.softmax.negatives) if cfg.softmax.sampled else None
+        columns = self.negatives + 1 if self.negatives else plan.vocab_size
+        self.flops_per_step = (
+            2 * int(cfg.batch_size) * int(cfg.unroll_steps) * train_flops_per_token(plan.options, columns)
+        )
+        self.peak_flops = measure_matmul_peak(device, self.autocast_dtype or torch.float32)
+
+    # -- state ---------------------------------------------------------------------------------
+    def _restore(self, path: str) -> None:
+        payload = ckpt.load_model(path)
+        if payload["options"] != self.plan.options:
+            raise ckpt.CheckpointError(f"checkpoint {path} holds a different model than the config asks for")
+        self.bilm.load_state_dict(payload["bilm"])
+        self.softmax.load_state_dict(payload["softmax"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.step = int(payload["step"])
+        mine = ckpt.load_rank(path, self.rank, self.world)
+        self.batches.load_state_dict(mine["data"])
+        if mine["c"] is not None:
+            self.c, self.h = mine["c"].to(self.device), mine["h"].to(self.device)
+        ckpt.restore_rng_states(mine["rng"], self.generator)
+        self.resumed_from = self.step
+
+    def _init_from(self, source: str) -> None:
+        """Continue pretraining from released weights (and their softmax when the vocabulary matches)."""
+        with tempfile.TemporaryDirectory(prefix="elmo-init-") as tmp:
+            local = {}
+            for name in (
+                export_mod.OPTIONS_FILE,
+                export_mod.WEIGHTS_FILE,
+                export_mod.SOFTMAX_FILE,
+                export_mod.VOCAB_FILE,
+            ):
+                if storage.exists(storage.join(source, name)):
+                    local[name] = os.path.join(tmp, name)
+                    storage.download_file(storage.join(source, name), local[name])
+            loaded = BiLM.from_files(local[export_mod.OPTIONS_FILE], local[export_mod.WEIGHTS_FILE])
+            self.bilm.load_state_dict(loaded.state_dict())
+            if export_mod.SOFTMAX_FILE in local and export_mod.VOCAB_FILE in local:
+                with open(local[export_mod.VOCAB_FILE], "rb") as f:
+                    same_vocab = f.read() == self.vocab_bytes
+                if same_vocab:
+                    weight, bias = export_mod.read_softmax(local[export_mod.SOFTMAX_FILE])
+                    with torch.no_grad():
+                        self.softmax.weight.copy_(torch.from_numpy(weight))
+                        self.softmax.bias.copy_(torch.from_numpy(bias))
+
+    def _broadcast_softmax(self) -> None:
+        if self.world > 1:
+            for tensor in (self.softmax.weight.data, self.softmax.bias.data):
+                dist.broadcast(tensor, src=0)
+
+    def save_checkpoint(self) -> None:
+        path = ckpt.checkpoint_path(self.plan.run_dir, self.step)
+        ckpt.save_rank(
+            path,
+            self.rank,
+            {
+                "data": self.batches.state_dict(),
+                "c": self.c.cpu() if self.c is not None else None,
+                "h": self.h.cpu() if self.h is not None else None,
+                "rng": ckpt.rng_states(self.generator),
+            },
+        )
+        if self.rank == 0:
+            ckpt.save_model(
+                path,
+                {
+                    "options": self.plan.options,
+                    "bilm": self.bilm.state_dict(),
+                    "softmax": self.softmax.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "step": self.step,
+                    "config": to_dict(self.cfg),
+                    "vocab": self.vocab_bytes,
+                },
+            )
+        _barrier()
+        if self.rank == 0:
+            ckpt.mark_complete(path, self.step, self.world)
+            ckpt.prune(self.plan.run_dir, int(self.cfg.keep_checkpoints))
+
+    # -- one step ------------------------------------------------------------------------------
+    def train_step(self) -> dict:
+        """Forward, backward, gradient exchange, clipping and the optimizer update of one batch."""
+        cfg = self.cfg
+        batch = next(self.batches)
+        char_ids, targets = batch.char_ids.to(self.device), batch.targets.to(self.device)
+        set_lr(
+            self.optimizer,
+            float(cfg.optimizer.lr)
+            * lr_factor(
+                self.step,
+                self.plan.total_steps,
+                str(cfg.optimizer.schedule),
+                int(cfg.optimizer.warmup_steps),
+                float(cfg.optimizer.final_lr_fraction),
+            ),
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        autocast = (
+            torch.autocast(self.device.type, dtype=self.autocast_dtype)
+            if self.autocast_dtype
+            else nullcontext()
+        )
+        with autocast:
+            top, c, h = self.model(char_ids, self.c, self.h)
+        self.c, self.h = c.detach(), h.detach()
+        step_loss = bidirectional_loss(top, targets, self.softmax, self.negatives, self.generator)
+        # bilm-tf differentiates total_loss * unroll_steps: a sum over time, a mean over rows
+        (step_loss.loss * int(cfg.unroll_steps)).backward()
+        rows, exchanged = self._exchange_softmax(step_loss.rows)
+        dense = [p.grad for p in self.lm.parameters() if p.grad is not None]
+        if rows is None:
+            dense += [self.softmax.weight.grad, self.softmax.bias.grad]
+        grad_norm = clip_global_norm(
+            dense + ([rows.values] if rows is not None else []), float(cfg.clip_norm)
+        )
+        if rows is not None:
+            self._set_softmax_grads(rows)
+        losses = _all_reduce_sum(step_loss.per_direction.detach().float().cpu().clone()) / self.world
+        if not torch.isfinite(losses).all() or not math.isfinite(grad_norm):
+            return {"finite": False, "losses": losses.tolist()}
+        self.optimizer.step()
+        self.step += 1
+        p = self.softmax.weight.shape[1] + 1
+        return {
+            "finite": True,
+            "losses": losses.tolist(),
+            "grad_norm": grad_norm,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "rows": int(rows.ids.shape[0]) if rows is not None else self.plan.vocab_size,
+            "exchange_bytes": exchanged,
+            "dense_bytes": 2 * (self.world - 1) * self.plan.vocab_size * p * 4 // self.world,
+        }
+
+    def _exchange_softmax(self, rows) -> tuple[RowGradient | None, int]:
+        """Average the softmax gradient over ranks: touched rows only (sparse), or the dense matrix."""
+        if rows is None:  # full softmax: every row has a gradient
+            return None, sum(
+                dense_allreduce_mean(g) for g in (self.softmax.weight.grad, self.softmax.bias.grad)
+            )
+        grad = rows.grad()
+        if self.cfg.softmax.sparse_exchange:
+            return exchange_rows(rows.ids, grad)
+        dense = RowGradient(rows.ids, grad).to_dense(self.plan.vocab_size)
+        sent = dense_allreduce_mean(dense)
+        touched = dense.abs().sum(dim=1).nonzero().squeeze(1)
+        return RowGradient(touched, dense[touched]), sent
+
+    def _set_softmax_grads(self, rows: RowGradient) -> None:
+        weight, bias = rows.to_sparse(self.plan.vocab_size)
+        if not self.sparse_optimizer:
+            weight, bias = weight.to_dense(), bias.to_dense()
+        self.softmax.weight.grad, self.softmax.bias.grad = weight, bias
+
+    # -- evaluation ----------------------------------------------------------------------------
+    def evaluate(self) -> dict:
+        cfg = self.cfg
+        batches = open_lm_batches(
+            self.plan.shards,
+            "heldout",
+            self.cache,
+            int(cfg.eval_batch_size),
+            EVAL_UNROLL_STEPS,
+            rank=self.rank,
+            world_size=self.world,
+            test=True,
+            manifest=self.plan.manifest,
+        )
+        max_batches = -(-int(cfg.eval_max_batches) // self.world) if cfg.eval_max_batches else 0
+        sums = heldout_sums(self.lm, self.softmax, batches, self.device, max_batches, self.autocast_dtype)
+        total = _all_reduce_sum(
+            torch.cat([sums.losses, torch.tensor([float(sums.batches)], dtype=torch.float64)])
+        )
+        result = HeldoutSums(total[:3], int(total[3])).perplexities()
+        result["eval/unigram_perplexity"] = self.plan.unigram_perplexity
+        result["eval/batches"] = int(total[3])
+        return result
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _emit(self, row: dict, sink) -> None:
+        if self.log is not None:
+            self.log.append(row)
+            sink.log(row, row["step"])
+        _report(row)
+
+    def run(self) -> dict:
+        cfg, plan = self.cfg, self.plan
+        sink = WandbSink(cfg.wandb, plan.run_dir, plan.name, to_dict(cfg)) if self.rank == 0 else None
+        if self.log is not None and self.resumed_from is None:
+            self.log.append(
+                {"kind": "config", "step": 0, "config": to_dict(cfg), "total_steps": plan.total_steps}
+            )
+        if self.log is not None and self.resumed_from is not None:
+            self.log.append(
+                {"kind": "event", "step": self.step, "event": "resume", "from_step": self.resumed_from}
+            )
+        compute, steps_timed, start = 0.0, 0, time.perf_counter()
+        status = {"kind": "status", "step": self.step, "status": "done"}
+        while self.step < plan.total_steps:
+            t0 = time.perf_counter()
+            out = self.train_step()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            compute += time.perf_counter() - t0
+            steps_timed += 1
+            if not out["finite"]:
+                status = {
+                    "kind": "status",
+                    "step": self.step,
+                    "status": "nan",
+                    "message": f"non-finite loss {out['losses']} at step {self.step + 1}; stopped, the last good "
+                    f"checkpoint is {ckpt.latest_checkpoint(plan.run_dir) or 'none'}",
+                }
+                break
+            if self.step % int(cfg.log_every) == 0 or self.step == plan.total_steps:
+                fwd, bwd = out["losses"]
+                tokens = 2 * int(cfg.batch_size) * int(cfg.unroll_steps) * self.world * steps_timed
+                self._emit(
+                    {
+                        "kind": "train",
+                        "step": self.step,
+                        "epoch": self.step / max(plan.steps_per_epoch, 1),
+                        "train/loss": 0.5 * (fwd + bwd),
+                        "train/perplexity": perplexity(0.5 * (fwd + bwd)),
+                        "train/perplexity_fwd": perplexity(fwd),
+                        "train/perplexity_bwd": perplexity(bwd),
+                        "train/lr": out["lr"],
+                        "train/grad_norm": out["grad_norm"],
+                        "train/tokens_per_s": tokens / compute,
+                        "train/mfu": self.flops_per_step * steps_timed / compute / self.peak_flops,
+                        "train/softmax_rows": out["rows"],
+                        "train/softmax_exchange_bytes": out["exchange_bytes"],
+                        "train/softmax_dense_bytes": out["dense_bytes"],
+                        "time": time.perf_counter() - start,
+                    },
+                    sink,
+                )
+                compute, steps_timed = 0.0, 0
+            if cfg.eval_every and self.step % int(cfg.eval_every) == 0 and self.step < plan.total_steps:
+                self._emit({"kind": "eval", "step": self.step, **self.evaluate()}, sink)
+            if self.step % int(cfg.checkpoint_every) == 0 or self.step == plan.total_steps:
+                self.save_checkpoint()
+        status["step"] = self.step
+        if status["status"] == "done":
+            final = {"kind": "eval", "step": self.step, **self.evaluate()}
+            self._emit(final, sink)
+            if self.rank == 0:
+                with torch.no_grad():
+                    export_mod.export_model(
+                        self.bilm, self.softmax, self.vocab_bytes, storage.join(plan.run_dir, EXPORT_DIR)
+                    )
+                plot_perplexity(self.log.rows, storage.join(plan.run_dir, PLOT_FILE))
+            status.update({k: v for k, v in final.items() if k != "kind"})
+        if self.log is not None:
+            self.log.append(status)
+        if sink is not None:
+            sink.finish()
+        _barrier()
+        _report(status)
+        return status
+
+
+def train_loop_per_worker(loop_config: dict) -> None:
+    """The function Ray Train runs on every worker."""
+    import ray.train.torch
+
+    cfg = OmegaConf.create(loop_config["config"])
+    plan = RunPlan(**loop_config["plan"])
+    torch.set_num_threads(int(cfg.threads_per_worker))
+    device = ray.train.torch.get_device() if plan.use_gpu else torch.device("cpu")
+    WorkerRun(cfg, plan, device).run()
+
+
+__all__ = [
+    "TrainError",
+    "TrainingLM",
+    "RunPlan",
+    "prepare_run",
+    "run_training",
+    "train_loop_per_worker",
+    "METRICS_FILE",
+]
