@@ -19,7 +19,9 @@ FLAGS = {"input": "input", "heldout_input": "heldout_input", "output": "output",
 
 
 def build_parser():
-    parser = stage_parser("elmo shard", "Tokenize a corpus, build the vocabulary and write WebDataset shards.")
+    parser = stage_parser(
+        "elmo shard", "Tokenize a corpus, build the vocabulary and write WebDataset shards."
+    )
     parser.add_argument(
         "--input", nargs="+", metavar="PATH", help="input files or globs, local or s3:// (plain or .gz)"
     )

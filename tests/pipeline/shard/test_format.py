@@ -1,0 +1,135 @@
+import io
+import json
+
+import numpy as np
+import pytest
+import webdataset as wds
+
+from pipeline import storage
+from pipeline.shard import format as fmt
+
+
+def _write_tar(samples) -> bytes:
+    buf = io.BytesIO()
+    with fmt.tar_writer(buf) as tar:
+        for sample in samples:
+            tar.write(sample)
+    return buf.getvalue()
+
+
+def test_block_round_trip_through_a_webdataset_tar(tmp_path):
+    sentences = [["In", "the", "beginning"], ["God", "créa", "."]]
+    sample = fmt.encode_block(sentences, [5, 6, 7, 8, 2, 9], fmt.block_key("train", 3, 1))
+    assert sample["__key__"] == "train-000003-000001"
+    path = tmp_path / "train-000003.tar"
+    path.write_bytes(_write_tar([sample]))
+    (raw,) = list(wds.WebDataset(str(path), shardshuffle=False))
+    block = fmt.decode_block(raw)
+    assert block.sentences == sentences
+    assert block.ids.dtype == np.int32 and block.ids.tolist() == [5, 6, 7, 8, 2, 9]
+    assert block.lengths.tolist() == [3, 3]
+    assert [a.tolist() for a in block.sentence_ids()] == [[5, 6, 7], [8, 2, 9]]
+    assert [b.sentences for b in fmt.read_shard(str(path))] == [sentences]
+
+
+def test_tar_bytes_do_not_depend_on_time_or_user(monkeypatch):
+    sample = fmt.encode_block([["a", "b"]], [3, 4], "heldout-000000-000000")
+    first = _write_tar([sample])
+    monkeypatch.setattr("time.time", lambda: 1e9)
+    assert _write_tar([sample]) == first
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(first)) as tar:
+        infos = tar.getmembers()
+    assert [i.name for i in infos] == [
+        "heldout-000000-000000.ids.npy",
+        "heldout-000000-000000.lengths.npy",
+        "heldout-000000-000000.sentences.txt",
+    ]
+    assert {(i.mtime, i.uid, i.gid, i.uname, i.mode) for i in infos} == {(0, 0, 0, "elmo", 0o444)}
+
+
+@pytest.mark.parametrize(
+    "sentences, ids, match",
+    [
+        ([["a b"]], [1], "whitespace"),
+        ([["a", ""]], [1, 2], "empty token"),
+        ([[]], [], "empty"),
+        ([["a"]], [1, 2], r"expected \(1,\)"),
+        ([["a"]], [-1], "int32 range"),
+    ],
+)
+def test_encode_block_rejects_bad_blocks(sentences, ids, match):
+    with pytest.raises(fmt.FormatError, match=match):
+        fmt.encode_block(sentences, ids, "train-000000-000000")
+
+
+def test_decode_block_names_the_inconsistency():
+    sample = fmt.encode_block([["a", "b"], ["c"]], [3, 4, 5], "train-000000-000007")
+    bad = dict(sample, **{"sentences.txt": b"a b\nc d\n"})
+    with pytest.raises(fmt.FormatError, match="train-000000-000007: sentence 1 has 2 tokens"):
+        fmt.decode_block(bad)
+    with pytest.raises(fmt.FormatError, match="missing member 'ids.npy'"):
+        fmt.decode_block({k: v for k, v in sample.items() if k != "ids.npy"})
+    with pytest.raises(fmt.FormatError, match="not a valid .npy"):
+        fmt.decode_block(dict(sample, **{"lengths.npy": b"junk"}))
+
+
+def test_vocab_files_round_trip_and_validation(tmp_path):
+    tokens = ["<S>", "</S>", "<UNK>", "the", "ünïcode"]
+    path = tmp_path / "vocab.txt"
+    path.write_bytes(fmt.encode_vocab(tokens))
+    assert fmt.read_vocab(str(path)) == tokens
+    counts = tmp_path / "vocab_counts.tsv"
+    counts.write_bytes(fmt.encode_counts(tokens, [2, 2, 0, 7, 1]))
+    assert fmt.read_counts(str(counts)) == list(zip(tokens, [2, 2, 0, 7, 1], strict=True))
+    for text, match in [
+        ("the\n<S>\n</S>\n<UNK>\n", "must start with"),
+        ("<S>\n</S>\n<UNK>\nthe\nthe\n", "appears twice"),
+        ("<S>\n</S>\n<UNK>\n\nx\n", "line 4 is empty"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(fmt.FormatError, match=match):
+            fmt.read_vocab(str(path))
+
+
+def _manifest() -> dict:
+    shard = {"name": "train-000000.tar", "sentences": 2, "tokens": 5, "sha256": "ab"}
+    return {
+        "shards": {"train": [shard], "heldout": []},
+        "totals": {"train": {"sentences": 2, "tokens": 5}, "heldout": {"sentences": 0, "tokens": 0}},
+        "vocab": {"file": "vocab.txt", "counts_file": "vocab_counts.tsv", "size": 9, "sha256": "cd"},
+    }
+
+
+def test_read_manifest_and_shard_urls(tmp_path):
+    with pytest.raises(fmt.FormatError, match="no manifest.json in .*did not finish"):
+        fmt.read_manifest(str(tmp_path))
+    storage.write_bytes(str(tmp_path / "manifest.json"), json.dumps(_manifest()).encode())
+    assert fmt.shard_urls(str(tmp_path), "train") == [str(tmp_path / "train-000000.tar")]
+    assert fmt.shard_urls(str(tmp_path), "heldout") == []
+    assert fmt.vocab_path(str(tmp_path)) == str(tmp_path / "vocab.txt")
+    with pytest.raises(fmt.FormatError, match="unknown split 'test'"):
+        fmt.shard_urls(str(tmp_path), "test")
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda m: m.pop("vocab"), "needs 'shards', 'totals' and 'vocab'"),
+        (lambda m: m["shards"].pop("heldout"), "shards.heldout must be a list"),
+        (lambda m: m["shards"]["train"][0].pop("sha256"), r"shards.train\[0\].sha256"),
+        (lambda m: m["totals"]["train"].update(tokens="5"), "totals.train"),
+        (lambda m: m["vocab"].pop("size"), "vocab.size"),
+    ],
+)
+def test_invalid_manifest_is_one_line_error(tmp_path, mutate, match):
+    manifest = _manifest()
+    mutate(manifest)
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(fmt.FormatError, match=match) as err:
+        fmt.read_manifest(str(tmp_path))
+    assert "\n" not in str(err.value)
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(fmt.FormatError, match="not valid JSON"):
+        fmt.read_manifest(str(tmp_path))

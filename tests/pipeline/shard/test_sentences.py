@@ -1,0 +1,72 @@
+from pipeline.shard.sentences import LineStats, tokenize_lines
+from pipeline.shard.split import heldout_threshold
+from pipeline.shard.tokenizer import make_tokenizer
+
+
+def _run(data: bytes, tokenizer="whitespace", max_line_bytes=50, fraction=0.0, **kwargs):
+    return tokenize_lines(
+        data, make_tokenizer(tokenizer), max_line_bytes, heldout_threshold(fraction), **kwargs
+    )
+
+
+def test_every_line_is_accounted_for():
+    data = (
+        b"the  cat\tsat \r\n"  # CRLF and odd whitespace: normalised
+        b"\n"  # empty
+        b"   \t \n"  # whitespace only: empty
+        b"caf\xc3\xa9 ok\n"
+        b"bad \xff\xfe bytes\n" + b"x " * 40 + b"\n"  # invalid UTF-8: replaced, kept  # 80 bytes: overlong
+        b"last line without newline"
+    )
+    out = _run(data)
+    assert out.train == [
+        ["the", "cat", "sat"],
+        ["café", "ok"],
+        ["bad", "\ufffd\ufffd", "bytes"],
+        ["last", "line", "without", "newline"],
+    ]
+    s = out.stats
+    assert (s.lines, s.empty, s.overlong, s.invalid_utf8) == (7, 2, 1, 1)
+    assert s.lines == s.train_sentences + s.heldout_sentences + s.empty + s.overlong
+    assert s.train_tokens == 12 and s.max_sentence_tokens == 4
+
+
+def test_reader_dropped_lines_and_explicit_heldout():
+    out = _run(b"a b\nc\n", dropped_overlong=2, all_heldout=True)
+    assert out.train == [] and out.heldout == [["a", "b"], ["c"]]
+    assert (out.stats.lines, out.stats.overlong, out.stats.heldout_tokens) == (4, 2, 3)
+
+
+def test_stats_add_up():
+    a, b = (
+        LineStats(lines=3, empty=1, max_sentence_tokens=4),
+        LineStats(lines=2, overlong=1, max_sentence_tokens=9),
+    )
+    a.add(b)
+    assert (a.lines, a.empty, a.overlong, a.max_sentence_tokens) == (5, 1, 1, 9)
+
+
+def test_moses_tokenizer_splits_punctuation_without_escaping():
+    tokenize = make_tokenizer("moses")
+    assert tokenize('And God said, "Let there be light": it\'s & <b>.') == [
+        "And",
+        "God",
+        "said",
+        ",",
+        '"',
+        "Let",
+        "there",
+        "be",
+        "light",
+        '"',
+        ":",
+        "it",
+        "'s",
+        "&",
+        "<",
+        "b",
+        ">",
+        ".",
+    ]
+    assert tokenize("  \t ") == []
+    assert make_tokenizer("moses", lowercase=True)("The U.S.A. Army") == ["the", "u.s.a.", "army"]

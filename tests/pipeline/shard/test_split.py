@@ -1,0 +1,24 @@
+import hashlib
+
+from pipeline.shard.split import heldout_threshold, is_heldout, sentence_hash
+
+
+def test_hash_is_blake2b_of_the_text_not_pythons_salted_hash():
+    expected = int.from_bytes(hashlib.blake2b(b"In the beginning", digest_size=8).digest(), "big")
+    assert sentence_hash("In the beginning") == expected
+    assert (
+        sentence_hash("In the beginning") == 0x87F6BB915B837FDE
+    )  # pinned: a changed hash would reshuffle every split
+
+
+def test_fraction_is_respected_and_extremes():
+    sentences = [f"sentence number {i}" for i in range(20000)]
+    threshold = heldout_threshold(0.1)
+    held = sum(is_heldout(s, threshold) for s in sentences)
+    assert 1800 < held < 2200
+    assert not any(is_heldout(s, heldout_threshold(0.0)) for s in sentences[:100])
+    assert all(is_heldout(s, heldout_threshold(1.0)) for s in sentences[:100])
+    # the same sentence always lands on the same side
+    assert [is_heldout(s, threshold) for s in sentences[:500]] == [
+        is_heldout(s, threshold) for s in sentences[:500]
+    ]

@@ -1,0 +1,37 @@
+import numpy as np
+
+from pipeline.shard.format import decode_block
+from pipeline.shard.writer import Piece, block_bounds, cut_pieces, permute_ids, shard_samples, shuffled_order
+
+
+def test_permute_ids_moves_whole_sentences():
+    ids = np.array([1, 2, 3, 4, 5, 6], dtype=np.int32)
+    lengths = np.array([2, 1, 3], dtype=np.int32)
+    assert permute_ids(ids, lengths, np.array([2, 0, 1])).tolist() == [4, 5, 6, 1, 2, 3]
+
+
+def test_block_bounds_respect_the_budget():
+    assert block_bounds(np.array([3, 3, 5, 9, 1]), 6) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert block_bounds(np.array([], dtype=np.int32), 6) == []
+
+
+def test_shuffle_depends_on_seed_split_and_shard_only():
+    a = shuffled_order(100, 0, "train", 3)
+    assert a.tolist() == shuffled_order(100, 0, "train", 3).tolist()
+    assert sorted(a.tolist()) == list(range(100))
+    assert a.tolist() != shuffled_order(100, 1, "train", 3).tolist()
+    assert a.tolist() != shuffled_order(100, 0, "heldout", 3).tolist()
+
+
+def test_shard_samples_keep_sentences_and_ids_together():
+    index = {"<S>": 0, "</S>": 1, "<UNK>": 2, **{f"w{i}": i + 3 for i in range(50)}}
+    sentences = [[f"w{(i * 7 + j) % 50}" for j in range(i % 5 + 1)] for i in range(40)]
+    pieces = cut_pieces(sentences, index, offset=0, shard_tokens=1000, shards=range(0, 1))
+    assert len(pieces) == 1 and isinstance(pieces[0], Piece)
+    blocks = [decode_block(s) for s in shard_samples(pieces, "train", 0, seed=5, block_tokens=12)]
+    assert all(b.num_tokens <= 12 for b in blocks)
+    got = [s for b in blocks for s in b.sentences]
+    assert sorted(map(tuple, got)) == sorted(map(tuple, sentences)) and got != sentences
+    for b in blocks:
+        for tokens, ids in zip(b.sentences, b.sentence_ids(), strict=True):
+            assert [index[t] for t in tokens] == ids.tolist()
