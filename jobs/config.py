@@ -18,10 +18,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("stage", choices=list(STAGES), help="which stage's config")
     parser.add_argument("--preset", help="model size preset from configs/ (train, pipeline)")
     add_config_args(parser)
-    args = parser.parse_args(main_argv(argv))
+    args = parser.parse_intermixed_args(main_argv(argv))
 
     def body() -> int:
-        cfg = load_config(stage_schema(args.stage), config_file=args.config, overrides=args.overrides, preset=args.preset)
+        cfg = load_config(
+            stage_schema(args.stage), config_file=args.config, overrides=args.overrides, preset=args.preset, allow_missing=True
+        )
         sys.stdout.write(to_yaml(cfg))
         return 0
 

@@ -145,12 +145,15 @@ def load_config(
     config_file: str | Path | None = None,
     overrides: Sequence[str] = (),
     preset: str | None = None,
+    allow_missing: bool = False,
 ) -> DictConfig:
     """Resolve a stage config.
 
     Merge order: ``schema`` defaults, then ``configs/<preset>.yaml``, then ``config_file``, then
     ``overrides`` (``["train.workers=2", ...]``). Returns a read-only, typed OmegaConf DictConfig
-    (attribute access, values validated against the dataclass types). Raises ConfigError.
+    (attribute access, values validated against the dataclass types). Raises ConfigError, also for
+    a required key left without a value unless ``allow_missing`` (for printing, or for a caller
+    that derives those keys itself).
     """
     cfg = OmegaConf.structured(schema)
     OmegaConf.set_struct(cfg, True)
@@ -161,12 +164,19 @@ def load_config(
         cfg = _merge(cfg, _load_yaml(config_file), schema, str(config_file))
     if overrides:
         cfg = _merge(cfg, _parse_overrides(overrides), schema, "command-line overrides")
+    if not allow_missing:
+        check_complete(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def check_complete(cfg: DictConfig) -> None:
+    """ConfigError naming the first required key that still has no value."""
     try:
         OmegaConf.to_container(cfg, throw_on_missing=True)
     except OmegaConfBaseException as err:
-        raise ConfigError(f"config key {_full_key(err)!r} has no value; set it with {_full_key(err)}=...") from None
-    OmegaConf.set_readonly(cfg, True)
-    return cfg
+        key = _full_key(err)
+        raise ConfigError(f"config key {key!r} has no value; set it with {key}=...") from None
 
 
 def _select_preset(preset: DictConfig, schema: type, name: str) -> DictConfig:

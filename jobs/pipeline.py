@@ -1,0 +1,49 @@
+"""``elmo pipeline`` / ``python -m jobs.pipeline``: shard -> train -> evaluate -> export -> embed.
+
+    python -m jobs.pipeline [--preset tiny] [--config FILE] [storage=DIR_OR_S3] [name=RUN] [key=value ...]
+
+With no arguments this is ``make demo``: the shipped sample corpus, the tiny preset, an embedded
+Ray cluster, local storage under ``runs/``, wandb offline.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from jobs.stage_args import main_argv, run_main, stage_parser
+from pipeline.config import load_config, preset_names
+
+
+def build_parser():
+    parser = stage_parser("elmo pipeline", "Run the whole pipeline end to end (what `make demo` runs).")
+    parser.add_argument("--preset", choices=preset_names(), default="tiny", help="model size for training (default tiny)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_intermixed_args(main_argv(argv))
+
+    from elmo_model import OptionsError
+    from pipeline.embed.errors import EmbedError
+    from pipeline.end_to_end import run_pipeline, summary
+    from pipeline.pipeline_config import PipelineConfig
+    from pipeline.shard.errors import ShardError
+    from pipeline.shard.format import FormatError
+    from pipeline.storage import StorageError
+    from pipeline.train.checkpoint import CheckpointError
+    from pipeline.train.trainer import TrainError
+
+    def body() -> int:
+        cfg = load_config(
+            PipelineConfig, config_file=args.config, overrides=args.overrides, preset=args.preset, allow_missing=True
+        )
+        print(summary(run_pipeline(cfg)))
+        return 0
+
+    known = (ShardError, TrainError, EmbedError, FormatError, CheckpointError, OptionsError, StorageError)
+    return run_main(body, known_errors=known)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

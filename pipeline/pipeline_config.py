@@ -1,0 +1,60 @@
+"""PipelineConfig: the whole pipeline (shard -> train -> evaluate -> export -> embed) as one job.
+
+It nests the three stage configs unchanged, so every stage key is settable as ``shard.*``,
+``train.*`` or ``embed.*``, and adds the few keys that tie the stages together: where the run
+lives (``storage``, ``name``) and what corpus goes in. Paths between stages are derived from
+``storage``/``name`` unless a user sets them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from pipeline.embed.config import EmbedConfig
+from pipeline.shard.config import ShardConfig
+from pipeline.train.config import TrainConfig
+
+
+def _demo_train() -> TrainConfig:
+    # The demo's budget (10 minutes on 2 cores for the whole pipeline) sets the step count; a
+    # preset or the user can change it like any other key.
+    return TrainConfig(workers=2, max_steps=400, eval_every=200, checkpoint_every=200, log_every=20)
+
+
+@dataclass
+class PipelineConfig:
+    """The end-to-end job (``elmo pipeline``, ``make demo``).
+
+    Fields:
+        corpus: Input text files or globs (local or s3://); empty = the sample corpus shipped in the package.
+        storage: Root of everything the run writes: a local directory or an ``s3://bucket/prefix``.
+        name: Run name; outputs go to ``<storage>/<name>/{shards,train,embeddings}``.
+        embed_split: Which shard split the embed stage embeds (``heldout`` or ``train``).
+        ray_address: Ray cluster to join; empty starts an embedded local cluster (or uses RAY_ADDRESS).
+        num_cpus: CPUs of the embedded cluster; 0 = all of this machine's.
+        shard: Stage 1 settings (input/output derived unless set).
+        train: Stage 2 settings (shards/output/name derived unless set); presets apply here.
+        embed: Stage 3 settings (model/input/output derived unless set).
+    """
+
+    PRESET_SECTION: ClassVar[str] = "train"
+
+    corpus: list[str] = field(default_factory=list)
+    """Input text files or globs (local or s3://); empty = the sample corpus shipped in the package."""
+    storage: str = "runs"
+    """Root of everything the run writes: a local directory or an ``s3://bucket/prefix``."""
+    name: str = "demo"
+    """Run name; outputs go to ``<storage>/<name>/{shards,train,embeddings}``."""
+    embed_split: str = "heldout"
+    """Which shard split the embed stage embeds (``heldout`` or ``train``)."""
+    ray_address: str = ""
+    """Ray cluster to join; empty starts an embedded local cluster (or uses RAY_ADDRESS)."""
+    num_cpus: int = 0
+    """CPUs of the embedded cluster; 0 = all of this machine's."""
+    shard: ShardConfig = field(default_factory=lambda: ShardConfig(tokenizer="moses", heldout_fraction=0.02))
+    """Stage 1 settings (input/output derived unless set)."""
+    train: TrainConfig = field(default_factory=_demo_train)
+    """Stage 2 settings (shards/output/name derived unless set); presets apply here."""
+    embed: EmbedConfig = field(default_factory=lambda: EmbedConfig(workers=2))
+    """Stage 3 settings (model/input/output derived unless set)."""
