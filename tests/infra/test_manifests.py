@@ -1,0 +1,104 @@
+"""infra/: every manifest parses, and every entry point and config key it names exists.
+
+Each ``python -m jobs.<stage> ...`` command found in a manifest (RayJob entrypoints, and the usage
+lines of the cluster-launcher file) is parsed by that stage's own argument parser and resolved
+against its config schema, so a renamed flag or config key breaks this test, not a cluster job.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jobs.stage_args import resolve
+from pipeline.config import stage_schema
+
+INFRA = Path(__file__).resolve().parents[2] / "infra"
+REPO = INFRA.parent
+MANIFESTS = sorted(INFRA.glob("*.yaml"))
+SECRET_NAME = re.compile(r"(SECRET|KEY|TOKEN|PASSWORD)", re.IGNORECASE)
+
+
+def _job_commands(text: str) -> list[list[str]]:
+    """Every ``python -m jobs.X ...`` command in a file, comment continuation lines joined."""
+    joined = re.sub(r"\\\n#?\s*", " ", text)
+    commands = []
+    for match in re.finditer(r"python -m jobs\.[a-z_]+[^\n]*", joined):
+        commands.append(shlex.split(match.group(0)))
+    return commands
+
+
+def _entrypoints(doc: dict) -> list[list[str]]:
+    return [shlex.split(doc["spec"]["entrypoint"])] if doc.get("kind") == "RayJob" else []
+
+
+def _check_command(argv: list[str]) -> None:
+    assert argv[:2] == ["python", "-m"], argv
+    stage = argv[2].removeprefix("jobs.")
+    module = importlib.import_module(argv[2])
+    args = module.build_parser().parse_intermixed_args(argv[3:])
+    cfg = resolve(args, stage_schema(stage), module.FLAGS, preset=getattr(args, "preset", None))
+    assert cfg is not None
+
+
+def _containers(doc: dict) -> list[dict]:
+    cluster = doc["spec"]["rayClusterSpec"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    return [c for g in groups for c in g["template"]["spec"]["containers"]]
+
+
+def test_there_are_manifests_for_pretraining_embedding_and_a_cluster():
+    names = {p.name for p in MANIFESTS}
+    assert {"rayjob-pretrain.yaml", "rayjob-embed.yaml", "cluster-gpu.yaml"} <= names
+    assert (INFRA / "Dockerfile").is_file() and (INFRA / "local-s3.sh").is_file()
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_manifest_commands_name_real_entry_points_and_keys(path):
+    text = path.read_text()
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    commands = [c for d in docs for c in _entrypoints(d)] or _job_commands(text)
+    assert commands, f"{path.name} names no job entry point"
+    for argv in commands:
+        _check_command(argv)
+
+
+@pytest.mark.parametrize("path", [p for p in MANIFESTS if p.name.startswith("rayjob-")], ids=lambda p: p.name)
+def test_rayjobs_take_credentials_from_secrets_and_request_gpus(path):
+    doc = yaml.safe_load(path.read_text())
+    assert doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayJob"
+    for container in _containers(doc):
+        for env in container.get("env", []):
+            if SECRET_NAME.search(env["name"]):
+                assert "value" not in env, f"{env['name']} is inline in {path.name}"
+        assert any("secretRef" in e for e in container.get("envFrom", [])), container["name"]
+    workers = doc["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert all(g["template"]["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu") for g in workers)
+
+
+def test_cluster_launcher_has_gpu_workers_and_no_inline_credentials():
+    doc = yaml.safe_load((INFRA / "cluster-gpu.yaml").read_text())
+    assert doc["head_node_type"] in doc["available_node_types"]
+    assert "--gpus all" in doc["docker"]["run_options"]
+    assert not SECRET_NAME.search(yaml.safe_dump(doc["provider"])), "credentials belong to the instance profile"
+
+
+def test_dockerfile_copies_existing_paths_and_installs_the_project():
+    text = (INFRA / "Dockerfile").read_text()
+    assert re.search(r"^FROM nvidia/cuda:", text, re.MULTILINE)
+    for line in re.findall(r"^COPY (.+)$", text, re.MULTILINE):
+        *sources, _dest = line.split()
+        for source in sources:
+            assert (REPO / source).exists(), source
+    assert "pip install -e ." in text
+
+
+def test_local_s3_script_runs_the_project_module():
+    text = (INFRA / "local-s3.sh").read_text()
+    module = re.search(r"-m (pipeline\.[a-z_0-9]+)", text).group(1)
+    assert importlib.util.find_spec(module) is not None
