@@ -55,7 +55,8 @@ READ_RETRIES = 3
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 60
 DEFAULT_MAX_ATTEMPTS = 4
-"""Bounded so an unreachable endpoint fails within seconds (backoff ~0.5+1+2 s on average)."""
+"""Total tries per request (AWS_MAX_ATTEMPTS overrides): bounded so an unreachable endpoint fails within
+seconds (a refused connection: ~0.5 s here), while throttling still gets three jittered backoffs."""
 
 
 class StorageError(Exception):
@@ -392,11 +393,23 @@ class _S3Reader(io.RawIOBase):
         return self.pos
 
     def readinto(self, buffer) -> int:
-        if self.pos >= self.size or len(buffer) == 0:
-            return 0
+        data = self._read_some(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def readall(self) -> bytes:
+        chunks = []
+        while chunk := self._read_some(COPY_CHUNK):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _read_some(self, limit: int) -> bytes:
+        """Up to ``limit`` bytes from the current offset; b"" only at the end of the object."""
+        if self.pos >= self.size or limit == 0:
+            return b""
         for attempt in range(READ_RETRIES + 1):
             try:
-                data = self._body().read(min(len(buffer), self.size - self.pos))
+                data = self._body().read(min(limit, self.size - self.pos))
                 break
             except (
                 ReadTimeoutError,
@@ -409,15 +422,8 @@ class _S3Reader(io.RawIOBase):
                     raise StorageError(
                         f"{self.path}: read failed at byte {self.pos}: {_one_line(exc)}"
                     ) from exc
-        buffer[: len(data)] = data
         self.pos += len(data)
-        return len(data)
-
-    def readall(self) -> bytes:
-        chunks = []
-        while chunk := self.read(COPY_CHUNK):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return data
 
     def _body(self):
         if self.body is None:
