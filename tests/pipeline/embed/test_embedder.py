@@ -1,0 +1,106 @@
+"""pipeline.embed.embedder + hdf5_shard without Ray: values equal a direct BiLM call per sentence."""
+
+from __future__ import annotations
+
+import io
+
+import h5py
+import numpy as np
+import pytest
+from embed_fixtures import direct, expected_value, load_model, sample_lines
+
+from pipeline.embed.embedder import EmbedSettings, embed_lines
+from pipeline.embed.errors import EmbedError
+from pipeline.embed.hdf5_shard import encode_shard
+from pipeline.embed.sentences import prepare_lines
+from tests_reference import fixture_expected, fixture_sentences_batch_major
+
+torch_device = __import__("torch").device("cpu")
+
+
+def _settings(**kw) -> EmbedSettings:
+    base = dict(
+        layers="all",
+        dtype="float32",
+        stateful=False,
+        batch_tokens=120,
+        max_batch_sentences=16,
+        stateful_batch_size=3,
+        max_sentence_tokens=20,
+        long_sentences="split",
+        invalid_utf8="replace",
+        threads=1,
+        device="cpu",
+    )
+    return EmbedSettings(**{**base, **kw})
+
+
+def _embed(model, lines, settings):
+    prepared = prepare_lines(
+        lines, 0, max_tokens=settings.max_sentence_tokens, long_sentences=settings.long_sentences,
+        invalid_utf8=settings.invalid_utf8, where="test",
+    )
+    return embed_lines(model, prepared, settings, 3, 32, torch_device)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model()
+
+
+LINES = sample_lines(24) + [b"", b"a " * 45, b"bad \xff byte"]
+
+
+@pytest.fixture(scope="module")
+def expected_all(model):
+    return [expected_value(model, line, "all", max_tokens=20) for line in LINES]
+
+
+@pytest.mark.parametrize("mode", ["all", "top", "average"])
+def test_values_equal_direct_call_whatever_the_batch(model, expected_all, mode):
+    values = _embed(model, LINES, _settings(layers=mode))
+    assert len(values) == len(LINES)
+    for value, full in zip(values, expected_all, strict=True):
+        expected = {"all": full, "top": full[-1], "average": full.mean(axis=0)}[mode]
+        assert value.shape == expected.shape and value.dtype == np.float32
+        # batching changes float32 summation order: allclose(atol=1e-6) with numpy's default rtol (spec 9.10)
+        np.testing.assert_allclose(value, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_empty_line_shapes(model):
+    values = _embed(model, [b"", b"  \t"], _settings())
+    assert [v.shape for v in values] == [(3, 0, 32), (3, 0, 32)]
+    assert _embed(model, [b""], _settings(layers="top"))[0].shape == (0, 32)
+
+
+def test_split_line_is_concatenation_of_independent_pieces(model):
+    tokens = [f"w{i}" for i in range(45)]
+    value = _embed(model, [" ".join(tokens).encode()], _settings())[0]
+    assert value.shape == (3, 45, 32)
+    np.testing.assert_allclose(value[:, 20:40], direct(model, tokens[20:40]), atol=1e-6, rtol=1e-5)
+
+
+def test_stateful_reproduces_the_allennlp_fixture():
+    # the fixture: a fresh stateful model, 10 batches of 3 rows in order (spec 5.3)
+    model = load_model()
+    model.stateful = True
+    lines = [" ".join(s).encode() for s in fixture_sentences_batch_major()]
+    values = _embed(model, lines, _settings(stateful=True, layers="top", stateful_batch_size=3, max_sentence_tokens=1000))
+    expected = fixture_expected()
+    worst = max(float(np.abs(v - expected[i % 3][i // 3]).max()) for i, v in enumerate(values))
+    assert worst < 1e-5
+
+
+def test_stateful_refuses_to_split(model):
+    with pytest.raises(EmbedError, match="stateful mode cannot split"):
+        _embed(model, [b"a " * 30], _settings(stateful=True))
+
+
+def test_hdf5_shard_layout_dtype_and_determinism(model):
+    values = _embed(model, sample_lines(5) + [b""], _settings())
+    data = encode_shard(100, values, "float16")
+    assert data == encode_shard(100, values, "float16")  # no timestamps: same vectors, same bytes
+    with h5py.File(io.BytesIO(data), "r") as f:
+        assert sorted(f.keys(), key=int) == [str(i) for i in range(100, 106)]
+        assert f["100"].dtype == np.float16 and f["105"].shape == (3, 0, 32)
+        np.testing.assert_allclose(f["101"][()], values[1], atol=2e-3, rtol=1e-3)

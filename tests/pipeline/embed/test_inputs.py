@@ -1,0 +1,118 @@
+"""pipeline.embed.inputs: fixed line ranges over text files and shard directories, read back exactly."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+
+import pytest
+
+from pipeline import storage
+from pipeline.embed import inputs
+from pipeline.embed.errors import EmbedError
+from pipeline.shard import format as shard_format
+
+
+def _all_lines(specs):
+    return [line for spec in specs for line in inputs.read_lines(spec)]
+
+
+@pytest.mark.parametrize("chunk", [3, 7, 4 * 1024 * 1024])
+def test_text_ranges_cover_every_line_once(tmp_path, monkeypatch, chunk):
+    monkeypatch.setattr(inputs, "READ_CHUNK", chunk)  # boundaries inside and across read chunks
+    a = tmp_path / "a.txt"
+    b = tmp_path / "b.txt"
+    a.write_bytes(b"one\ntwo two\n\nfour\nfive")  # no final newline: still a line
+    b.write_bytes(b"six\n\xffseven\n")
+    kind, paths = inputs.resolve_inputs([str(tmp_path / "*.txt")])
+    assert kind == "text" and paths == [str(a), str(b)]
+    specs = inputs.plan_shards(kind, paths, lines_per_shard=2)
+    assert [(s.index, s.first_line, s.num_lines) for s in specs] == [(0, 0, 2), (1, 2, 2), (2, 4, 2), (3, 6, 1)]
+    assert [seg.path for seg in specs[2].segments] == [str(a), str(b)]  # a shard spanning two files
+    assert _all_lines(specs) == [b"one", b"two two", b"", b"four", b"five", b"six", b"\xffseven"]
+
+
+def test_input_hash_changes_with_content(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"a\nb\nc\n")
+    before = inputs.plan_shards("text", [str(path)], 2)
+    path.write_bytes(b"a\nB\nc\n")
+    after = inputs.plan_shards("text", [str(path)], 2)
+    assert before[0].input_sha256 != after[0].input_sha256
+    assert before[1].input_sha256 == after[1].input_sha256
+
+
+def test_spec_roundtrip_through_json(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"x y\n" * 5)
+    spec = inputs.plan_shards("text", [str(path)], 3)[1]
+    assert inputs.ShardSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+
+
+def test_empty_file_makes_no_shards(tmp_path):
+    path = tmp_path / "empty.txt"
+    path.write_bytes(b"")
+    assert inputs.plan_shards("text", [str(path)], 3) == []
+
+
+def test_missing_and_compressed_inputs_are_one_line_errors(tmp_path):
+    with pytest.raises(EmbedError, match=r"input: .*nope.txt: no such file"):
+        inputs.resolve_inputs([str(tmp_path / "nope.txt")])
+    (tmp_path / "c.txt.gz").write_bytes(b"x")
+    with pytest.raises(EmbedError, match=r"c.txt.gz: compressed files are not read"):
+        inputs.resolve_inputs([str(tmp_path / "c.txt.gz")])
+    with pytest.raises(EmbedError, match="no input given"):
+        inputs.resolve_inputs([])
+
+
+def test_changed_input_detected_on_read(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"a\nb\nc\nd\n")
+    specs = inputs.plan_shards("text", [str(path)], 2)
+    path.write_bytes(b"a\nb\n")
+    with pytest.raises(EmbedError, match="the input changed"):
+        inputs.read_lines(specs[1])
+
+
+def write_shard_dir(root: str, tars: list[list[list[list[str]]]]) -> None:
+    """A minimal shard directory: ``tars`` = train shards -> blocks -> sentences; ids are all <UNK>."""
+    entries = []
+    for s, blocks in enumerate(tars):
+        buffer = io.BytesIO()
+        with shard_format.tar_writer(buffer) as writer:
+            for b, block in enumerate(blocks):
+                ids = [2] * sum(map(len, block))
+                writer.write(shard_format.encode_block(block, ids, shard_format.block_key("train", s, b)))
+        data = buffer.getvalue()
+        name = shard_format.shard_name("train", s)
+        storage.write_bytes(storage.join(root, name), data)
+        sentences = [sentence for block in blocks for sentence in block]
+        entries.append({"name": name, "sentences": len(sentences), "tokens": sum(map(len, sentences)), "sha256": hashlib.sha256(data).hexdigest()})
+    vocab = shard_format.encode_vocab(list(shard_format.SPECIALS))
+    storage.write_bytes(storage.join(root, shard_format.VOCAB_FILE), vocab)
+    manifest = {
+        "shards": {"train": entries, "heldout": []},
+        "totals": {
+            "train": {"sentences": sum(e["sentences"] for e in entries), "tokens": sum(e["tokens"] for e in entries)},
+            "heldout": {"sentences": 0, "tokens": 0},
+        },
+        "vocab": {"file": shard_format.VOCAB_FILE, "counts_file": shard_format.COUNTS_FILE, "size": 3, "sha256": hashlib.sha256(vocab).hexdigest()},
+    }
+    storage.write_bytes(shard_format.manifest_path(root), json.dumps(manifest).encode())
+
+
+def test_shard_directory_sentences_in_manifest_order(tmp_path):
+    root = str(tmp_path / "shards")
+    tars = [
+        [[["a", "b"], ["c"]], [["d", "e", "f"]]],
+        [[["g"], ["h", "i"]]],
+    ]
+    write_shard_dir(root, tars)
+    kind, paths = inputs.resolve_inputs([root])
+    assert (kind, paths) == ("shards", [root])
+    specs = inputs.plan_shards(kind, paths, lines_per_shard=2, shard_splits=["train", "heldout"])
+    assert [(s.first_line, s.num_lines) for s in specs] == [(0, 2), (2, 2), (4, 1)]
+    assert _all_lines(specs) == [b"a b", b"c", b"d e f", b"g", b"h i"]
+    with pytest.raises(EmbedError, match="unknown split 'dev'"):
+        inputs.plan_shards(kind, paths, 2, shard_splits=["dev"])
