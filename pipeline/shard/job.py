@@ -11,7 +11,9 @@ Flow (every step deterministic, so 1 or N workers give the same bytes):
 4. Writing pass: the driver streams the inputs again; Ray tasks cut each chunk into per-shard
    pieces (:func:`passes.encode_chunk`), and as soon as a shard's last chunk is submitted a writer
    task takes its pieces straight from the object store, shuffles, blocks and writes the tar.
-5. ``manifest.json`` is written last; it marks the output complete.
+5. ``manifest.json`` is written last; it marks the output complete. The plan stays beside it, so
+   that a rerun after losing the manifest or a shard still knows the shards are its own; it is
+   the one file whose bytes depend on ``chunk_bytes``.
 
 At most ``2 * workers`` tasks are unfinished at any time, which bounds the memory in flight.
 """
@@ -87,7 +89,10 @@ def _write_task(path, name, split, shard, seed, block_tokens, unk_id, *pieces):
 
 @ray.remote
 def _describe_task(path, name, unk_id):
-    return describe_shard(path, name, unk_id)
+    try:
+        return describe_shard(path, name, unk_id)
+    except FormatError:
+        return None  # not a readable shard: rewrite it
 
 
 def _get(refs):
@@ -154,15 +159,17 @@ def _inspect_output(output: str, identity: dict) -> tuple[dict | None, dict | No
         try:
             plan = json.loads(storage.read_bytes(plan_path).decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
-            plan = None  # a plan is only a cache of the counting pass; recount
-        if plan is not None:
+            plan = None
+        if not isinstance(plan, dict) or "config" not in plan or "chunks" not in plan:
+            plan = None  # a plan is only a cache of the counting pass: an unreadable one means recount
+        else:
             _check_identity(identity_of(plan), identity, plan_path)
     if manifest is None and plan is None:
         names = [p.rsplit("/", 1)[-1] for p in storage.list_prefix(_output_prefix(output))]
         strays = [n for n in names if n.endswith(".tar") and n.startswith(SPLITS) or n == VOCAB_FILE]
         if strays:
             raise ShardError(
-                f"output {output} holds {strays[0]} but no {MANIFEST_FILE} or {PLAN_FILE}: "
+                f"output {output} holds {strays[0]} but no readable {MANIFEST_FILE} or {PLAN_FILE}: "
                 "not from this stage; choose an empty output or delete them"
             )
     return manifest, plan
@@ -267,8 +274,8 @@ def _reusable_shards(output, layouts, manifest, unk_id, window_size) -> dict[tup
     }
     found: dict[tuple[str, int], ShardRecord] = {}
 
-    def keep(tag, record: ShardRecord):
-        if old.get((tag[0], record.name), record.sha256) == record.sha256:
+    def keep(tag, record: ShardRecord | None):
+        if record is not None and old.get((tag[0], record.name), record.sha256) == record.sha256:
             found[tag] = record
 
     window = _Window(window_size, keep)
@@ -403,7 +410,6 @@ def run_shard(cfg: Any) -> dict:
             f"shards in {output} do not add up to the counted tokens; delete the output and rerun"
         )
     storage.write_bytes(storage.join(output, MANIFEST_FILE), encode_json(manifest))
-    storage.delete(storage.join(output, PLAN_FILE))
     print(summary(manifest, time.perf_counter() - started, output, reused=len(done)))
     return manifest
 

@@ -28,7 +28,8 @@ from pipeline.shard.writer import ShardRecord
 
 FORMAT_VERSION = 1
 PLAN_FILE = "shard_plan.json"
-"""Progress record of an unfinished run: identity, chunk summaries, vocabulary hash."""
+"""Record of the counting pass (identity, chunk summaries, vocabulary hash), written before any
+shard and kept after the manifest; unlike the shards and manifest it depends on ``chunk_bytes``."""
 
 
 def encode_json(obj: Any) -> bytes:

@@ -1,0 +1,249 @@
+"""The shard stage end to end on a slice of the sample corpus, locally and on the S3 test server."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from jobs.shard import main as shard_main
+from pipeline import storage
+from pipeline.config import load_config
+from pipeline.shard import format as fmt
+from pipeline.shard.config import ShardConfig
+from pipeline.shard.errors import ShardError
+from pipeline.shard.job import run_shard
+from pipeline.shard.split import heldout_threshold, is_heldout
+
+REPO = Path(__file__).resolve().parents[3]
+SAMPLE = REPO / "pipeline" / "data" / "kjv-sample.txt.gz"
+LINES = 2500
+SETTINGS = {"heldout_fraction": 0.05, "shard_tokens": 15000, "block_tokens": 1000, "progress": False}
+
+
+def _config(inputs, output, **overrides) -> ShardConfig:
+    values = {**SETTINGS, **overrides}
+    items = [f"input=[{','.join(repr(str(i)) for i in inputs)}]", f"output='{output}'"]
+    items += [f"{k}={json.dumps(v) if isinstance(v, list) else v}" for k, v in values.items()]
+    return load_config(ShardConfig, overrides=items)
+
+
+def run(inputs, output, **overrides) -> dict:
+    return run_shard(_config(inputs, output, **overrides))
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every output file but the plan (the one file that records the chunking)."""
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name != "shard_plan.json"}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[Path, list[str]]:
+    with gzip.open(SAMPLE, "rt", encoding="utf-8") as f:
+        lines = [next(f).rstrip("\n") for _ in range(LINES)]
+    path = tmp_path_factory.mktemp("corpus") / "kjv-slice.txt.gz"
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode("utf-8"), mtime=0))
+    return path, lines
+
+
+@pytest.fixture(scope="module")
+def baseline(ray_local, corpus, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("baseline") / "shards"
+    manifest = run([corpus[0]], out, workers=1, chunk_bytes=1 << 20)
+    return out, manifest
+
+
+def _all_sentences(out: Path, manifest: dict, split: str) -> list[fmt.Block]:
+    return [b for url in fmt.shard_urls(str(out), split, manifest) for b in fmt.read_shard(url)]
+
+
+def test_shards_hold_every_sentence_once_with_matching_ids(baseline, corpus):
+    out, manifest = baseline
+    _, lines = corpus
+    vocab = fmt.read_vocab(str(out / "vocab.txt"))
+    index = {t: i for i, t in enumerate(vocab)}
+    seen = {}
+    for split in fmt.SPLITS:
+        blocks = _all_sentences(out, manifest, split)
+        seen[split] = [" ".join(s) for b in blocks for s in b.sentences]
+        for block in blocks:
+            assert block.num_tokens <= SETTINGS["block_tokens"]
+            for tokens, ids in zip(block.sentences, block.sentence_ids(), strict=True):
+                assert ids.tolist() == [index.get(t, index["<UNK>"]) for t in tokens]
+        assert len(seen[split]) == manifest["totals"][split]["sentences"]
+        assert sum(len(s.split()) for s in seen[split]) == manifest["totals"][split]["tokens"]
+    normalised = [" ".join(line.split()) for line in lines]
+    assert sorted(seen["train"] + seen["heldout"]) == sorted(normalised)
+    # the held-out split is exactly the sentences whose hash falls below the threshold
+    threshold = heldout_threshold(SETTINGS["heldout_fraction"])
+    assert sorted(seen["heldout"]) == sorted(s for s in normalised if is_heldout(s, threshold))
+    assert 0.02 < len(seen["heldout"]) / len(lines) < 0.08
+    # shuffled within shards: not in input order
+    assert seen["train"][:50] != [s for s in normalised if not is_heldout(s, threshold)][:50]
+
+
+def test_vocabulary_order_specials_and_counts(baseline):
+    out, manifest = baseline
+    counts = fmt.read_counts(str(out / "vocab_counts.tsv"))
+    tokens = [t for t, _ in counts]
+    assert tokens == fmt.read_vocab(str(out / "vocab.txt"))
+    assert tokens[:3] == ["<S>", "</S>", "<UNK>"]
+    train = manifest["totals"]["train"]
+    assert counts[0][1] == counts[1][1] == train["sentences"]
+    body = counts[3:]
+    assert body == sorted(body, key=lambda tc: (-tc[1], tc[0].encode("utf-8")))
+    assert sum(c for _, c in counts[2:]) == train["tokens"]
+    assert manifest["vocab"]["size"] == len(tokens)
+    assert (
+        manifest["vocab"]["sha256"]
+        == __import__("hashlib").sha256((out / "vocab.txt").read_bytes()).hexdigest()
+    )
+
+
+def test_manifest_accounts_for_every_line(baseline):
+    out, manifest = baseline
+    lines = manifest["lines"]
+    assert lines["read"] == LINES
+    assert lines["read"] == lines["sentences"]["train"] + lines["sentences"]["heldout"] + sum(
+        lines["skipped"].values()
+    )
+    for split in fmt.SPLITS:
+        shards = manifest["shards"][split]
+        assert manifest["totals"][split]["tokens"] == sum(s["tokens"] for s in shards)
+        assert manifest["totals"][split]["sentences"] == lines["sentences"][split]
+        for shard in shards:
+            digest = __import__("hashlib").sha256((out / shard["name"]).read_bytes()).hexdigest()
+            assert shard["sha256"] == digest
+    assert len(manifest["shards"]["train"]) >= 3
+    assert all(s["tokens"] <= 15000 + lines["longest_sentence_tokens"] for s in manifest["shards"]["train"])
+    assert manifest["inputs_detail"][0]["lines"] == LINES
+    assert "workers" not in manifest["config"] and manifest["config"]["shard_tokens"] == 15000
+
+
+def test_byte_identical_with_two_workers_and_other_chunking(baseline, corpus, tmp_path):
+    out, _ = baseline
+    other = tmp_path / "two"
+    run([corpus[0]], other, workers=2, chunk_bytes=20000)
+    assert snapshot(other) == snapshot(out)
+
+
+def test_rerun_does_nothing_and_a_partial_output_is_completed(baseline, corpus, tmp_path, capsys):
+    out = tmp_path / "partial"
+    run([corpus[0]], out, workers=2, chunk_bytes=50000)
+    before = snapshot(out)
+    mtimes = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    capsys.readouterr()
+    run([corpus[0]], out, workers=2)
+    assert "nothing to do" in capsys.readouterr().out
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == mtimes
+    # a killed writing pass: a shard and the manifest are missing; the others are kept, not rewritten
+    (out / "manifest.json").unlink()
+    (out / "train-000001.tar").unlink()
+    kept = (out / "train-000000.tar").stat().st_mtime_ns
+    capsys.readouterr()
+    run([corpus[0]], out, workers=1, chunk_bytes=50000)
+    assert f"reused {len(before) - 4} shards" in capsys.readouterr().out
+    assert snapshot(out) == before
+    assert (out / "train-000000.tar").stat().st_mtime_ns == kept
+    # a shard that is not a readable tar is rewritten
+    (out / "manifest.json").unlink()
+    (out / "train-000002.tar").write_bytes(b"garbage")
+    run([corpus[0]], out, workers=2, chunk_bytes=50000)
+    assert snapshot(out) == before
+    # without a readable plan or manifest, nothing vouches for the shards there: refused
+    (out / "manifest.json").unlink()
+    storage.write_bytes(str(out / "shard_plan.json"), b"{}")
+    with pytest.raises(
+        ShardError, match="holds heldout-000000.tar but no readable manifest.json or shard_plan.json"
+    ):
+        run([corpus[0]], out, workers=2, chunk_bytes=50000)
+
+
+def test_bad_input_lines_are_replaced_skipped_and_counted(ray_local, tmp_path):
+    good = [f"line number {i} of the corpus" for i in range(40)]
+    data = "\n".join(good).encode() + b"\n"
+    data += b"\n   \n\t\n"  # 3 empty
+    data += b"caf\xe9 au lait\n"  # latin-1: invalid UTF-8, kept with U+FFFD
+    data += b"w " * 300 + b"\n"  # 600 bytes: overlong (limit 200)
+    data += b"z" * 5000 + b"\n"  # overlong, longer than a read: dropped by the reader
+    data += b"final line"
+    path = tmp_path / "bad.txt"
+    path.write_bytes(data)
+    manifest = run([path], tmp_path / "out", max_line_bytes=200, chunk_bytes=256, heldout_fraction=0.0)
+    lines = manifest["lines"]
+    assert lines["read"] == 40 + 3 + 1 + 2 + 1
+    assert lines["skipped"] == {"empty": 3, "overlong": 2}
+    assert lines["invalid_utf8_replaced"] == 1
+    assert lines["sentences"] == {"train": 42, "heldout": 0}
+    sentences = [
+        " ".join(s) for b in _all_sentences(tmp_path / "out", manifest, "train") for s in b.sentences
+    ]
+    assert "caf\ufffd au lait" in sentences and "final line" in sentences
+
+
+def test_explicit_heldout_input_and_moses(ray_local, tmp_path):
+    train = tmp_path / "train.txt"
+    train.write_text('He said, "Let there be light."\nAnd there was light.\n')
+    held = tmp_path / "held.txt"
+    held.write_text("Light, again.\n")
+    manifest = run(
+        [train], tmp_path / "out", heldout_input=[str(held)], tokenizer="moses", heldout_fraction=0.0
+    )
+    heldout = _all_sentences(tmp_path / "out", manifest, "heldout")
+    assert [s for b in heldout for s in b.sentences] == [["Light", ",", "again", "."]]
+    assert manifest["totals"]["train"]["tokens"] == 10 + 5
+    assert [d["role"] for d in manifest["inputs_detail"]] == ["train+heldout", "heldout"]
+
+
+def _cli(capsys, *argv) -> tuple[int, str]:
+    capsys.readouterr()
+    code = shard_main([*argv, "progress=false"])
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    return code, err
+
+
+def test_bad_invocations_are_one_line_errors(ray_local, corpus, baseline, tmp_path, capsys):
+    code, err = _cli(capsys, "--input", str(tmp_path / "nope.txt"), "--output", str(tmp_path / "o"))
+    assert code == 2 and err.startswith("error: input ") and "nope.txt: no such file" in err
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n\n")
+    code, err = _cli(capsys, "--input", str(blank), "--output", str(tmp_path / "o"))
+    assert code == 2 and "error: empty corpus" in err and "3 lines read, 3 empty" in err
+    occupied = tmp_path / "a-file"
+    occupied.write_text("x")
+    code, err = _cli(capsys, "--input", str(corpus[0]), "--output", str(occupied))
+    assert code == 2 and err.startswith("error: output ") and "not writable" in err
+    # another config over a finished output is refused, naming what differs
+    same = [f"{k}={v}" for k, v in SETTINGS.items() if k != "progress"]
+    code, err = _cli(capsys, "--input", str(corpus[0]), "--output", str(baseline[0]), *same, "seed=7")
+    assert code == 2 and "belongs to a run with different seed;" in err
+    code, err = _cli(capsys, "--input", str(corpus[0]), "--output", str(tmp_path / "o"), "shard_token=5")
+    assert code == 2 and "unknown config key 'shard_token'" in err
+    code, err = _cli(
+        capsys, "--input", str(corpus[0]), "--output", str(tmp_path / "o"), "heldout_fraction=1.5"
+    )
+    assert code == 2 and "heldout_fraction" in err
+
+
+def test_s3_input_and_output_give_the_local_bytes(baseline, corpus, s3_prefix):
+    out, local = baseline
+    source = storage.join(s3_prefix, "in/kjv-slice.txt.gz")
+    storage.upload_file(str(corpus[0]), source)
+    target = storage.join(s3_prefix, "shards")
+    manifest = run([source], target, workers=2, chunk_bytes=30000)
+    assert manifest["shards"] == local["shards"] and manifest["vocab"] == local["vocab"]
+    assert fmt.read_manifest(target)["totals"] == local["totals"]
+    assert storage.read_bytes(storage.join(target, "vocab.txt")) == (out / "vocab.txt").read_bytes()
+    first = fmt.shard_urls(target, "train")[0]
+    assert [b.sentences for b in fmt.read_shard(first)] == [
+        b.sentences for b in fmt.read_shard(str(out / "train-000000.tar"))
+    ]
+    # partial S3 output: a shard and the manifest gone; the rerun restores the same bytes
+    storage.delete(storage.join(target, "manifest.json"))
+    storage.delete(first)
+    again = run([source], target, workers=2, chunk_bytes=30000)
+    assert again == manifest
+    assert storage.read_bytes(first) == (out / "train-000000.tar").read_bytes()
