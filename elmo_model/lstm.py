@@ -96,14 +96,16 @@ def _cell(
     w_p: torch.Tensor,
     cell_clip: float | None,
     proj_clip: float | None,
-    inplace: bool,
+    h_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One step of the TF LSTMCell (spec 4.5) for both directions.
 
     gates (2, k, 4C) pre-activations in (i, f, o, j) order, c_prev (2, k, C) -> (c (2, k, C), h (2, k, P)).
-    With `inplace`, `gates` and `c_prev` are overwritten (no autograd, no per-step allocation of c).
+    With `h_out` (a (2, k, P) buffer) the step runs in place: `gates` and `c_prev` are overwritten,
+    h is written into `h_out`, and nothing is allocated (no autograd).
     """
     dim = c_prev.shape[-1]
+    inplace = h_out is not None
     if inplace:
         sig = gates[..., : 3 * dim].sigmoid_()
         cell_input = gates[..., 3 * dim :].tanh_()
@@ -114,9 +116,11 @@ def _cell(
     c = c_prev.mul_(f).addcmul_(i, cell_input) if inplace else torch.addcmul(f * c_prev, i, cell_input)
     # Clip c before tanh(c); the clipped c and clipped h are what recur.
     c = _clamp(c, cell_clip, inplace)
-    m = torch.tanh(c).mul_(o) if inplace else o * torch.tanh(c)
-    h = _clamp(torch.bmm(m, w_p), proj_clip, inplace)
-    return c, h
+    if inplace:
+        h = torch.bmm(torch.tanh(c, out=cell_input).mul_(o), w_p, out=h_out)
+    else:
+        h = torch.bmm(o * torch.tanh(c), w_p)
+    return c, _clamp(h, proj_clip, inplace)
 
 
 class StackedBiLSTM(nn.Module):
@@ -201,16 +205,27 @@ class StackedBiLSTM(nn.Module):
         x = inputs.index_select(1, order).transpose(1, 2).contiguous()  # (2, T, B, in), time-major
         work = state.index_rows(order)
         c_all, h_all = work.c.clone(), work.h.clone()
-        outs = x.new_zeros(self.n_layers, 2, steps, batch, self.projection_dim)
+        last = (torch.tensor(sorted_lengths, dtype=torch.long, device=inputs.device) - 1).clamp(min=0)
+        finished = torch.tensor([n > 0 for n in sorted_lengths], dtype=torch.bool, device=inputs.device).view(
+            1, batch, 1
+        )
+        rows = torch.arange(batch, device=inputs.device)
+        outs = None  # allocated with the first layer's gate dtype (bf16 under autocast)
         for li, layer in enumerate(self.layers):
             layer_in = self._layer_input(x)
-            xg = layer.input_gates(layer_in)
-            c, h, out = c_all[li], h_all[li], outs[li]
+            xg = layer.input_gates(layer_in)  # (2, T, B, 4C); each step's slice becomes its gates in place
+            dtype = xg.dtype  # bf16 under autocast
+            if li == 0:
+                outs = xg.new_zeros(self.n_layers, 2, steps, batch, self.projection_dim)
+            w_hh, w_p = layer.w_hh.to(dtype), layer.w_p.to(dtype)
+            c, h0, out = c_all[li], h_all[li].to(dtype), outs[li]
             for t, k in enumerate(active):
-                gates = torch.baddbmm(xg[:, t, :k], h[:, :k], layer.w_hh)
-                _, h_new = _cell(gates, c[:, :k], layer.w_p, self.cell_clip, self.proj_clip, inplace=True)
-                h[:, :k] = h_new
-                out[:, t, :k] = h_new
+                # Rows are sorted by length, so the k rows running at t all ran at t - 1: their h is out[:, t - 1].
+                h_prev = h0[:, :k] if t == 0 else out[:, t - 1, :k]
+                gates = xg[:, t, :k].baddbmm_(h_prev, w_hh)
+                _cell(gates, c[:, :k], w_p, self.cell_clip, self.proj_clip, h_out=out[:, t, :k])
+            # Each row's final h is its output at its last real step; empty rows keep their initial h.
+            h_all[li] = torch.where(finished, out[:, last, rows], h_all[li])
             if self.use_skip_connections and li > 0:
                 # Layer inputs are zero at padding (previous layer's output), so the sum stays zero there.
                 out.add_(layer_in)
@@ -235,7 +250,7 @@ class StackedBiLSTM(nn.Module):
             step_outs = []
             for t in range(run):
                 gates = torch.baddbmm(xg[:, t], h, layer.w_hh)
-                c_new, h_new = _cell(gates, c, layer.w_p, self.cell_clip, self.proj_clip, inplace=False)
+                c_new, h_new = _cell(gates, c, layer.w_p, self.cell_clip, self.proj_clip)
                 if full[t]:
                     c, h = c_new, h_new
                     step_outs.append(h_new)

@@ -37,3 +37,12 @@ def tiny_model() -> BiLM:
     """A small randomly initialised model (eval mode) with skips, 1 highway, 3 filters."""
     torch.manual_seed(0)
     return BiLM.from_options(TINY_OPTIONS).eval()
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    """The test models are tiny: one thread avoids stalls when other processes share the cores."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
