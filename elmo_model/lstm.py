@@ -199,16 +199,20 @@ class StackedBiLSTM(nn.Module):
         order = torch.argsort(lengths, descending=True, stable=True)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(batch, device=order.device)
-        sorted_lengths = lengths[order].tolist()
-        active = [sum(1 for n in sorted_lengths if n > t) for t in range(max(sorted_lengths, default=0))]
+        sorted_lengths = lengths[order]
+        # active[t] = rows still running at step t (one host sync for the whole call).
+        run = int(sorted_lengths[0]) if batch else 0
+        active = (
+            (sorted_lengths.unsqueeze(0) > torch.arange(run, device=lengths.device).unsqueeze(1))
+            .sum(1)
+            .tolist()
+        )
 
         x = inputs.index_select(1, order).transpose(1, 2).contiguous()  # (2, T, B, in), time-major
         work = state.index_rows(order)
         c_all, h_all = work.c.clone(), work.h.clone()
-        last = (torch.tensor(sorted_lengths, dtype=torch.long, device=inputs.device) - 1).clamp(min=0)
-        finished = torch.tensor([n > 0 for n in sorted_lengths], dtype=torch.bool, device=inputs.device).view(
-            1, batch, 1
-        )
+        last = (sorted_lengths - 1).clamp(min=0)
+        finished = (sorted_lengths > 0).view(1, batch, 1)
         rows = torch.arange(batch, device=inputs.device)
         outs = None  # allocated with the first layer's gate dtype (bf16 under autocast)
         for li, layer in enumerate(self.layers):
