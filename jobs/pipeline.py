@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from jobs.stage_args import main_argv, run_main, stage_parser
+from jobs.stage_args import parse_stage_args, run_main, stage_parser
 from pipeline.config import load_config, preset_names
 
 
@@ -22,7 +22,7 @@ def build_parser():
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_intermixed_args(main_argv(argv))
+    args = parse_stage_args(build_parser(), argv)
 
     from elmo_model import OptionsError
     from pipeline.embed.errors import EmbedError

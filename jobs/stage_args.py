@@ -8,6 +8,7 @@ so the most specific thing a user typed wins.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -42,6 +43,21 @@ def _quote(value: Any) -> str:
     if any(c in text for c in ",[]{}:*?#'\" ") or text == "":
         return "'" + text.replace("'", "''") + "'"
     return text
+
+
+OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*=")
+"""A ``key=value`` override: a dotted identifier, then ``=``. Paths never match (``/`` or ``:``
+comes before any ``=`` in them), so overrides may stand anywhere on the command line."""
+
+
+def parse_stage_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv`` with overrides taken out first, so a multi-value flag such as
+    ``--input a.txt b.txt`` never swallows a ``key=value`` that follows it."""
+    args = main_argv(argv)
+    overrides = [a for a in args if OVERRIDE.match(a)]
+    namespace = parser.parse_intermixed_args([a for a in args if not OVERRIDE.match(a)])
+    namespace.overrides = list(namespace.overrides or []) + overrides
+    return namespace
 
 
 def flag_overrides(args: argparse.Namespace, flag_to_key: Mapping[str, str]) -> list[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs.stage_args import resolve
+from jobs.stage_args import parse_stage_args, resolve
 from pipeline.config import stage_schema
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
@@ -41,7 +41,7 @@ def _check_command(argv: list[str]) -> None:
     assert argv[:2] == ["python", "-m"], argv
     stage = argv[2].removeprefix("jobs.")
     module = importlib.import_module(argv[2])
-    args = module.build_parser().parse_intermixed_args(argv[3:])
+    args = parse_stage_args(module.build_parser(), argv[3:])
     cfg = resolve(args, stage_schema(stage), module.FLAGS, preset=getattr(args, "preset", None))
     assert cfg is not None
 
