@@ -2,7 +2,9 @@
 
 Both are lazy: a test session that asks for neither starts neither. ``ray_local`` depends on
 ``s3_server`` so Ray starts after the AWS_* variables are set; its workers inherit them from the
-driver's environment and also get them explicitly through ``runtime_env['env_vars']``.
+driver's environment and also get them explicitly through ``runtime_env['env_vars']``. While it runs,
+``RAY_ADDRESS`` names it, so Ray's state API (and any ``elmo`` subprocess) finds this cluster even
+when other Ray clusters run on the same machine.
 """
 
 from __future__ import annotations
@@ -99,8 +101,11 @@ def ray_local(s3_server):
         log_to_driver=False,
         runtime_env={"env_vars": worker_env()},
     )
+    # other Ray clusters may run on this machine: state APIs and subprocesses must find this one
+    previous = _set_env({"RAY_ADDRESS": ray.get_runtime_context().gcs_address})
     try:
         yield ray
     finally:
+        _set_env(previous)
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
