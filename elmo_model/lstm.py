@@ -77,11 +77,10 @@ class FusedLSTMLayer(nn.Module):
             nn.init.zeros_(self.bias)
             nn.init.uniform_(self.w_p, -proj_limit, proj_limit)
 
-    def input_gates(self, x: torch.Tensor) -> torch.Tensor:
-        """Input-to-gate products of every step at once: x (2, T, B, in) -> (2, T, B, 4C), biases included."""
-        d, t, b, _ = x.shape
+    def input_gates(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Input-to-gate products of every step at once: x (2, M, in) -> (2, M, 4C), biases included."""
         bias = (self.bias + self.forget_offset).unsqueeze(1)
-        return torch.baddbmm(bias, x.reshape(d, t * b, self.input_dim), self.w_ih).view(d, t, b, 4 * self.dim)
+        return torch.baddbmm(bias, x, self.w_ih, out=out)
 
 
 def _clamp(x: torch.Tensor, clip: float | None, inplace: bool) -> torch.Tensor:
@@ -141,6 +140,9 @@ class StackedBiLSTM(nn.Module):
         self.n_layers, self.dim, self.projection_dim = n_layers, dim, projection_dim
         self.cell_clip, self.proj_clip = cell_clip, proj_clip
         self.use_skip_connections, self.dropout = use_skip_connections, dropout
+        # Reused gate buffer of the no-grad path: a fresh (2, M, 4C) allocation per call costs more in
+        # page faults than the product itself on CPU. Not shared across threads.
+        self._workspace = torch.empty(0)
         self.layers = nn.ModuleList(
             FusedLSTMLayer(input_dim if i == 0 else projection_dim, dim, projection_dim)
             for i in range(n_layers)
@@ -191,51 +193,69 @@ class StackedBiLSTM(nn.Module):
         # Spec 7.3: DropoutWrapper(input_keep_prob) around every layer, fresh mask per element.
         return F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
 
+    def _gate_buffer(self, x: torch.Tensor, dim: int) -> torch.Tensor | None:
+        """A (2, M, 4C) view of the reused workspace; None under autocast (out= bypasses autocast)."""
+        if torch.is_autocast_enabled(x.device.type):
+            return None
+        numel = 2 * x.shape[1] * 4 * dim
+        ws = self._workspace
+        if ws.numel() < numel or ws.dtype != x.dtype or ws.device != x.device:
+            ws = self._workspace = torch.empty(numel, dtype=x.dtype, device=x.device)
+        return ws[:numel].view(2, x.shape[1], 4 * dim)
+
+    def release_workspace(self) -> None:
+        """Free the reused gate buffer (it stays as large as the largest batch seen)."""
+        self._workspace = torch.empty(0)
+
     def _forward_inplace(
         self, inputs: torch.Tensor, lengths: torch.Tensor, state: LSTMState
     ) -> tuple[torch.Tensor, LSTMState]:
-        """No-autograd path: rows sorted by length so step t only touches the k_t rows still running."""
+        """No-autograd path over a packed layout (like PackedSequence).
+
+        Rows are sorted by decreasing length and the real positions laid out time-major: step t owns
+        the packed rows [offset_t, offset_t + k_t), where k_t rows are still running. Padding costs
+        nothing, every step's gates and outputs are contiguous blocks, and the k_t rows running at t
+        are the first k_t rows of step t - 1, whose outputs are their recurrent h.
+        """
         _, batch, steps, _ = inputs.shape
         order = torch.argsort(lengths, descending=True, stable=True)
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(batch, device=order.device)
         sorted_lengths = lengths[order]
-        # active[t] = rows still running at step t (one host sync for the whole call).
         run = int(sorted_lengths[0]) if batch else 0
-        active = (
-            (sorted_lengths.unsqueeze(0) > torch.arange(run, device=lengths.device).unsqueeze(1))
-            .sum(1)
-            .tolist()
-        )
+        real = torch.arange(run, device=lengths.device).unsqueeze(1) < sorted_lengths.unsqueeze(0)  # (run, B)
+        t_index, b_index = real.nonzero(as_tuple=True)  # packed row -> (step, sorted row)
+        active = real.sum(1)
+        offsets = torch.cumsum(active, 0) - active
+        active, starts = active.tolist(), offsets.tolist()  # the call's only host syncs
+        # Packed row of each (sorted) row's last real step; rows of length 0 point anywhere and are masked.
+        last = offsets[(sorted_lengths - 1).clamp(min=0)] + torch.arange(batch, device=lengths.device)
+        finished = (sorted_lengths > 0).view(1, batch, 1)
 
-        x = inputs.index_select(1, order).transpose(1, 2).contiguous()  # (2, T, B, in), time-major
+        x = inputs.index_select(1, order)[:, b_index, t_index]  # (2, M, in)
         work = state.index_rows(order)
         c_all, h_all = work.c.clone(), work.h.clone()
-        last = (sorted_lengths - 1).clamp(min=0)
-        finished = (sorted_lengths > 0).view(1, batch, 1)
-        rows = torch.arange(batch, device=inputs.device)
-        outs = None  # allocated with the first layer's gate dtype (bf16 under autocast)
+        packed = []
         for li, layer in enumerate(self.layers):
             layer_in = self._layer_input(x)
-            xg = layer.input_gates(layer_in)  # (2, T, B, 4C); each step's slice becomes its gates in place
+            # (2, M, 4C); each step's block becomes its gates in place.
+            xg = layer.input_gates(layer_in, out=self._gate_buffer(layer_in, layer.dim))
             dtype = xg.dtype  # bf16 under autocast
-            if li == 0:
-                outs = xg.new_zeros(self.n_layers, 2, steps, batch, self.projection_dim)
             w_hh, w_p = layer.w_hh.to(dtype), layer.w_p.to(dtype)
-            c, h0, out = c_all[li], h_all[li].to(dtype), outs[li]
-            for t, k in enumerate(active):
-                # Rows are sorted by length, so the k rows running at t all ran at t - 1: their h is out[:, t - 1].
-                h_prev = h0[:, :k] if t == 0 else out[:, t - 1, :k]
-                gates = xg[:, t, :k].baddbmm_(h_prev, w_hh)
-                _cell(gates, c[:, :k], w_p, self.cell_clip, self.proj_clip, h_out=out[:, t, :k])
-            # Each row's final h is its output at its last real step; empty rows keep their initial h.
-            h_all[li] = torch.where(finished, out[:, last, rows], h_all[li])
+            c, h0 = c_all[li], h_all[li].to(dtype)
+            out = xg.new_empty(2, xg.shape[1], self.projection_dim)
+            for t, (start, k) in enumerate(zip(starts, active, strict=True)):
+                h_prev = h0[:, :k] if t == 0 else out[:, starts[t - 1] : starts[t - 1] + k]
+                gates = xg[:, start : start + k].baddbmm_(h_prev, w_hh)
+                _cell(gates, c[:, :k], w_p, self.cell_clip, self.proj_clip, h_out=out[:, start : start + k])
+            h_all[li] = torch.where(finished, out[:, last], h_all[li])
             if self.use_skip_connections and li > 0:
-                # Layer inputs are zero at padding (previous layer's output), so the sum stays zero there.
                 out.add_(layer_in)
+            packed.append(out)
             x = out
-        final = LSTMState(c_all, h_all).index_rows(inverse)
-        return outs.index_select(3, inverse).transpose(2, 3), final
+        outs = x.new_zeros(self.n_layers, 2, batch, steps, self.projection_dim)
+        outs[:, :, order[b_index], t_index] = torch.stack(packed)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(batch, device=order.device)
+        return outs, LSTMState(c_all, h_all).index_rows(inverse)
 
     def _forward_autograd(
         self, inputs: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor, state: LSTMState
@@ -249,7 +269,7 @@ class StackedBiLSTM(nn.Module):
         layer_outs, finals_c, finals_h = [], [], []
         for li, layer in enumerate(self.layers):
             layer_in = self._layer_input(x)
-            xg = layer.input_gates(layer_in)
+            xg = layer.input_gates(layer_in.reshape(2, steps * batch, -1)).view(2, steps, batch, -1)
             c, h = state.c[li], state.h[li]
             step_outs = []
             for t in range(run):
