@@ -69,7 +69,9 @@ def plain_loop(path: Path, output: Path) -> int:
                 starts.append(starts[-1] + n)
             for b, (lo, hi) in enumerate(block_bounds(_array(lengths), BLOCK_TOKENS)):
                 key = f"train-{shard:06d}-{b:06d}"
-                tar.write(encode_joined_block(lines[lo:hi], ids[starts[lo] : starts[hi]], lengths[lo:hi], key))
+                tar.write(
+                    encode_joined_block(lines[lo:hi], ids[starts[lo] : starts[hi]], lengths[lo:hi], key)
+                )
         shard, lines, ids, lengths = shard + 1, [], [], []
 
     for line in _lines(path):
@@ -152,10 +154,12 @@ def measure(name: str, path: Path, work: Path) -> list[tuple]:
 
 
 def print_table(rows: list[tuple]) -> None:
-    print(f"{'corpus':<14} {'method':<11} {'workers':>7} {'tokens':>11} {'seconds':>8} {'tokens/s':>10} "
-          f"{'vs 1 worker':>11} {'plain/job per core':>18} {'ray start s':>11}")
+    print(
+        f"{'corpus':<14} {'method':<11} {'workers':>7} {'tokens':>11} {'seconds':>8} {'tokens/s':>10} "
+        f"{'vs 1 worker':>11} {'plain/job per core':>18} {'ray start s':>11}"
+    )
     by_corpus: dict[str, dict] = {}
-    for corpus, method, workers, tokens, seconds, startup in rows:
+    for corpus, method, workers, tokens, seconds, _ in rows:
         by_corpus.setdefault(corpus, {})[(method, workers)] = tokens / seconds
     for corpus, method, workers, tokens, seconds, startup in rows:
         rate = tokens / seconds
@@ -163,8 +167,10 @@ def print_table(rows: list[tuple]) -> None:
         speedup = f"{rate / rates[('shard job', 1)]:.2f}x" if method == "shard job" else ""
         per_core = f"{rates[('plain loop', 1)] / (rate / workers):.2f}x" if method == "shard job" else ""
         start = f"{startup:.1f}" if method == "shard job" else ""
-        print(f"{corpus:<14} {method:<11} {workers:>7} {tokens:>11} {seconds:>8.2f} {rate:>10.0f} "
-              f"{speedup:>11} {per_core:>18} {start:>11}")
+        print(
+            f"{corpus:<14} {method:<11} {workers:>7} {tokens:>11} {seconds:>8.2f} {rate:>10.0f} "
+            f"{speedup:>11} {per_core:>18} {start:>11}"
+        )
 
 
 def main() -> None:

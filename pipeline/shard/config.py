@@ -64,7 +64,7 @@ class ShardConfig:
     """Lines longer than this many bytes (UTF-8, newline excluded) are dropped and counted; 0 means no limit."""
     seed: int = 0
     """Seed of the within-shard shuffle."""
-    chunk_bytes: int = 4 * 1024 * 1024
+    chunk_bytes: int = 1024 * 1024
     """Input bytes per Ray task; also fixes what a task sees, so changing it does not change the output."""
     workers: int = 0
     """Ray tasks running at once; 0 means one per CPU of the Ray cluster."""

@@ -70,12 +70,37 @@ def raw_lines(data: bytes) -> list[bytes]:
     return lines
 
 
-def decode_line(raw: bytes) -> tuple[str, bool]:
-    """``(text, had_invalid_utf8)``; invalid byte sequences become U+FFFD."""
+def decode_lines(data: bytes, max_line_bytes: int = 0) -> tuple[list[str | None], int]:
+    """``(lines, lines_with_invalid_utf8)``; a line over ``max_line_bytes`` bytes (0: no limit)
+    is None. Invalid byte sequences become U+FFFD. A valid chunk (the common case) is decoded in
+    one call rather than line by line."""
     try:
-        return raw.decode("utf-8"), False
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
-        return raw.decode("utf-8", errors="replace"), True
+        pass
+    else:
+        lines: list[str | None] = text.split("\n")
+        if lines[-1] == "":
+            lines.pop()
+        if max_line_bytes:
+            # characters <= UTF-8 bytes <= 4 * characters: encode only lines that may be too long
+            maybe = max_line_bytes // 4
+            lines = [
+                None if len(line) > maybe and len(line.encode("utf-8")) > max_line_bytes else line
+                for line in lines
+            ]
+        return lines, 0
+    lines, invalid = [], 0
+    for raw in raw_lines(data):
+        if max_line_bytes and len(raw) > max_line_bytes:
+            lines.append(None)
+            continue
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            lines.append(raw.decode("utf-8", errors="replace"))
+            invalid += 1
+    return lines, invalid
 
 
 def tokenize_lines(
@@ -94,26 +119,27 @@ def tokenize_lines(
     """
     out = Sentences()
     stats = out.stats
-    lines = raw_lines(data)
+    lines, invalid = decode_lines(data, max_line_bytes)
     stats.lines = len(lines) + dropped_overlong
-    stats.overlong = dropped_overlong
-    for raw in lines:
-        if max_line_bytes and len(raw) > max_line_bytes:
-            stats.overlong += 1
+    stats.invalid_utf8 = invalid
+    overlong, empty, longest = dropped_overlong, 0, 0
+    train, heldout = out.train, out.heldout
+    for text in lines:
+        if text is None:
+            overlong += 1
             continue
-        text, invalid = decode_line(raw)
-        stats.invalid_utf8 += invalid
         tokens = tokenize(text)
         if not tokens:
-            stats.empty += 1
+            empty += 1
             continue
-        if all_heldout or is_heldout(" ".join(tokens), heldout_threshold):
-            out.heldout.append(tokens)
-            stats.heldout_sentences += 1
-            stats.heldout_tokens += len(tokens)
+        if all_heldout or (heldout_threshold and is_heldout(" ".join(tokens), heldout_threshold)):
+            heldout.append(tokens)
         else:
-            out.train.append(tokens)
-            stats.train_sentences += 1
-            stats.train_tokens += len(tokens)
-        stats.max_sentence_tokens = max(stats.max_sentence_tokens, len(tokens))
+            train.append(tokens)
+        if len(tokens) > longest:
+            longest = len(tokens)
+    stats.overlong, stats.empty, stats.max_sentence_tokens = overlong, empty, longest
+    stats.train_sentences, stats.heldout_sentences = len(train), len(heldout)
+    stats.train_tokens = sum(map(len, train))
+    stats.heldout_tokens = sum(map(len, heldout))
     return out
