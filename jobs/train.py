@@ -53,12 +53,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipeline.shard.format import FormatError
         from pipeline.train.checkpoint import CheckpointError
         from pipeline.train.config import TrainConfig
-        from pipeline.train.trainer import TrainError, run_training
+        from pipeline.train.trainer import TrainError, prepare_run, run_training
 
         cfg = resolve(args, TrainConfig, FLAGS, preset=args.preset)
         try:
+            plan = prepare_run(cfg)  # bad input fails here, before a cluster starts
             with ray_session(address=str(cfg.ray_address) or None):
-                final = run_training(cfg)
+                final = run_training(cfg, plan)
         except (TrainError, FormatError, CheckpointError, OptionsError, storage.StorageError) as err:
             raise _Known(str(err)) from None
         print(summary(final, str(cfg.output)))

@@ -275,12 +275,13 @@ def _failure_message(err: BaseException) -> str:
     return lines[-1].strip() if lines else type(err).__name__
 
 
-def run_training(cfg: Any) -> dict:
-    """Run (or resume) a training run; Ray must be initialised. Returns the final metrics row."""
+def run_training(cfg: Any, plan: RunPlan | None = None) -> dict:
+    """Run (or resume) a training run; Ray must be initialised. ``plan``: from ``prepare_run(cfg)``
+    (computed here when None). Returns the final status row (end-of-run held-out perplexities)."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    plan = prepare_run(cfg)
+    plan = prepare_run(cfg) if plan is None else plan
     plan.use_gpu = _cluster_check(cfg)
     ray_storage = tempfile.mkdtemp(prefix="elmo-ray-train-")
     trainer = TorchTrainer(

@@ -1,0 +1,82 @@
+"""Bad training input fails up front with one clear line."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from jobs.train import main as train_main
+from pipeline import storage
+from pipeline.config import load_config
+from pipeline.shard import format as shard_format
+from pipeline.shard.format import FormatError
+from pipeline.train.config import TrainConfig
+from pipeline.train.trainer import TrainError, _cluster_check, prepare_run
+
+from shard_builder import sample_sentences, write_sample_shards
+
+
+@pytest.fixture
+def shards(tmp_path):
+    sentences = sample_sentences(400)
+    out = str(tmp_path / "shards")
+    write_sample_shards(out, sentences[:-100], sentences[-100:])
+    return out
+
+
+def cfg_for(shards: str, output: str, *overrides: str):
+    return load_config(TrainConfig, preset="tiny", overrides=[f"shards={shards}", f"output={output}", "max_steps=5", *overrides])
+
+
+def test_missing_shard_directory(tmp_path):
+    with pytest.raises(FormatError, match="no manifest.json in .*nowhere"):
+        prepare_run(cfg_for(str(tmp_path / "nowhere"), str(tmp_path / "run")))
+
+
+def test_missing_shard(shards, tmp_path):
+    os.remove(os.path.join(shards, "train-000001.tar"))
+    with pytest.raises(TrainError, match="train-000001.tar is listed in manifest.json but missing"):
+        prepare_run(cfg_for(shards, str(tmp_path / "run")))
+
+
+def test_shard_that_does_not_match_the_manifest(shards, tmp_path):
+    first = storage.read_bytes(os.path.join(shards, "train-000000.tar"))
+    storage.write_bytes(os.path.join(shards, "train-000001.tar"), first)
+    with pytest.raises(TrainError, match="train-000001.tar does not match manifest.json"):
+        prepare_run(cfg_for(shards, str(tmp_path / "run")))
+
+
+def test_empty_split(shards, tmp_path):
+    path = os.path.join(shards, "manifest.json")
+    manifest = json.loads(storage.read_bytes(path))
+    manifest["shards"]["heldout"] = []
+    storage.write_bytes(path, json.dumps(manifest).encode())
+    with pytest.raises(TrainError, match="lists no heldout data"):
+        prepare_run(cfg_for(shards, str(tmp_path / "run")))
+
+
+def test_vocab_without_specials(shards, tmp_path):
+    path = os.path.join(shards, shard_format.VOCAB_FILE)
+    tokens = storage.read_bytes(path).decode().split("\n")
+    storage.write_bytes(path, "\n".join(t for t in tokens if t != "<UNK>").encode())
+    with pytest.raises(FormatError, match="must start with <S>, </S>, <UNK>"):
+        prepare_run(cfg_for(shards, str(tmp_path / "run")))
+
+
+def test_too_many_negatives(shards, tmp_path):
+    with pytest.raises(TrainError, match="softmax.negatives"):
+        prepare_run(cfg_for(shards, str(tmp_path / "run"), "softmax.negatives=100000"))
+
+
+def test_more_workers_than_the_cluster_has(shards, tmp_path, ray_local):
+    with pytest.raises(TrainError, match="workers=3 x threads_per_worker=1 need 3 CPUs but the Ray cluster has 2"):
+        _cluster_check(cfg_for(shards, str(tmp_path / "run"), "workers=3"))
+
+
+def test_cli_reports_one_line(shards, tmp_path, capsys):
+    code = train_main(["--shards", str(tmp_path / "missing"), "--output", str(tmp_path / "run"), "--preset", "tiny"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: no manifest.json in") and err.count("\n") == 1
