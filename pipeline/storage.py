@@ -25,6 +25,7 @@ import secrets
 import shutil
 import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import BinaryIO
 
@@ -48,6 +49,8 @@ PARTIAL_SUFFIX = ".elmo-partial"
 PART_SIZE = 8 * 1024 * 1024
 """Multipart part size (S3 needs >= 5 MiB for all but the last part); doubles every 2000 parts so a
 streamed object can reach hundreds of GB within S3's 10000-part limit."""
+UPLOAD_THREADS = 4
+"""Multipart parts uploaded concurrently per stream (bounds memory to about this many parts)."""
 COPY_CHUNK = 8 * 1024 * 1024
 READ_BUFFER = 1024 * 1024
 READ_RETRIES = 3
@@ -447,8 +450,10 @@ class _S3Reader(io.RawIOBase):
 class _S3Write(io.BufferedIOBase):
     """A write stream: one PUT if the object stays under a part, else a multipart upload.
 
-    Nothing is visible under the key until :meth:`commit`; :meth:`discard` aborts the upload.
-    ``close()`` only closes the stream: committing is the job of :func:`open_write`.
+    Parts upload on ``UPLOAD_THREADS`` threads while the caller keeps writing (at most that many in
+    flight, so memory stays bounded). Nothing is visible under the key until :meth:`commit`;
+    :meth:`discard` waits for in-flight parts and aborts the upload. ``close()`` only closes the
+    stream: committing is the job of :func:`open_write`.
     """
 
     def __init__(self, path: str):
@@ -457,7 +462,10 @@ class _S3Write(io.BufferedIOBase):
         self.buffer = bytearray()
         self.written = 0
         self.upload_id: str | None = None
+        self.part_count = 0
+        self.in_flight: list[Future] = []
         self.parts: list[dict] = []
+        self.pool: ThreadPoolExecutor | None = None
         self.file = self
 
     def writable(self) -> bool:
@@ -474,24 +482,31 @@ class _S3Write(io.BufferedIOBase):
         size = len(self.buffer) - before
         self.written += size
         while len(self.buffer) >= self._part_size():
-            self._upload_part(self._part_size())
+            self._start_part(self._part_size())
         return size
 
     def _part_size(self) -> int:
-        return PART_SIZE * 2 ** (len(self.parts) // 2000)
+        return PART_SIZE * 2 ** (self.part_count // 2000)
 
-    def _upload_part(self, size: int) -> None:
-        client = s3_client()
-        with _s3_errors(self.path):
-            if self.upload_id is None:
-                self.upload_id = client.create_multipart_upload(Bucket=self.bucket, Key=self.key)["UploadId"]
-            number = len(self.parts) + 1
-            chunk = bytes(self.buffer[:size])
-            etag = client.upload_part(
-                Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number, Body=chunk
-            )["ETag"]
-        self.parts.append({"ETag": etag, "PartNumber": number})
+    def _start_part(self, size: int) -> None:
+        if self.upload_id is None:
+            with _s3_errors(self.path):
+                response = s3_client().create_multipart_upload(Bucket=self.bucket, Key=self.key)
+            self.upload_id = response["UploadId"]
+            self.pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="s3-part")
+        if len(self.in_flight) >= UPLOAD_THREADS:
+            self.parts.append(self.in_flight.pop(0).result())
+        self.part_count += 1
+        chunk = bytes(self.buffer[:size])
         del self.buffer[:size]
+        self.in_flight.append(self.pool.submit(self._send_part, self.part_count, chunk))
+
+    def _send_part(self, number: int, chunk: bytes) -> dict:
+        with _s3_errors(self.path):
+            response = s3_client().upload_part(
+                Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number, Body=chunk
+            )
+        return {"ETag": response["ETag"], "PartNumber": number}
 
     def commit(self) -> None:
         try:
@@ -508,7 +523,10 @@ class _S3Write(io.BufferedIOBase):
                 client.put_object(Bucket=self.bucket, Key=self.key, Body=bytes(self.buffer))
             return
         if self.buffer:
-            self._upload_part(len(self.buffer))
+            self._start_part(len(self.buffer))
+        self.parts += [future.result() for future in self.in_flight]
+        self.in_flight = []
+        self._stop_pool()
         with _s3_errors(self.path):
             client.complete_multipart_upload(
                 Bucket=self.bucket,
@@ -520,6 +538,9 @@ class _S3Write(io.BufferedIOBase):
     def discard(self) -> None:
         self.close()
         self.buffer = bytearray()
+        # parts still uploading after the abort would be stored again: let them land first
+        self._stop_pool()
+        self.in_flight = []
         if self.upload_id is None:
             return
         try:
@@ -528,6 +549,11 @@ class _S3Write(io.BufferedIOBase):
             # the caller's original error matters more; a stale upload is invisible and expires
             log.warning("%s: could not abort multipart upload: %s", self.path, _one_line(exc))
         self.upload_id = None
+
+    def _stop_pool(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
 
 
 def _head(bucket: str, key: str) -> bool:

@@ -254,6 +254,27 @@ def test_multipart_upload_is_used_and_aborted(s3_server, s3_prefix):
     assert etag.strip('"').endswith("-3")
 
 
+def test_failed_part_upload_aborts_and_leaves_nothing(s3_server, s3_prefix, fresh_clients):
+    """A part that fails on an upload thread surfaces as the write's error; the upload is aborted."""
+    path = join(s3_prefix, "failing.bin")
+    bucket, key = storage.split_s3(path)
+
+    def fail_second_part(params, **kwargs):
+        if params.get("PartNumber") == 2:
+            raise ClientError({"Error": {"Code": "InternalError", "Message": "injected"}}, "UploadPart")
+
+    storage.s3_client().meta.events.register("before-parameter-build.s3.UploadPart", fail_second_part)
+    with pytest.raises(StorageError) as excinfo:
+        with storage.open_write(path) as out:
+            for _ in range(4):
+                out.write(payload(storage.PART_SIZE))
+    one_line_error(excinfo, path, "InternalError: injected")
+    assert not storage.exists(path)
+    client = s3_server.server.client()
+    uploads = client.list_multipart_uploads(Bucket=bucket, Prefix=key).get("Uploads", [])
+    assert [u for u in uploads if u["Key"] == key] == []
+
+
 class _BrokenBody:
     """Stands in for a response body whose connection was reset."""
 
