@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import pytest
+from omegaconf.errors import ReadonlyConfigError
 
 from pipeline.config import ConfigError, load_config, preset_names, to_dict, to_yaml, valid_keys
 from pipeline.model_config import ModelConfig, to_options
@@ -106,7 +107,7 @@ def test_presets_are_the_released_sizes():
 
 def test_resolved_config_is_read_only_and_serialisable():
     cfg = load_config(_Schema)
-    with pytest.raises(Exception):
+    with pytest.raises(ReadonlyConfigError):
         cfg.workers = 4
     assert "workers: 1" in to_yaml(cfg)
     assert to_dict(cfg)["optim"] == {"lr": 0.2}
