@@ -24,6 +24,7 @@ import ray
 from ray.data import ActorPoolStrategy, DataContext
 
 from pipeline.embed.embedder import EmbedSettings, ShardEmbedder
+from pipeline.embed.errors import WORKER_ERRORS, EmbedError
 from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.model_files import ModelSource
 from pipeline.embed.resume import commit_shard
@@ -33,12 +34,16 @@ WRITER_CPUS = 0
 
 
 def write_shards(batch: dict[str, np.ndarray], output: str) -> dict[str, list]:
-    """Ray Data task: commit every shard of ``batch`` that carries a payload; pass the rest through."""
+    """Ray Data task: commit every shard of ``batch`` that carries a payload; pass the rest through.
+    A failed write becomes an ``error`` entry (see ShardEmbedder)."""
     entries, written = [], []
     for entry_json, payload in zip(batch["entry"], batch["payload"], strict=True):
         stats = json.loads(entry_json)
-        if len(payload):
-            stats = commit_shard(output, stats, bytes(payload))
+        if len(payload) and "error" not in stats:
+            try:
+                stats = commit_shard(output, stats, bytes(payload))
+            except WORKER_ERRORS as err:
+                stats = {"index": stats["index"], "error": str(err)}
         entries.append(json.dumps(stats))
         written.append(bool(len(payload)))
     return {"entry": entries, "written": written}
@@ -67,7 +72,8 @@ def embed_stream(
     gpus_per_worker: float,
 ) -> Iterator[dict]:
     """Embed and commit ``todo`` = (spec, write) pairs; yields ``{"entry": dict, "written": bool}`` per
-    shard as shards finish (in input order when ``settings.stateful``)."""
+    shard as shards finish (in input order when ``settings.stateful``). A worker's one-line error
+    (bad input line, unwritable output) is raised here as EmbedError with the worker's message."""
     if not todo:
         return
     rows = [{"spec": json.dumps(spec.to_dict()), "write": write} for spec, write in todo]
@@ -87,4 +93,7 @@ def embed_stream(
             write_shards, fn_kwargs={"output": output}, batch_size=1, batch_format="numpy", num_cpus=WRITER_CPUS
         )
         for row in ds.iter_rows():
-            yield {"entry": json.loads(row["entry"]), "written": bool(row["written"])}
+            entry = json.loads(row["entry"])
+            if "error" in entry:
+                raise EmbedError(entry["error"])
+            yield {"entry": entry, "written": bool(row["written"])}

@@ -17,7 +17,7 @@ import torch
 
 from elmo_model import BiLM, batch_to_ids
 from pipeline.embed import batching
-from pipeline.embed.errors import EmbedError
+from pipeline.embed.errors import WORKER_ERRORS, EmbedError
 from pipeline.embed.hdf5_shard import encode_shard
 from pipeline.embed.inputs import ShardSpec, read_lines
 from pipeline.embed.model_files import ModelSource, load_bilm
@@ -135,6 +135,7 @@ class ShardEmbedder:
     Input batch: ``spec`` (JSON ShardSpec) and ``write`` (bool; false only in a stateful rerun for a
     shard that is already complete: it still runs, to carry the state forward, but nothing is encoded).
     Output batch: ``entry`` (JSON shard stats) and ``payload`` (HDF5 bytes, empty when not written).
+    A WORKER_ERRORS failure becomes the entry ``{"index", "error": message}``; the driver raises it.
     """
 
     def __init__(self, source: dict, settings: dict):
@@ -168,7 +169,12 @@ class ShardEmbedder:
         entries, payloads = [], []
         for spec_json, write in zip(batch["spec"], batch["write"], strict=True):
             spec = ShardSpec.from_dict(json.loads(spec_json))
-            stats, values = self.embed_spec(spec)
+            try:
+                stats, values = self.embed_spec(spec)
+            except WORKER_ERRORS as err:
+                entries.append(json.dumps({"index": spec.index, "error": str(err)}))
+                payloads.append(b"")
+                continue
             payload = encode_shard(spec.first_line, values, self.settings.dtype) if write else b""
             entries.append(json.dumps(stats))
             payloads.append(payload)

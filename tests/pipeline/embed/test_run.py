@@ -1,0 +1,131 @@
+"""The embed stage end to end on Ray (the session's 2-CPU cluster) against the S3 test server and
+local paths: every sentence equals a direct BiLM call, a killed run finishes exactly once on rerun,
+single-file output has AllenNLP's layout, stateful mode reproduces the original fixture."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+
+import h5py
+import numpy as np
+import pytest
+from embed_fixtures import OPTIONS, WEIGHTS, expected_value, load_model, read_hdf5, sample_lines
+from tests_reference import fixture_expected, fixture_sentences_batch_major
+
+from pipeline import storage
+from pipeline.config import load_config
+from pipeline.embed import manifest
+from pipeline.embed.config import EmbedConfig
+from pipeline.embed.runner import run_embed
+
+MAX_TOKENS = 100
+
+
+def _config(**overrides) -> EmbedConfig:
+    base = {"progress": False, "workers": 1, "lines_per_shard": 40, "max_sentence_tokens": MAX_TOKENS}
+    items = [f"{k}={json.dumps(v) if isinstance(v, list) else v}" for k, v in {**base, **overrides}.items()]
+    return load_config(EmbedConfig, overrides=items)
+
+
+def _corpus() -> list[bytes]:
+    """150 sample lines plus one of each bad kind: empty, invalid UTF-8, over max_sentence_tokens."""
+    lines = sample_lines(150)
+    lines[7] = b""
+    lines[50] = b"In the \xff beginning"
+    lines[90] = b" ".join([b"word"] * (2 * MAX_TOKENS + 5))
+    return lines
+
+
+def _shard_values(output: str) -> list[tuple[int, np.ndarray]]:
+    pairs = []
+    for path in storage.list_prefix(storage.join(output, "embeddings-")):
+        with h5py.File(io.BytesIO(storage.read_bytes(path)), "r") as f:
+            pairs.extend((int(k), f[k][()]) for k in f.keys())
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model()
+
+
+def test_killed_run_on_s3_finishes_exactly_once(ray_local, s3_prefix, model):
+    lines = _corpus()
+    corpus = storage.join(s3_prefix, "in", "corpus.txt")
+    storage.write_bytes(corpus, b"\n".join(lines) + b"\n")
+    model_dir = storage.join(s3_prefix, "model")
+    storage.upload_file(OPTIONS, storage.join(model_dir, "options.json"))
+    storage.upload_file(WEIGHTS, storage.join(model_dir, "weights.hdf5"))
+    output = storage.join(s3_prefix, "out")
+    args = {"model": model_dir, "input": [corpus], "output": output}
+
+    first = run_embed(_config(**args, stop_after_shards=1))  # "killed" after its first shard
+    assert not first.complete and 1 <= first.new_shards < 4
+    assert not storage.exists(manifest.manifest_path(output))
+    # shards already in flight when the driver stopped may have been committed too
+    done = storage.list_prefix(storage.join(output, "embeddings-"))
+    assert first.new_shards <= len(done) < 4
+    storage.write_bytes(done[0], b"not hdf5: damaged after the kill")  # verify_resume must redo it
+
+    second = run_embed(_config(**args))
+    assert second.complete and second.new_shards == 4 - len(done) + 1
+
+    pairs = _shard_values(output)
+    keys = [k for k, _ in pairs]
+    assert sorted(keys) == list(range(len(lines)))  # every line exactly once
+    for key, value in pairs:
+        expected = expected_value(model, lines[key], "all", MAX_TOKENS)
+        np.testing.assert_allclose(value, expected, atol=1e-6, rtol=1e-5, err_msg=f"line {key}")
+    assert dict(pairs)[7].shape == (3, 0, 32) and dict(pairs)[90].shape == (3, 2 * MAX_TOKENS + 5, 32)
+
+    doc = json.loads(storage.read_bytes(manifest.manifest_path(output)))
+    assert doc["totals"]["sentences"] == len(lines) and doc["totals"]["shards"] == 4
+    assert (doc["totals"]["empty_sentences"], doc["totals"]["invalid_utf8_lines"], doc["totals"]["split_sentences"]) == (1, 1, 1)
+    assert doc["totals"]["tokens"] == sum(len(x.decode("utf-8", "replace").split()) for x in lines)
+    assert [(s["first_line"], s["end_line"]) for s in doc["shards"]] == [(0, 40), (40, 80), (80, 120), (120, 150)]
+    for shard in doc["shards"]:
+        data = storage.read_bytes(storage.join(output, shard["name"]))
+        assert hashlib.sha256(data).hexdigest() == shard["sha256"] and len(data) == shard["bytes"]
+    assert doc["layers"] == "all" and doc["dtype"] == "float32" and len(doc["model"]["sha256"]) == 64
+
+    third = run_embed(_config(**args))  # a rerun of a finished output redoes nothing
+    assert third.complete and third.new_shards == 0
+    assert json.loads(storage.read_bytes(manifest.manifest_path(output)))["shards"] == doc["shards"]
+
+
+def test_single_file_has_allennlp_layout(ray_local, tmp_path, model):
+    lines = sample_lines(30, start=200) + [b"same sentence", b"  same sentence  "]
+    corpus = tmp_path / "in.txt"
+    corpus.write_bytes(b"\n".join(lines))
+    out = tmp_path / "out.hdf5"
+    result = run_embed(
+        _config(options_file=str(OPTIONS), weights_file=str(WEIGHTS), input=[str(corpus)], output=str(out), layers="top", lines_per_shard=12, workers=2)
+    )
+    assert result.complete and result.shards == 3
+    assert not (tmp_path / "out.hdf5.parts").exists()  # parts removed after the merge
+    data = read_hdf5(out)
+    assert sorted(data) == sorted([str(i) for i in range(len(lines))] + ["sentence_to_index"])
+    with h5py.File(out, "r") as f:
+        assert f["sentence_to_index"].shape == (1,)
+        assert h5py.check_string_dtype(f["sentence_to_index"].dtype).encoding == "utf-8"
+    index = data["sentence_to_index"]
+    assert index["same sentence"] == str(len(lines) - 1)  # stripped text; a repeat keeps the last key
+    assert index[lines[0].decode().strip()] == "0"
+    for i, line in enumerate(lines):
+        assert data[str(i)].dtype == np.float32
+        np.testing.assert_allclose(data[str(i)], expected_value(model, line, "top"), atol=1e-6, rtol=1e-5)
+
+
+def test_stateful_run_reproduces_the_original_fixture(ray_local, tmp_path):
+    corpus = tmp_path / "fixture.txt"
+    corpus.write_text("\n".join(" ".join(s) for s in fixture_sentences_batch_major()) + "\n")
+    out = tmp_path / "out"
+    args = {"options_file": str(OPTIONS), "weights_file": str(WEIGHTS), "input": [str(corpus)], "output": str(out)}
+    result = run_embed(_config(**args, stateful=True, stateful_batch_size=3, lines_per_shard=6, layers="top", max_sentence_tokens=1000))
+    assert result.complete and result.shards == 5
+    values = dict(_shard_values(str(out)))
+    expected = fixture_expected()  # E[row][batch]; line i = batch i // 3, row i % 3
+    worst = max(float(np.abs(values[i] - expected[i % 3][i // 3]).max()) for i in range(30))
+    assert worst < 1e-5
