@@ -77,10 +77,10 @@ class FusedLSTMLayer(nn.Module):
             nn.init.zeros_(self.bias)
             nn.init.uniform_(self.w_p, -proj_limit, proj_limit)
 
-    def input_gates(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def input_gates(self, x: torch.Tensor) -> torch.Tensor:
         """Input-to-gate products of every step at once: x (2, M, in) -> (2, M, 4C), biases included."""
         bias = (self.bias + self.forget_offset).unsqueeze(1)
-        return torch.baddbmm(bias, x, self.w_ih, out=out)
+        return torch.baddbmm(bias, x, self.w_ih)
 
 
 def _clamp(x: torch.Tensor, clip: float | None, inplace: bool) -> torch.Tensor:
@@ -140,8 +140,7 @@ class StackedBiLSTM(nn.Module):
         self.n_layers, self.dim, self.projection_dim = n_layers, dim, projection_dim
         self.cell_clip, self.proj_clip = cell_clip, proj_clip
         self.use_skip_connections, self.dropout = use_skip_connections, dropout
-        # Reused gate buffer of the no-grad path: a fresh (2, M, 4C) allocation per call costs more in
-        # page faults than the product itself on CPU. Not shared across threads.
+        # Reused gate buffer of the no-grad path (see _input_products); not shared across threads.
         self._workspace = torch.empty(0)
         self.layers = nn.ModuleList(
             FusedLSTMLayer(input_dim if i == 0 else projection_dim, dim, projection_dim)
@@ -193,15 +192,23 @@ class StackedBiLSTM(nn.Module):
         # Spec 7.3: DropoutWrapper(input_keep_prob) around every layer, fresh mask per element.
         return F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
 
-    def _gate_buffer(self, x: torch.Tensor, dim: int) -> torch.Tensor | None:
-        """A (2, M, 4C) view of the reused workspace; None under autocast (out= bypasses autocast)."""
+    def _input_products(self, layer: FusedLSTMLayer, x: torch.Tensor) -> torch.Tensor:
+        """x (2, M, in) @ w_ih -> (2, M, 4C), no bias, into the reused workspace.
+
+        One product per direction: on CPU two torch.mm calls are much faster than one batched bmm of
+        two. A fresh (2, M, 4C) allocation per call would cost more in page faults than the product.
+        Under autocast `out=` would bypass the cast, so that case allocates.
+        """
         if torch.is_autocast_enabled(x.device.type):
-            return None
-        numel = 2 * x.shape[1] * 4 * dim
+            return torch.bmm(x, layer.w_ih)
+        numel = 2 * x.shape[1] * 4 * layer.dim
         ws = self._workspace
         if ws.numel() < numel or ws.dtype != x.dtype or ws.device != x.device:
             ws = self._workspace = torch.empty(numel, dtype=x.dtype, device=x.device)
-        return ws[:numel].view(2, x.shape[1], 4 * dim)
+        out = ws[:numel].view(2, x.shape[1], 4 * layer.dim)
+        for d in range(2):
+            torch.mm(x[d], layer.w_ih[d], out=out[d])
+        return out
 
     def release_workspace(self) -> None:
         """Free the reused gate buffer (it stays as large as the largest batch seen)."""
@@ -233,24 +240,33 @@ class StackedBiLSTM(nn.Module):
         x = inputs.index_select(1, order)[:, b_index, t_index]  # (2, M, in)
         work = state.index_rows(order)
         c_all, h_all = work.c.clone(), work.h.clone()
+        p = self.projection_dim
         packed = []
         for li, layer in enumerate(self.layers):
             layer_in = self._layer_input(x)
-            # (2, M, 4C); each step's block becomes its gates in place.
-            xg = layer.input_gates(layer_in, out=self._gate_buffer(layer_in, layer.dim))
+            xg = self._input_products(layer, layer_in)  # (2, M, 4C); each step's block becomes its gates
             dtype = xg.dtype  # bf16 under autocast
-            w_hh, w_p = layer.w_hh.to(dtype), layer.w_p.to(dtype)
-            c, h0 = c_all[li], h_all[li].to(dtype)
-            out = xg.new_empty(2, xg.shape[1], self.projection_dim)
+            # The bias rides in the recurrent product as an extra row of w_hh against a constant-1 column
+            # of h, so neither the hoisted product nor the step needs a separate pass to add it.
+            bias = (layer.bias + layer.forget_offset).unsqueeze(1)
+            w_hh = torch.cat([layer.w_hh, bias], dim=1).to(dtype)  # (2, P + 1, 4C)
+            w_p = layer.w_p.to(dtype)
+            out = xg.new_empty(2, xg.shape[1], p + 1)  # packed [h | 1]
+            out[..., p] = 1.0
+            h0 = torch.cat([h_all[li], h_all[li].new_ones(2, batch, 1)], dim=-1).to(dtype)
+            c = c_all[li]
             for t, (start, k) in enumerate(zip(starts, active, strict=True)):
                 h_prev = h0[:, :k] if t == 0 else out[:, starts[t - 1] : starts[t - 1] + k]
                 gates = xg[:, start : start + k].baddbmm_(h_prev, w_hh)
-                _cell(gates, c[:, :k], w_p, self.cell_clip, self.proj_clip, h_out=out[:, start : start + k])
-            h_all[li] = torch.where(finished, out[:, last], h_all[li])
+                _cell(
+                    gates, c[:, :k], w_p, self.cell_clip, self.proj_clip, h_out=out[:, start : start + k, :p]
+                )
+            y = out[..., :p]
+            h_all[li] = torch.where(finished, y[:, last], h_all[li])
             if self.use_skip_connections and li > 0:
-                out.add_(layer_in)
-            packed.append(out)
-            x = out
+                y.add_(layer_in)
+            packed.append(y)
+            x = y
         outs = x.new_zeros(self.n_layers, 2, batch, steps, self.projection_dim)
         outs[:, :, order[b_index], t_index] = torch.stack(packed)
         inverse = torch.empty_like(order)
