@@ -68,8 +68,8 @@ def exchange_rows(ids: torch.Tensor, values: torch.Tensor) -> tuple[RowGradient,
     all_values = [torch.empty_like(padded_values) for _ in range(world)]
     dist.all_gather(all_ids, padded_ids)
     dist.all_gather(all_values, padded_values)
-    cat_ids = torch.cat([rank_ids[:n] for rank_ids, n in zip(all_ids, counts_list)])
-    cat_values = torch.cat([rank_values[:n] for rank_values, n in zip(all_values, counts_list)])
+    cat_ids = torch.cat([rank_ids[:n] for rank_ids, n in zip(all_ids, counts_list, strict=True)])
+    cat_values = torch.cat([rank_values[:n] for rank_values, n in zip(all_values, counts_list, strict=True)])
     union, inverse = torch.unique(cat_ids, return_inverse=True)
     summed = values.new_zeros(union.shape[0], values.shape[1]).index_add_(0, inverse, cat_values)
     received = world * (

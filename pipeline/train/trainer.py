@@ -14,20 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import shutil
 import tempfile
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
-from torch import nn
-from torch.nn import functional as F
 
 from elmo_model import BiLM, BiLMOptions
 from pipeline import storage
@@ -49,17 +45,9 @@ from pipeline.train.metrics import (
     perplexity,
     plot_perplexity,
     read_metrics,
-    train_flops_per_token,
 )
-from pipeline.train.objective import SharedSoftmax, bidirectional_loss
-from pipeline.train.optimization import (
-    build_optimizer,
-    clip_global_norm,
-    lr_factor,
-    set_lr,
-    takes_sparse_gradients,
-)
-from pipeline.train.softmax_exchange import RowGradient, dense_allreduce_mean, exchange_rows
+from pipeline.train.objective import SharedSoftmax
+from pipeline.train.step import StepRunner, all_reduce_sum
 from pipeline.train.unigram import heldout_unigram_perplexity
 
 RUN_FILE = "run.json"
@@ -68,35 +56,6 @@ EXPORT_DIR = "export"
 
 class TrainError(RuntimeError):
     """A training run that cannot start or did not finish; one line naming the cause."""
-
-
-# ---- the model as trained --------------------------------------------------------------------
-
-
-class TrainingLM(nn.Module):
-    """A BiLM's training forward: both streams through the token encoder and LSTM stack.
-
-    char_ids (2, B, U, 50) [0] forward stream, [1] reversed stream; c (N, 2, B, C), h (N, 2, B, P)
-    the carried state (None = zeros) -> top (2, B, U, P) (dropout applied in training, spec 7.3),
-    and the new c, h. Dropout on every layer's input comes from ``bilm.lstm.dropout``.
-    """
-
-    def __init__(self, bilm: BiLM, dropout: float):
-        super().__init__()
-        self.bilm = bilm
-        self.dropout = dropout
-        bilm.lstm.dropout = dropout
-
-    def forward(self, char_ids: torch.Tensor, c: torch.Tensor | None, h: torch.Tensor | None):
-        from elmo_model.lstm import LSTMState
-
-        _, batch, steps, chars = char_ids.shape
-        tokens = self.bilm.token_encoder(char_ids.reshape(2 * batch, steps, chars)).view(2, batch, steps, -1)
-        mask = torch.ones(batch, steps, dtype=torch.bool, device=char_ids.device)
-        state = LSTMState(c, h) if c is not None else None
-        outs, final = self.bilm.lstm(tokens, mask, state)
-        top = F.dropout(outs[-1], self.dropout, training=self.training)
-        return top, final.c, final.h
 
 
 # ---- the plan the driver hands to the workers ------------------------------------------------
@@ -325,21 +284,9 @@ def final_status(run_dir: str) -> dict:
 # ---- the per-worker loop ---------------------------------------------------------------------
 
 
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def _barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-
-
-def _all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(tensor)
-    return tensor
 
 
 def _report(metrics: dict) -> None:
@@ -353,86 +300,67 @@ def _report(metrics: dict) -> None:
 
 
 class WorkerRun:
-    """One rank's training run. ``cfg`` is the resolved TrainConfig (an OmegaConf DictConfig)."""
+    """One rank's training run: data, checkpoints, evaluation and logging around a ``StepRunner``.
+    ``cfg`` is the resolved TrainConfig (an OmegaConf DictConfig)."""
 
     def __init__(self, cfg: Any, plan: RunPlan, device: torch.device):
         self.cfg, self.plan, self.device = cfg, plan, device
-        self.rank, self.world = _world()
         if plan.storage_endpoint:
             storage.configure(endpoint_url=plan.storage_endpoint)
-        self.autocast_dtype = torch.bfloat16 if device.type == "cuda" and cfg.bf16 else None
-        torch.manual_seed(int(cfg.seed))  # the same initial weights on every rank
-        self.bilm = BiLM.from_options({**plan.options, "dropout": float(cfg.dropout)})
-        self.softmax = SharedSoftmax(plan.vocab_size, int(plan.options["lstm"]["projection_dim"]))
+        self.runner = StepRunner(cfg, plan.options, plan.vocab_size, device)
+        self.rank, self.world = self.runner.rank, self.runner.world
         self.vocab_bytes = storage.read_bytes(shard_format.vocab_path(plan.shards, plan.manifest))
         self.cache = CharCache(shard_format.parse_vocab(self.vocab_bytes.decode("utf-8")))
-        self.lm = TrainingLM(self.bilm, float(cfg.dropout)).to(device)
-        self.softmax.to(device)
-        self.optimizer = build_optimizer(cfg.optimizer, [*self.lm.parameters(), *self.softmax.parameters()])
-        self.sparse_optimizer = takes_sparse_gradients(self.optimizer)
         self.batches = open_lm_batches(
-            plan.shards,
-            "train",
-            self.cache,
-            int(cfg.batch_size),
-            int(cfg.unroll_steps),
-            rank=self.rank,
-            world_size=self.world,
-            seed=int(cfg.seed),
-            manifest=plan.manifest,
+            plan.shards, "train", self.cache, int(cfg.batch_size), int(cfg.unroll_steps),
+            rank=self.rank, world_size=self.world, seed=int(cfg.seed), manifest=plan.manifest,
         )
-        self.generator = torch.Generator().manual_seed(int(cfg.seed) * 1000 + self.rank)
-        torch.manual_seed(int(cfg.seed) * 1000 + 7919 + self.rank)  # dropout masks differ per rank
-        self.c = self.h = None
-        self.step = 0
         self.resumed_from: int | None = None
         resume = ckpt.latest_checkpoint(plan.run_dir)
         if resume is not None:
             self._restore(resume)
         elif plan.init_from:
             self._init_from(plan.init_from)
-        self.model = (
-            nn.parallel.DistributedDataParallel(
-                self.lm, device_ids=[device] if device.type == "cuda" else None, broadcast_buffers=False
-            )
-            if self.world > 1
-            else self.lm
-        )
-        self._broadcast_softmax()
+        self.runner.distribute()
         self.log = MetricsLog(plan.run_dir, self.resumed_from) if self.rank == 0 else None
-        self.negatives = int(cfg.softmax.negatives) if cfg.softmax.sampled else None
-        columns = self.negatives + 1 if self.negatives else plan.vocab_size
-        self.flops_per_step = (
-            2 * int(cfg.batch_size) * int(cfg.unroll_steps) * train_flops_per_token(plan.options, columns)
-        )
-        self.peak_flops = measure_matmul_peak(device, self.autocast_dtype or torch.float32)
+        self.flops_per_step = self.runner.flops_per_step(int(cfg.batch_size), int(cfg.unroll_steps))
+        self.peak_flops = measure_matmul_peak(device, self.runner.autocast_dtype or torch.float32)
+
+    @property
+    def bilm(self) -> BiLM:
+        return self.runner.bilm
+
+    @property
+    def softmax(self) -> SharedSoftmax:
+        return self.runner.softmax
+
+    @property
+    def step(self) -> int:
+        return self.runner.step
 
     # -- state ---------------------------------------------------------------------------------
     def _restore(self, path: str) -> None:
+        runner = self.runner
         payload = ckpt.load_model(path)
         if payload["options"] != self.plan.options:
             raise ckpt.CheckpointError(f"checkpoint {path} holds a different model than the config asks for")
-        self.bilm.load_state_dict(payload["bilm"])
-        self.softmax.load_state_dict(payload["softmax"])
-        self.optimizer.load_state_dict(payload["optimizer"])
-        self.step = int(payload["step"])
+        runner.bilm.load_state_dict(payload["bilm"])
+        runner.softmax.load_state_dict(payload["softmax"])
+        runner.optimizer.load_state_dict(payload["optimizer"])
+        runner.step = int(payload["step"])
         mine = ckpt.load_rank(path, self.rank, self.world)
         self.batches.load_state_dict(mine["data"])
         if mine["c"] is not None:
-            self.c, self.h = mine["c"].to(self.device), mine["h"].to(self.device)
-        ckpt.restore_rng_states(mine["rng"], self.generator)
-        self.resumed_from = self.step
+            runner.c, runner.h = mine["c"].to(self.device), mine["h"].to(self.device)
+        ckpt.restore_rng_states(mine["rng"], runner.generator)
+        self.resumed_from = runner.step
 
     def _init_from(self, source: str) -> None:
         """Continue pretraining from released weights (and their softmax when the vocabulary matches)."""
+        names = (export_mod.OPTIONS_FILE, export_mod.WEIGHTS_FILE, export_mod.SOFTMAX_FILE, export_mod.VOCAB_FILE)
         with tempfile.TemporaryDirectory(prefix="elmo-init-") as tmp:
             local = {}
-            for name in (
-                export_mod.OPTIONS_FILE,
-                export_mod.WEIGHTS_FILE,
-                export_mod.SOFTMAX_FILE,
-                export_mod.VOCAB_FILE,
-            ):
+            for name in names:
                 if storage.exists(storage.join(source, name)):
                     local[name] = os.path.join(tmp, name)
                     storage.download_file(storage.join(source, name), local[name])
@@ -447,114 +375,29 @@ class WorkerRun:
                         self.softmax.weight.copy_(torch.from_numpy(weight))
                         self.softmax.bias.copy_(torch.from_numpy(bias))
 
-    def _broadcast_softmax(self) -> None:
-        if self.world > 1:
-            for tensor in (self.softmax.weight.data, self.softmax.bias.data):
-                dist.broadcast(tensor, src=0)
-
     def save_checkpoint(self) -> None:
-        path = ckpt.checkpoint_path(self.plan.run_dir, self.step)
-        ckpt.save_rank(
-            path,
-            self.rank,
-            {
-                "data": self.batches.state_dict(),
-                "c": self.c.cpu() if self.c is not None else None,
-                "h": self.h.cpu() if self.h is not None else None,
-                "rng": ckpt.rng_states(self.generator),
-            },
-        )
+        runner = self.runner
+        path = ckpt.checkpoint_path(self.plan.run_dir, runner.step)
+        ckpt.save_rank(path, self.rank, {
+            "data": self.batches.state_dict(),
+            "c": runner.c.cpu() if runner.c is not None else None,
+            "h": runner.h.cpu() if runner.h is not None else None,
+            "rng": ckpt.rng_states(runner.generator),
+        })
         if self.rank == 0:
-            ckpt.save_model(
-                path,
-                {
-                    "options": self.plan.options,
-                    "bilm": self.bilm.state_dict(),
-                    "softmax": self.softmax.state_dict(),
-                    "optimizer": self.optimizer.state_dict(),
-                    "step": self.step,
-                    "config": to_dict(self.cfg),
-                    "vocab": self.vocab_bytes,
-                },
-            )
+            ckpt.save_model(path, {
+                "options": self.plan.options,
+                "bilm": runner.bilm.state_dict(),
+                "softmax": runner.softmax.state_dict(),
+                "optimizer": runner.optimizer.state_dict(),
+                "step": runner.step,
+                "config": to_dict(self.cfg),
+                "vocab": self.vocab_bytes,
+            })
         _barrier()
         if self.rank == 0:
-            ckpt.mark_complete(path, self.step, self.world)
+            ckpt.mark_complete(path, runner.step, self.world)
             ckpt.prune(self.plan.run_dir, int(self.cfg.keep_checkpoints))
-
-    # -- one step ------------------------------------------------------------------------------
-    def train_step(self) -> dict:
-        """Forward, backward, gradient exchange, clipping and the optimizer update of one batch."""
-        cfg = self.cfg
-        batch = next(self.batches)
-        char_ids, targets = batch.char_ids.to(self.device), batch.targets.to(self.device)
-        set_lr(
-            self.optimizer,
-            float(cfg.optimizer.lr)
-            * lr_factor(
-                self.step,
-                self.plan.total_steps,
-                str(cfg.optimizer.schedule),
-                int(cfg.optimizer.warmup_steps),
-                float(cfg.optimizer.final_lr_fraction),
-            ),
-        )
-        self.optimizer.zero_grad(set_to_none=True)
-        autocast = (
-            torch.autocast(self.device.type, dtype=self.autocast_dtype)
-            if self.autocast_dtype
-            else nullcontext()
-        )
-        with autocast:
-            top, c, h = self.model(char_ids, self.c, self.h)
-        self.c, self.h = c.detach(), h.detach()
-        step_loss = bidirectional_loss(top, targets, self.softmax, self.negatives, self.generator)
-        # bilm-tf differentiates total_loss * unroll_steps: a sum over time, a mean over rows
-        (step_loss.loss * int(cfg.unroll_steps)).backward()
-        rows, exchanged = self._exchange_softmax(step_loss.rows)
-        dense = [p.grad for p in self.lm.parameters() if p.grad is not None]
-        if rows is None:
-            dense += [self.softmax.weight.grad, self.softmax.bias.grad]
-        grad_norm = clip_global_norm(
-            dense + ([rows.values] if rows is not None else []), float(cfg.clip_norm)
-        )
-        if rows is not None:
-            self._set_softmax_grads(rows)
-        losses = _all_reduce_sum(step_loss.per_direction.detach().float().cpu().clone()) / self.world
-        if not torch.isfinite(losses).all() or not math.isfinite(grad_norm):
-            return {"finite": False, "losses": losses.tolist()}
-        self.optimizer.step()
-        self.step += 1
-        p = self.softmax.weight.shape[1] + 1
-        return {
-            "finite": True,
-            "losses": losses.tolist(),
-            "grad_norm": grad_norm,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "rows": int(rows.ids.shape[0]) if rows is not None else self.plan.vocab_size,
-            "exchange_bytes": exchanged,
-            "dense_bytes": 2 * (self.world - 1) * self.plan.vocab_size * p * 4 // self.world,
-        }
-
-    def _exchange_softmax(self, rows) -> tuple[RowGradient | None, int]:
-        """Average the softmax gradient over ranks: touched rows only (sparse), or the dense matrix."""
-        if rows is None:  # full softmax: every row has a gradient
-            return None, sum(
-                dense_allreduce_mean(g) for g in (self.softmax.weight.grad, self.softmax.bias.grad)
-            )
-        grad = rows.grad()
-        if self.cfg.softmax.sparse_exchange:
-            return exchange_rows(rows.ids, grad)
-        dense = RowGradient(rows.ids, grad).to_dense(self.plan.vocab_size)
-        sent = dense_allreduce_mean(dense)
-        touched = dense.abs().sum(dim=1).nonzero().squeeze(1)
-        return RowGradient(touched, dense[touched]), sent
-
-    def _set_softmax_grads(self, rows: RowGradient) -> None:
-        weight, bias = rows.to_sparse(self.plan.vocab_size)
-        if not self.sparse_optimizer:
-            weight, bias = weight.to_dense(), bias.to_dense()
-        self.softmax.weight.grad, self.softmax.bias.grad = weight, bias
 
     # -- evaluation ----------------------------------------------------------------------------
     def evaluate(self) -> dict:
@@ -571,8 +414,8 @@ class WorkerRun:
             manifest=self.plan.manifest,
         )
         max_batches = -(-int(cfg.eval_max_batches) // self.world) if cfg.eval_max_batches else 0
-        sums = heldout_sums(self.lm, self.softmax, batches, self.device, max_batches, self.autocast_dtype)
-        total = _all_reduce_sum(
+        sums = heldout_sums(self.runner.lm, self.softmax, batches, self.device, max_batches, self.runner.autocast_dtype)
+        total = all_reduce_sum(
             torch.cat([sums.losses, torch.tensor([float(sums.batches)], dtype=torch.float64)])
         )
         result = HeldoutSums(total[:3], int(total[3])).perplexities()
@@ -602,7 +445,7 @@ class WorkerRun:
         status = {"kind": "status", "step": self.step, "status": "done"}
         while self.step < plan.total_steps:
             t0 = time.perf_counter()
-            out = self.train_step()
+            out = self.runner.train_step(next(self.batches), plan.total_steps)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             compute += time.perf_counter() - t0
@@ -675,12 +518,4 @@ def train_loop_per_worker(loop_config: dict) -> None:
     WorkerRun(cfg, plan, device).run()
 
 
-__all__ = [
-    "TrainError",
-    "TrainingLM",
-    "RunPlan",
-    "prepare_run",
-    "run_training",
-    "train_loop_per_worker",
-    "METRICS_FILE",
-]
+__all__ = ["TrainError", "RunPlan", "prepare_run", "run_training", "final_status", "train_loop_per_worker", "WorkerRun"]

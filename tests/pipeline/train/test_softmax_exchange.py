@@ -61,7 +61,7 @@ def test_sparse_exchange_equals_dense_allreduce(exchanged):
             torch.testing.assert_close(sparse_dense, dense, rtol=1e-6, atol=1e-7)
             assert bool((ids[1:] > ids[:-1]).all())
     # both ranks hold the same averaged gradient
-    for a, b in zip(results[0], results[1]):
+    for a, b in zip(results[0], results[1], strict=True):
         torch.testing.assert_close(a[0], b[0])
 
 

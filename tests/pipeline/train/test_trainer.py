@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from shard_builder import sample_sentences, write_sample_shards
 
 from elmo_model import BiLM, batch_to_ids
 from pipeline import storage
@@ -22,8 +23,6 @@ from pipeline.train.config import TrainConfig
 from pipeline.train.export import SOFTMAX_FILE, VOCAB_FILE, model_from_checkpoint, read_softmax
 from pipeline.train.metrics import METRICS_FILE, PLOT_FILE, read_metrics
 from pipeline.train.trainer import EXPORT_DIR, TrainError, WorkerRun, prepare_run, run_training
-
-from shard_builder import sample_sentences, write_sample_shards
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -162,7 +161,7 @@ def test_continue_pretraining_from_exported_weights(trained, shards, tmp_path):
 
 def test_rerun_resumes_from_the_latest_checkpoint(shards, tmp_path, ray_local):
     run_dir = str(tmp_path / "resume")
-    common = ("checkpoint_every=10", "log_every=5", "eval_max_batches=4", "name=resumable")
+    common = ("checkpoint_every=10", "log_every=5", "eval_max_batches=4", "name=resumable", "wandb.mode=disabled")
     run_training(tiny(shards, run_dir, "max_steps=20", *common))
     first = ckpt.load_model(ckpt.latest_checkpoint(run_dir))
     assert first["step"] == 20
@@ -193,7 +192,7 @@ def test_killed_worker_restarts_from_checkpoint_on_s3(shards, s3_prefix, ray_loc
     for path in storage.list_prefix(shards + "/"):
         storage.upload_file(path, storage.join(s3_shards, os.path.basename(path)))
     run_dir = storage.join(s3_prefix, "run")
-    cfg = tiny(s3_shards, run_dir, "max_steps=40", "checkpoint_every=10", "log_every=10", "eval_max_batches=4", "max_failures=2")
+    cfg = tiny(s3_shards, run_dir, "max_steps=40", "checkpoint_every=10", "log_every=10", "eval_max_batches=4", "max_failures=2", "wandb.mode=disabled")
     killed: list[int] = []
 
     def kill_after_first_checkpoint():
@@ -221,7 +220,7 @@ def test_killed_worker_restarts_from_checkpoint_on_s3(shards, s3_prefix, ray_loc
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(shards, tmp_path, ray_local):
     run_dir = str(tmp_path / "nan")
-    cfg = tiny(shards, run_dir, "max_steps=6", "checkpoint_every=1", "optimizer.name=adagrad", "optimizer.lr=1e30", "eval_max_batches=2")
+    cfg = tiny(shards, run_dir, "max_steps=6", "checkpoint_every=1", "optimizer.name=adagrad", "optimizer.lr=1e30", "eval_max_batches=2", "wandb.mode=disabled")
     with pytest.raises(TrainError, match="non-finite loss") as err:
         run_training(cfg)
     assert "\n" not in str(err.value)

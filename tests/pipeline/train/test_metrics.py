@@ -1,0 +1,67 @@
+import pytest
+import torch
+
+from pipeline.model_config import ModelConfig, to_options
+from pipeline.train.metrics import (
+    MetricsLog,
+    encoder_flops_per_token,
+    lstm_flops_per_token,
+    measure_matmul_peak,
+    plot_perplexity,
+    read_metrics,
+    train_flops_per_token,
+)
+
+
+def test_flop_counts_of_the_original_model():
+    options = to_options(ModelConfig())
+    # LSTM: per layer (in + P) x 4C gates and C x P projection, 2 FLOPs per multiply-add
+    assert lstm_flops_per_token(options) == 2 * (2 * 1024 * 16384 + 2 * 4096 * 512)
+    conv = sum(2 * (50 - w + 1) * w * 16 * n for w, n in options["char_cnn"]["filters"])
+    assert encoder_flops_per_token(options) == conv + 2 * (2 * 2048 * 4096) + 2 * 2048 * 512
+    total = train_flops_per_token(options, 8193)
+    assert total == 3 * (encoder_flops_per_token(options) + lstm_flops_per_token(options) + 2 * 512 * 8193)
+
+
+def test_measured_peak_is_positive():
+    assert measure_matmul_peak(torch.device("cpu"), size=128, seconds=0.05) > 1e6
+
+
+def test_metrics_log_rewrites_and_truncates_on_resume(tmp_path):
+    run = str(tmp_path / "run")
+    log = MetricsLog(run, None)
+    for step in (10, 20, 30):
+        log.append({"kind": "train", "step": step})
+    assert [r["step"] for r in read_metrics(log.path)] == [10, 20, 30]
+    resumed = MetricsLog(run, 20)
+    assert [r["step"] for r in resumed.rows] == [10, 20]
+    fresh = MetricsLog(run, None)
+    fresh.append({"kind": "config", "step": 0})
+    assert read_metrics(fresh.path) == [{"kind": "config", "step": 0}]
+
+
+def test_plot_writes_a_png(tmp_path):
+    rows = [
+        {"kind": "train", "step": s, "train/perplexity": 100 / s, "train/perplexity_fwd": 101 / s, "train/perplexity_bwd": 99 / s}
+        for s in (1, 2, 3)
+    ]
+    rows.append({
+        "kind": "eval", "step": 3, "eval/perplexity": 40.0, "eval/perplexity_fwd": 41.0,
+        "eval/perplexity_bwd": 39.0, "eval/unigram_perplexity": 200.0,
+    })
+    path = str(tmp_path / "plot.png")
+    plot_perplexity(rows, path)
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_wandb_online_needs_a_key(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from pipeline.train.config import WandbConfig
+    from pipeline.train.metrics import WandbSink
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    settings = OmegaConf.structured(WandbConfig(mode="online"))
+    with pytest.raises(ValueError, match="WANDB_API_KEY"):
+        WandbSink(settings, "/tmp/unused", "run", {})
