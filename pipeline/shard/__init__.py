@@ -1,1 +1,25 @@
-"""Stage 1: raw corpus -> vocabulary + WebDataset shards (see docs/architecture.md)."""
+"""Stage 1: a raw text corpus -> a vocabulary and WebDataset shards (``elmo shard``).
+
+    elmo shard --input 'corpus/*.txt.gz' --output s3://bucket/shards --workers 8 \\
+        tokenizer=moses heldout_fraction=0.01 shard_tokens=1000000
+
+Output (the layout is docs/architecture.md, "Shard output format"; :mod:`.format` reads it):
+``vocab.txt``, ``vocab_counts.tsv``, ``train-NNNNNN.tar``, ``heldout-NNNNNN.tar``,
+``manifest.json`` (written last: the output is complete when it exists) and ``shard_plan.json``
+(the counting pass's record, used by reruns).
+
+Guarantees:
+
+- Same inputs and config (see :data:`.config.RUNTIME_KEYS` for what does not count) -> the same
+  bytes in every shard, vocabulary file and manifest, with 1 or N workers and any ``chunk_bytes``.
+- Every input line is accounted for in ``manifest.json["lines"]``: kept (train or held out),
+  empty, or overlong; lines with invalid UTF-8 are kept with U+FFFD and counted.
+- A rerun over a complete output does nothing; over a partial one it keeps the shards already
+  written and writes the rest; over another run's output it refuses (one-line ShardError).
+
+Modules, in the order data flows through them: :mod:`.reader` (chunks of lines),
+:mod:`.tokenizer`, :mod:`.sentences` (line accounting), :mod:`.split` (held-out hash),
+:mod:`.vocabulary`, :mod:`.layout` (which sentence goes to which shard), :mod:`.writer`
+(shuffle, blocks, tar), :mod:`.manifest`, :mod:`.passes` (per-chunk work) and :mod:`.job`
+(the Ray shell).
+"""

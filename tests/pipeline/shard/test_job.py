@@ -247,3 +247,12 @@ def test_s3_input_and_output_give_the_local_bytes(baseline, corpus, s3_prefix):
     again = run([source], target, workers=2, chunk_bytes=30000)
     assert again == manifest
     assert storage.read_bytes(first) == (out / "train-000000.tar").read_bytes()
+
+
+def test_s3_errors_are_one_line(ray_local, corpus, s3_prefix, capsys):
+    code, err = _cli(
+        capsys, "--input", storage.join(s3_prefix, "missing.txt"), "--output", storage.join(s3_prefix, "o")
+    )
+    assert code == 2 and err.startswith("error: input ") and "missing.txt" in err
+    code, err = _cli(capsys, "--input", str(corpus[0]), "--output", "s3://no-such-bucket-for-shards/out")
+    assert code == 2 and err.startswith("error: s3://no-such-bucket-for-shards/out/") and "does not exist" in err
