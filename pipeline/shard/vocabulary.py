@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -94,10 +95,8 @@ def build_vocabulary(
 def encode_ids(sentences: Sequence[Sequence[str]], index: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
     """Vocabulary ids of ``sentences``: ``ids`` int32 ``(total_tokens,)`` (concatenated, unknown
     tokens -> ``<UNK>``) and ``lengths`` int32 ``(len(sentences),)``."""
-    unk = index[UNK]
-    get = index.get
     lengths = np.fromiter(map(len, sentences), dtype=np.int32, count=len(sentences))
-    ids = np.fromiter(
-        (get(t, unk) for tokens in sentences for t in tokens), dtype=np.int32, count=int(lengths.sum())
-    )
+    # map() over C-level iterators: no Python frame per token
+    tokens = chain.from_iterable(sentences)
+    ids = np.fromiter(map(index.get, tokens, repeat(index[UNK])), dtype=np.int32, count=int(lengths.sum()))
     return ids, lengths
