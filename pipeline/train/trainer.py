@@ -289,22 +289,16 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _report(metrics: dict) -> None:
-    """ray.train.report when running under Ray Train (a barrier: every rank calls it)."""
-    try:
-        import ray.train
-
-        ray.train.report(metrics)
-    except RuntimeError:
-        pass
-
-
 class WorkerRun:
     """One rank's training run: data, checkpoints, evaluation and logging around a ``StepRunner``.
-    ``cfg`` is the resolved TrainConfig (an OmegaConf DictConfig)."""
 
-    def __init__(self, cfg: Any, plan: RunPlan, device: torch.device):
-        self.cfg, self.plan, self.device = cfg, plan, device
+    ``cfg`` is the resolved TrainConfig (an OmegaConf DictConfig). ``report``: also send every
+    logged row to ``ray.train.report`` (under Ray Train; every rank must then report alike).
+    Outside Ray Train (``report=False``, no process group) it runs as a single rank in-process.
+    """
+
+    def __init__(self, cfg: Any, plan: RunPlan, device: torch.device, report: bool = False):
+        self.cfg, self.plan, self.device, self.report = cfg, plan, device, report
         if plan.storage_endpoint:
             storage.configure(endpoint_url=plan.storage_endpoint)
         self.runner = StepRunner(cfg, plan.options, plan.vocab_size, device)
@@ -428,7 +422,13 @@ class WorkerRun:
         if self.log is not None:
             self.log.append(row)
             sink.log(row, row["step"])
-        _report(row)
+        self._report(row)
+
+    def _report(self, row: dict) -> None:
+        if self.report:
+            import ray.train
+
+            ray.train.report(row)
 
     def run(self) -> dict:
         cfg, plan = self.cfg, self.plan
@@ -503,7 +503,7 @@ class WorkerRun:
         if sink is not None:
             sink.finish()
         _barrier()
-        _report(status)
+        self._report(status)
         return status
 
 
@@ -515,7 +515,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     plan = RunPlan(**loop_config["plan"])
     torch.set_num_threads(int(cfg.threads_per_worker))
     device = ray.train.torch.get_device() if plan.use_gpu else torch.device("cpu")
-    WorkerRun(cfg, plan, device).run()
+    WorkerRun(cfg, plan, device, report=True).run()
 
 
 __all__ = ["TrainError", "RunPlan", "prepare_run", "run_training", "final_status", "train_loop_per_worker", "WorkerRun"]

@@ -22,7 +22,7 @@ from pipeline.train import checkpoint as ckpt
 from pipeline.train.config import TrainConfig
 from pipeline.train.export import SOFTMAX_FILE, VOCAB_FILE, model_from_checkpoint, read_softmax
 from pipeline.train.metrics import METRICS_FILE, PLOT_FILE, read_metrics
-from pipeline.train.trainer import EXPORT_DIR, TrainError, WorkerRun, prepare_run, run_training
+from pipeline.train.trainer import EXPORT_DIR, TrainError, WorkerRun, final_status, prepare_run, run_training
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -159,18 +159,22 @@ def test_continue_pretraining_from_exported_weights(trained, shards, tmp_path):
     assert worker.step == 0
 
 
-def test_rerun_resumes_from_the_latest_checkpoint(shards, tmp_path, ray_local):
+def test_rerun_resumes_from_the_latest_checkpoint(shards, tmp_path, ray_local, capsys):
+    from jobs.train import main as train_main
+
     run_dir = str(tmp_path / "resume")
-    common = ("checkpoint_every=10", "log_every=5", "eval_max_batches=4", "name=resumable", "wandb.mode=disabled")
-    run_training(tiny(shards, run_dir, "max_steps=20", *common))
-    first = ckpt.load_model(ckpt.latest_checkpoint(run_dir))
-    assert first["step"] == 20
-    final = run_training(tiny(shards, run_dir, "max_steps=30", *common))
-    assert final["step"] == 30
+    common = ["checkpoint_every=10", "log_every=5", "eval_max_batches=4", "wandb.mode=disabled"]
+    flags = ["--shards", shards, "--output", run_dir, "--preset", "tiny", "--workers", "2", "--name", "resumable"]
+    assert train_main([*flags, "--max-steps", "20", *common]) == 0
+    assert capsys.readouterr().out.startswith("trained to step 20: held-out perplexity ")
+    assert ckpt.load_model(ckpt.latest_checkpoint(run_dir))["step"] == 20
+    assert train_main([*flags, "--max-steps", "30", *common]) == 0
     rows = read_metrics(os.path.join(run_dir, METRICS_FILE))
     events = [r for r in rows if r["kind"] == "event"]
     assert events == [{"kind": "event", "step": 20, "event": "resume", "from_step": 20}]
     assert [r["step"] for r in rows if r["kind"] == "train"] == [5, 10, 15, 20, 25, 30]
+    assert [r["step"] for r in rows if r["kind"] == "status"] == [20, 30]
+    assert ckpt.load_model(ckpt.latest_checkpoint(run_dir))["step"] == 30
     with pytest.raises(TrainError, match="belongs to run 'resumable'"):
         prepare_run(tiny(shards, run_dir, "max_steps=30", "name=other"))
 
@@ -218,12 +222,18 @@ def test_killed_worker_restarts_from_checkpoint_on_s3(shards, s3_prefix, ray_loc
     assert storage.exists(storage.join(run_dir, EXPORT_DIR, "weights.hdf5"))
 
 
-def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(shards, tmp_path, ray_local):
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(shards, tmp_path):
+    # in-process, one rank: the loop and the driver's final check without a Ray cluster
     run_dir = str(tmp_path / "nan")
-    cfg = tiny(shards, run_dir, "max_steps=6", "checkpoint_every=1", "optimizer.name=adagrad", "optimizer.lr=1e30", "eval_max_batches=2", "wandb.mode=disabled")
+    cfg = tiny(
+        shards, run_dir, "workers=1", "max_steps=6", "checkpoint_every=1", "optimizer.name=adagrad",
+        "optimizer.lr=1e30", "eval_max_batches=2", "wandb.mode=disabled",
+    )
+    status = WorkerRun(cfg, prepare_run(cfg), torch.device("cpu")).run()
+    assert status["status"] == "nan"
     with pytest.raises(TrainError, match="non-finite loss") as err:
-        run_training(cfg)
+        final_status(run_dir)
     assert "\n" not in str(err.value)
     good = ckpt.list_checkpoints(run_dir)
-    assert good and str(good[-1][1]) in str(err.value)
+    assert good and good[-1][0] < 6 and str(good[-1][1]) in str(err.value)
     assert not storage.exists(os.path.join(run_dir, EXPORT_DIR, "weights.hdf5"))
