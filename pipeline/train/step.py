@@ -142,7 +142,8 @@ class StepRunner:
         grad_norm = clip_global_norm(grads, float(cfg.clip_norm))
         if rows is not None:
             self._set_softmax_grads(rows)
-        losses = all_reduce_sum(step_loss.per_direction.float().cpu().clone()) / self.world
+        # on the device: NCCL reduces only CUDA tensors
+        losses = all_reduce_sum(step_loss.per_direction.float().clone()).cpu() / self.world
         if not bool(torch.isfinite(losses).all()) or not math.isfinite(grad_norm):
             return {"finite": False, "losses": losses.tolist()}
         self.optimizer.step()

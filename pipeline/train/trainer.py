@@ -13,6 +13,7 @@ the same number of steps, because the row streams never run dry (``data``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -103,8 +104,7 @@ def _check_shards(shards: str, manifest: dict) -> None:
 
 
 def storage_sha256(path: str) -> str:
-    import hashlib
-
+    """sha256 hex digest of a local or s3:// file, streamed."""
     digest = hashlib.sha256()
     with storage.open_read(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -237,7 +237,7 @@ def _failure_message(err: BaseException) -> str:
 def run_training(cfg: Any, plan: RunPlan | None = None) -> dict:
     """Run (or resume) a training run; Ray must be initialised. ``plan``: from ``prepare_run(cfg)``
     (computed here when None). Returns the final status row (end-of-run held-out perplexities)."""
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchConfig, TorchTrainer
 
     plan = prepare_run(cfg) if plan is None else plan
@@ -261,10 +261,8 @@ def run_training(cfg: Any, plan: RunPlan | None = None) -> dict:
     )
     try:
         trainer.fit()
-    except Exception as err:  # TrainingFailedError and friends: surface the worker's own message
-        if type(err).__name__ in ("TrainingFailedError", "WorkerGroupError", "ControllerError"):
-            raise _fail(f"training failed: {_failure_message(err)}") from None
-        raise
+    except TrainingFailedError as err:  # surface the worker's own last line, not Ray's traceback
+        raise _fail(f"training failed: {_failure_message(err)}") from None
     finally:
         shutil.rmtree(ray_storage, ignore_errors=True)
     return final_status(plan.run_dir)
@@ -409,9 +407,8 @@ class WorkerRun:
         )
         max_batches = -(-int(cfg.eval_max_batches) // self.world) if cfg.eval_max_batches else 0
         sums = heldout_sums(self.runner.lm, self.softmax, batches, self.device, max_batches, self.runner.autocast_dtype)
-        total = all_reduce_sum(
-            torch.cat([sums.losses, torch.tensor([float(sums.batches)], dtype=torch.float64)])
-        )
+        counts = torch.cat([sums.losses, torch.tensor([float(sums.batches)], dtype=torch.float64)])
+        total = all_reduce_sum(counts.to(self.device)).cpu()  # NCCL reduces only CUDA tensors
         result = HeldoutSums(total[:3], int(total[3])).perplexities()
         result["eval/unigram_perplexity"] = self.plan.unigram_perplexity
         result["eval/batches"] = int(total[3])

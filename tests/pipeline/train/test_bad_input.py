@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+from shard_builder import sample_sentences, write_sample_shards
 
 from jobs.train import main as train_main
 from pipeline import storage
@@ -14,8 +15,6 @@ from pipeline.shard import format as shard_format
 from pipeline.shard.format import FormatError
 from pipeline.train.config import TrainConfig
 from pipeline.train.trainer import TrainError, _cluster_check, prepare_run
-
-from shard_builder import sample_sentences, write_sample_shards
 
 
 @pytest.fixture
@@ -80,3 +79,16 @@ def test_cli_reports_one_line(shards, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("error: no manifest.json in") and err.count("\n") == 1
+
+
+def test_manifest_counts_that_disagree_with_a_shard_fail_the_run_with_one_line(shards, tmp_path, ray_local):
+    from pipeline.train.trainer import run_training
+
+    path = os.path.join(shards, "manifest.json")
+    manifest = json.loads(storage.read_bytes(path))
+    manifest["shards"]["train"][0]["sentences"] += 1  # the bytes (sha256) still match: only reading finds it
+    storage.write_bytes(path, json.dumps(manifest).encode())
+    cfg = cfg_for(shards, str(tmp_path / "run"), "workers=2", "max_failures=0", "wandb.mode=disabled", "softmax.negatives=100")
+    with pytest.raises(TrainError, match=r"training failed: .*train-000000.tar: manifest lists \d+ sentences") as err:
+        run_training(cfg)
+    assert "\n" not in str(err.value)
