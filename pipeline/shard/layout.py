@@ -1,8 +1,9 @@
 """Shard layout: which sentences go to which shard, known before any shard is written.
 
 Within a split, sentences are numbered in input order and get a token offset (tokens before
-them). A sentence belongs to shard ``offset // shard_tokens``: every shard holds about
-``shard_tokens`` tokens (at most ``shard_tokens + longest sentence - 1``), and since the counting
+them). A sentence belongs to shard ``offset // shard_tokens``, except that a short tail (under
+half the budget) joins the shard before it: every shard holds between about half and one and a
+half ``shard_tokens`` (a split smaller than half the budget is one shard). Since the counting
 pass records each chunk's token total and last sentence length, every chunk knows exactly which
 shards its sentences fall in before the writing pass starts. That is what lets the writing pass
 run chunk by chunk on many workers and still produce the same shards as one worker.
@@ -60,24 +61,25 @@ def layout_split(chunks: list[ChunkTokens], shard_tokens: int, longest: int) -> 
         raise ValueError(f"shard_tokens must be >= 1, got {shard_tokens}")
     if longest > shard_tokens:
         raise ValueError(f"a sentence has {longest} tokens, more than shard_tokens={shard_tokens}")
-    offsets, ranges = [], []
+    offsets, spans = [], []
     offset = 0
     for chunk in chunks:
         offsets.append(offset)
-        if chunk.tokens:
-            last_start = offset + chunk.tokens - chunk.last_length
-            ranges.append(range(offset // shard_tokens, last_start // shard_tokens + 1))
-        else:
-            ranges.append(range(0))
+        last_start = offset + chunk.tokens - chunk.last_length
+        spans.append((offset // shard_tokens, last_start // shard_tokens) if chunk.tokens else None)
         offset += chunk.tokens
-    num_shards = max((r.stop for r in ranges if r), default=0)
+    num_shards = max((span[1] + 1 for span in spans if span), default=0)
+    if num_shards > 1 and offset - (num_shards - 1) * shard_tokens < shard_tokens // 2:
+        num_shards -= 1  # the short tail joins the shard before it
+    last = num_shards - 1
+    ranges = [range(min(span[0], last), min(span[1], last) + 1) if span else range(0) for span in spans]
     return SplitLayout(shard_tokens, offsets, ranges, num_shards, offset)
 
 
-def sentence_shards(lengths: np.ndarray, offset: int, shard_tokens: int) -> np.ndarray:
+def sentence_shards(lengths: np.ndarray, offset: int, shard_tokens: int, num_shards: int) -> np.ndarray:
     """Shard index of each sentence of a chunk: ``lengths`` int ``(S,)`` in input order, ``offset``
-    the split's tokens before the chunk -> int64 ``(S,)``, non-decreasing."""
-    starts = (
-        offset + np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)[:-1])) if len(lengths) else lengths
-    )
-    return np.asarray(starts, dtype=np.int64) // shard_tokens
+    the split's tokens before the chunk, ``num_shards`` the split's shard count -> int64 ``(S,)``,
+    non-decreasing."""
+    ends = np.cumsum(lengths, dtype=np.int64)
+    starts = offset + ends - np.asarray(lengths, dtype=np.int64)
+    return np.minimum(starts // shard_tokens, num_shards - 1)

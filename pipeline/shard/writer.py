@@ -67,7 +67,8 @@ def cut_pieces(
     ``offset``: the split's tokens before this chunk (from the layout).
     """
     ids, lengths = encode_ids(sentences, index)
-    owner = sentence_shards(lengths, offset, shard_tokens)
+    # the chunk's range ends at the split's last shard whenever any of its sentences would go past it
+    owner = sentence_shards(lengths, offset, shard_tokens, shards.stop)
     bounds = np.searchsorted(owner, [shards.start, *[s + 1 for s in shards]])
     token_bounds = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
     pieces = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from pathlib import Path
 
@@ -96,10 +97,7 @@ def test_vocabulary_order_specials_and_counts(baseline):
     assert body == sorted(body, key=lambda tc: (-tc[1], tc[0].encode("utf-8")))
     assert sum(c for _, c in counts[2:]) == train["tokens"]
     assert manifest["vocab"]["size"] == len(tokens)
-    assert (
-        manifest["vocab"]["sha256"]
-        == __import__("hashlib").sha256((out / "vocab.txt").read_bytes()).hexdigest()
-    )
+    assert manifest["vocab"]["sha256"] == hashlib.sha256((out / "vocab.txt").read_bytes()).hexdigest()
 
 
 def test_manifest_accounts_for_every_line(baseline):
@@ -114,10 +112,11 @@ def test_manifest_accounts_for_every_line(baseline):
         assert manifest["totals"][split]["tokens"] == sum(s["tokens"] for s in shards)
         assert manifest["totals"][split]["sentences"] == lines["sentences"][split]
         for shard in shards:
-            digest = __import__("hashlib").sha256((out / shard["name"]).read_bytes()).hexdigest()
+            digest = hashlib.sha256((out / shard["name"]).read_bytes()).hexdigest()
             assert shard["sha256"] == digest
     assert len(manifest["shards"]["train"]) >= 3
-    assert all(s["tokens"] <= 15000 + lines["longest_sentence_tokens"] for s in manifest["shards"]["train"])
+    longest = lines["longest_sentence_tokens"]
+    assert all(7500 - longest < s["tokens"] < 22500 + longest for s in manifest["shards"]["train"])
     assert manifest["inputs_detail"][0]["lines"] == LINES
     assert "workers" not in manifest["config"] and manifest["config"]["shard_tokens"] == 15000
 
@@ -255,4 +254,6 @@ def test_s3_errors_are_one_line(ray_local, corpus, s3_prefix, capsys):
     )
     assert code == 2 and err.startswith("error: input ") and "missing.txt" in err
     code, err = _cli(capsys, "--input", str(corpus[0]), "--output", "s3://no-such-bucket-for-shards/out")
-    assert code == 2 and err.startswith("error: s3://no-such-bucket-for-shards/out/") and "does not exist" in err
+    assert (
+        code == 2 and err.startswith("error: s3://no-such-bucket-for-shards/out/") and "does not exist" in err
+    )
