@@ -168,9 +168,15 @@ def raw_forward(args, model_dir: Path, threads: int) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sentences", type=int, default=200_000, help="sentences at scale 1 (issue: >= 200,000)")
-    parser.add_argument("--scales", type=int, nargs="+", default=[1, 4], help="input multiples for the memory check")
-    parser.add_argument("--raw-sentences", type=int, default=20_000, help="sentences timed for the raw forward baseline")
+    parser.add_argument(
+        "--sentences", type=int, default=200_000, help="sentences at scale 1 (issue: >= 200,000)"
+    )
+    parser.add_argument(
+        "--scales", type=int, nargs="+", default=[1, 4], help="input multiples for the memory check"
+    )
+    parser.add_argument(
+        "--raw-sentences", type=int, default=20_000, help="sentences timed for the raw forward baseline"
+    )
     parser.add_argument("--preset", default="small")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cpus-per-worker", type=float, default=1.0)
@@ -181,7 +187,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     cores = int(args.workers * args.cpus_per_worker)
-    with tempfile.TemporaryDirectory(prefix="elmo-bench-embed-") as tmp, LocalS3Server(Path(tmp) / "s3") as server:
+    with (
+        tempfile.TemporaryDirectory(prefix="elmo-bench-embed-") as tmp,
+        LocalS3Server(Path(tmp) / "s3") as server,
+    ):
         server.create_bucket(BUCKET)
         os.environ.update(
             AWS_ENDPOINT_URL=server.endpoint_url, AWS_ACCESS_KEY_ID=server.access_key,
@@ -204,12 +213,23 @@ def main(argv=None) -> int:
     print(f"\nembed benchmark: preset {args.preset}, {args.workers} workers x {args.cpus_per_worker:g} CPU, "
           f"layers {args.layers}, {args.dtype}, lines_per_shard {args.lines_per_shard}, batch_tokens {args.batch_tokens}, "
           f"torch {torch.__version__}, {os.cpu_count()} cores on this machine\n")  # fmt: skip
-    print(f"{'measurement':<44} {'sentences':>10} {'tokens':>11} {'seconds':>9} {'tokens/s':>10} {'peak MiB':>9}")
-    print(f"{'raw forward, 1 process, ' + str(cores) + ' threads':<44} {args.raw_sentences:>10,} {raw['tokens']:>11,} {raw['seconds']:>9.1f} {raw['tokens_per_s']:>10,.0f} {'':>9}")
-    print(f"{'raw forward, 1 thread (x' + str(cores) + ' = linear bound)':<44} {args.raw_sentences:>10,} {raw_1['tokens']:>11,} {raw_1['seconds']:>9.1f} {raw_1['tokens_per_s']:>10,.0f} {'':>9}")
+    print(
+        f"{'measurement':<44} {'sentences':>10} {'tokens':>11} {'seconds':>9} {'tokens/s':>10} {'peak MiB':>9}"
+    )
+    print(
+        f"{'raw forward, 1 process, ' + str(cores) + ' threads':<44} {args.raw_sentences:>10,} {raw['tokens']:>11,} {raw['seconds']:>9.1f} {raw['tokens_per_s']:>10,.0f} {'':>9}"
+    )
+    print(
+        f"{'raw forward, 1 thread (x' + str(cores) + ' = linear bound)':<44} {args.raw_sentences:>10,} {raw_1['tokens']:>11,} {raw_1['seconds']:>9.1f} {raw_1['tokens_per_s']:>10,.0f} {'':>9}"
+    )
     for scale, job in jobs.items():
-        for label, seconds in ((f"end-to-end {scale}x, stage time", job["stage_s"]), (f"end-to-end {scale}x, job wall time", job["wall_s"])):
-            print(f"{label:<44} {args.sentences * scale:>10,} {job['tokens']:>11,} {seconds:>9.1f} {job['tokens'] / seconds:>10,.0f} {job['peak_bytes'] / 2**20:>9,.0f}")
+        for label, seconds in (
+            (f"end-to-end {scale}x, stage time", job["stage_s"]),
+            (f"end-to-end {scale}x, job wall time", job["wall_s"]),
+        ):
+            print(
+                f"{label:<44} {args.sentences * scale:>10,} {job['tokens']:>11,} {seconds:>9.1f} {job['tokens'] / seconds:>10,.0f} {job['peak_bytes'] / 2**20:>9,.0f}"
+            )
     best_raw = max(raw["tokens_per_s"], raw_1["tokens_per_s"] * cores)
     first = jobs[args.scales[0]]
     print(f"\nend-to-end (stage time, {args.scales[0]}x) / raw forward: {first['tokens'] / first['stage_s'] / raw['tokens_per_s']:.2f}x "

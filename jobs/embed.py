@@ -36,12 +36,26 @@ def build_parser():
     parser.add_argument("--model", metavar="DIR_OR_S3", help="folder with options.json + weights.hdf5")
     parser.add_argument("--options", metavar="F", help="options.json (with --weights, instead of --model)")
     parser.add_argument("--weights", metavar="F", help="weights HDF5 (with --options)")
-    parser.add_argument("--input", nargs="+", metavar="PATH", help="text files / globs (one tokenized sentence per line) or a shard directory")
-    parser.add_argument("--output", metavar="DIR_OR_S3_PREFIX", help="output folder / s3 prefix, or a .hdf5 file for single-file mode")
+    parser.add_argument(
+        "--input",
+        nargs="+",
+        metavar="PATH",
+        help="text files / globs (one tokenized sentence per line) or a shard directory",
+    )
+    parser.add_argument(
+        "--output",
+        metavar="DIR_OR_S3_PREFIX",
+        help="output folder / s3 prefix, or a .hdf5 file for single-file mode",
+    )
     parser.add_argument("--layers", choices=LAYER_MODES, help="all (default), top or average")
     parser.add_argument("--dtype", choices=DTYPES, help="stored dtype (default float32)")
     parser.add_argument("--workers", type=int, metavar="N", help="embedding actors (default 1)")
-    parser.add_argument("--stateful", action="store_const", const=True, help="carry LSTM state across batches in input order (original behaviour)")
+    parser.add_argument(
+        "--stateful",
+        action="store_const",
+        const=True,
+        help="carry LSTM state across batches in input order (original behaviour)",
+    )
     return parser
 
 

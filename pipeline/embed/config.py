@@ -136,7 +136,14 @@ def check_config(cfg) -> None:
     _choice(cfg, "long_sentences", LONG_SENTENCE_POLICIES)
     _choice(cfg, "invalid_utf8", INVALID_UTF8_POLICIES)
     _choice(cfg, "use_gpu", GPU_CHOICES)
-    for key in ("workers", "lines_per_shard", "batch_tokens", "max_batch_sentences", "stateful_batch_size", "max_sentence_tokens"):
+    for key in (
+        "workers",
+        "lines_per_shard",
+        "batch_tokens",
+        "max_batch_sentences",
+        "stateful_batch_size",
+        "max_sentence_tokens",
+    ):
         if int(cfg[key]) < 1:
             raise ConfigError(f"config key {key!r} must be >= 1, got {cfg[key]}")
     if cfg.cpus_per_worker <= 0:

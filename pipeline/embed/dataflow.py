@@ -15,6 +15,7 @@ input order through one actor: one actor, one task in flight, and ``preserve_ord
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -52,14 +53,27 @@ def write_shards(batch: dict[str, np.ndarray], output: str) -> dict[str, list]:
 @contextmanager
 def _data_context(preserve_order: bool) -> Iterator[None]:
     ctx = DataContext.get_current()
-    saved = (ctx.execution_options.preserve_order, ctx.enable_progress_bars, ctx.print_on_execution_start)
+    logger = logging.getLogger("ray.data")
+    saved = (
+        ctx.execution_options.preserve_order,
+        ctx.enable_progress_bars,
+        ctx.print_on_execution_start,
+        logger.level,
+    )
     ctx.execution_options.preserve_order = preserve_order
     ctx.enable_progress_bars = False  # the stage draws its own bar
     ctx.print_on_execution_start = False
+    logger.setLevel(logging.WARNING)  # per-dataset INFO lines would interleave with the bar
     try:
         yield
     finally:
-        ctx.execution_options.preserve_order, ctx.enable_progress_bars, ctx.print_on_execution_start = saved
+        (
+            ctx.execution_options.preserve_order,
+            ctx.enable_progress_bars,
+            ctx.print_on_execution_start,
+            level,
+        ) = saved
+        logger.setLevel(level)
 
 
 def embed_stream(
@@ -85,12 +99,18 @@ def embed_stream(
             fn_constructor_kwargs={"source": source.to_dict(), "settings": asdict(settings)},
             batch_size=1,
             batch_format="numpy",
-            compute=ActorPoolStrategy(size=1 if stateful else workers, max_tasks_in_flight_per_actor=1 if stateful else 2),
+            compute=ActorPoolStrategy(
+                size=1 if stateful else workers, max_tasks_in_flight_per_actor=1 if stateful else 2
+            ),
             num_cpus=cpus_per_worker,
             num_gpus=gpus_per_worker,
         )
         ds = ds.map_batches(
-            write_shards, fn_kwargs={"output": output}, batch_size=1, batch_format="numpy", num_cpus=WRITER_CPUS
+            write_shards,
+            fn_kwargs={"output": output},
+            batch_size=1,
+            batch_format="numpy",
+            num_cpus=WRITER_CPUS,
         )
         for row in ds.iter_rows():
             entry = json.loads(row["entry"])

@@ -59,7 +59,11 @@ def empty_value(mode: str, num_layers: int, output_dim: int) -> np.ndarray:
 
 
 def embed_pieces(
-    bilm: BiLM, pieces: Sequence[Sequence[str]], batches: Sequence[Sequence[int]], mode: str, device: torch.device
+    bilm: BiLM,
+    pieces: Sequence[Sequence[str]],
+    batches: Sequence[Sequence[int]],
+    mode: str,
+    device: torch.device,
 ) -> list[np.ndarray]:
     """Run ``batches`` (lists of indices into ``pieces``, in the order given) through ``bilm``.
 
@@ -69,7 +73,9 @@ def embed_pieces(
     values: list[np.ndarray | None] = [None] * len(pieces)
     for batch in batches:
         ids = batch_to_ids([pieces[i] for i in batch]).to(device)  # (B, T+2, 50)
-        with torch.inference_mode():
+        # no_grad, not inference_mode: the biLM caches work buffers across calls, and inference
+        # tensors cached here would break a later ordinary call on the same model
+        with torch.no_grad():
             selected = select_layers(bilm(ids).layers, mode).float().cpu().numpy()
         for row, i in enumerate(batch):
             n = len(pieces[i])
@@ -82,11 +88,18 @@ def plan_forward_passes(pieces: Sequence[Sequence[str]], settings: EmbedSettings
     """Length-bucketed batches (stateless) or input-order batches of a fixed size (stateful)."""
     if settings.stateful:
         return batching.in_order(len(pieces), settings.stateful_batch_size)
-    return batching.length_bucketed([len(p) for p in pieces], settings.batch_tokens, settings.max_batch_sentences)
+    return batching.length_bucketed(
+        [len(p) for p in pieces], settings.batch_tokens, settings.max_batch_sentences
+    )
 
 
 def embed_lines(
-    bilm: BiLM, prepared: PreparedLines, settings: EmbedSettings, num_layers: int, output_dim: int, device: torch.device
+    bilm: BiLM,
+    prepared: PreparedLines,
+    settings: EmbedSettings,
+    num_layers: int,
+    output_dim: int,
+    device: torch.device,
 ) -> list[np.ndarray]:
     """One value per line of ``prepared`` (see module docstring); split lines are concatenated on the token axis."""
     flat: list[list[str]] = []
@@ -104,7 +117,10 @@ def embed_lines(
     for line, value in zip(owner, piece_values, strict=True):
         per_line[line].append(value)
     empty = empty_value(settings.layers, num_layers, output_dim)
-    return [np.concatenate(parts, axis=-2) if len(parts) > 1 else (parts[0] if parts else empty) for parts in per_line]
+    return [
+        np.concatenate(parts, axis=-2) if len(parts) > 1 else (parts[0] if parts else empty)
+        for parts in per_line
+    ]
 
 
 def shard_stats(spec: ShardSpec, prepared: PreparedLines) -> dict:
@@ -162,7 +178,9 @@ class ShardEmbedder:
             invalid_utf8=s.invalid_utf8,
             where=where,
         )
-        values = embed_lines(self.bilm, prepared, s, self.source.num_layers, self.source.output_dim, self.device)
+        values = embed_lines(
+            self.bilm, prepared, s, self.source.num_layers, self.source.output_dim, self.device
+        )
         return shard_stats(spec, prepared), values
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:

@@ -57,5 +57,7 @@ def iter_shard(path: str) -> Iterator[tuple[int, np.ndarray]]:
 def write_sentence_to_index(out: h5py.File, sentence_to_index: Mapping[str, str]) -> None:
     """AllenNLP's index: dataset of shape (1,), one variable-length UTF-8 string holding
     ``json.dumps({sentence text: key string})``."""
-    dataset = out.create_dataset(SENTENCE_TO_INDEX, (1,), dtype=h5py.string_dtype(encoding="utf-8"), track_times=False)
+    dataset = out.create_dataset(
+        SENTENCE_TO_INDEX, (1,), dtype=h5py.string_dtype(encoding="utf-8"), track_times=False
+    )
     dataset[0] = json.dumps(sentence_to_index)

@@ -73,7 +73,9 @@ def resolve_inputs(patterns: Sequence[str]) -> tuple[str, list[str]]:
         raise EmbedError(f"input: {err}") from None
     for path in paths:
         if path.endswith(COMPRESSED_SUFFIXES):
-            raise EmbedError(f"input {path}: compressed files are not read (shards are read by byte range); decompress it first")
+            raise EmbedError(
+                f"input {path}: compressed files are not read (shards are read by byte range); decompress it first"
+            )
     return "text", paths
 
 
@@ -107,7 +109,9 @@ class _Planner:
     def flush(self) -> None:
         if self.lines:
             self.specs.append(
-                ShardSpec(len(self.specs), self.first_line, self.lines, tuple(self.segments), self.hash.hexdigest())
+                ShardSpec(
+                    len(self.specs), self.first_line, self.lines, tuple(self.segments), self.hash.hexdigest()
+                )
             )
         self._reset(self.first_line + self.lines)
 
@@ -166,7 +170,9 @@ def _tar_segments(shard_dir: str, splits: Sequence[str], planner: _Planner) -> N
         raise EmbedError(f"input: {err}") from None
     for split in splits:
         if split not in shard_format.SPLITS:
-            raise EmbedError(f"shard_splits: unknown split {split!r}; expected some of {', '.join(shard_format.SPLITS)}")
+            raise EmbedError(
+                f"shard_splits: unknown split {split!r}; expected some of {', '.join(shard_format.SPLITS)}"
+            )
         for entry in manifest["shards"][split]:
             path = storage.join(shard_dir, entry["name"])
             done = 0
@@ -177,7 +183,9 @@ def _tar_segments(shard_dir: str, splits: Sequence[str], planner: _Planner) -> N
                 done += take
 
 
-def plan_shards(kind: str, paths: Sequence[str], lines_per_shard: int, shard_splits: Sequence[str] = ()) -> list[ShardSpec]:
+def plan_shards(
+    kind: str, paths: Sequence[str], lines_per_shard: int, shard_splits: Sequence[str] = ()
+) -> list[ShardSpec]:
     """The shard specs of the whole input, in line order (one streaming pass over text input)."""
     if lines_per_shard < 1:
         raise EmbedError(f"lines_per_shard must be >= 1, got {lines_per_shard}")
@@ -206,7 +214,9 @@ def _read_exactly(stream: io.IOBase, size: int, path: str) -> bytes:
     while left > 0:
         chunk = stream.read(left)
         if not chunk:
-            raise EmbedError(f"input {path}: file shrank while reading (expected {size} bytes); the input changed")
+            raise EmbedError(
+                f"input {path}: file shrank while reading (expected {size} bytes); the input changed"
+            )
         parts.append(chunk)
         left -= len(chunk)
     return b"".join(parts)

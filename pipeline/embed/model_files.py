@@ -45,11 +45,13 @@ def model_paths(model: str, options_file: str, weights_file: str) -> tuple[str, 
     if model:
         return storage.join(model, OPTIONS_NAME), storage.join(model, WEIGHTS_NAME)
     if not (options_file and weights_file):
-        raise EmbedError("no model given: pass --model DIR (with options.json + weights.hdf5) or --options F --weights F")
+        raise EmbedError(
+            "no model given: pass --model DIR (with options.json + weights.hdf5) or --options F --weights F"
+        )
     return options_file, weights_file
 
 
-def _sha256_update(digest: "hashlib._Hash", path: str) -> None:
+def _sha256_update(digest: hashlib._Hash, path: str) -> None:
     with storage.open_read(path) as stream:
         while chunk := stream.read(HASH_CHUNK):
             digest.update(chunk)
@@ -78,7 +80,9 @@ def resolve_model(model: str, options_file: str, weights_file: str) -> ModelSour
         raise EmbedError(f"model options file {options_path}: {err}") from None
     except storage.StorageError as err:
         raise EmbedError(f"model: {err}") from None
-    return ModelSource(options_path, weights_path, digest.hexdigest(), options.n_layers + 1, 2 * options.projection_dim)
+    return ModelSource(
+        options_path, weights_path, digest.hexdigest(), options.n_layers + 1, 2 * options.projection_dim
+    )
 
 
 def load_bilm(source: ModelSource) -> BiLM:

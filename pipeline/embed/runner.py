@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import ray
@@ -119,10 +120,12 @@ def run_embed(cfg) -> EmbedResult:
         disable=not cfg.progress,
         file=sys.stderr,
     )
-    with bar, ray_session(cfg.ray_address or None, int(cfg.num_cpus) or None):
-        gpus = gpus_per_worker(cfg.use_gpu)
+    with bar, ray_session(cfg.ray_address or None, int(cfg.num_cpus) or None) if todo else nullcontext():
+        gpus = gpus_per_worker(cfg.use_gpu) if todo else 0.0
         settings = settings_for(cfg, "cuda" if gpus else "cpu")
-        stream = embed_stream(todo, source, settings, target, int(cfg.workers), float(cfg.cpus_per_worker), gpus)
+        stream = embed_stream(
+            todo, source, settings, target, int(cfg.workers), float(cfg.cpus_per_worker), gpus
+        )
         for result in stream:
             if not result["written"]:
                 continue
@@ -141,7 +144,15 @@ def run_embed(cfg) -> EmbedResult:
     entries = [done[i] for i in sorted(done)]
     totals = manifest.totals(entries)
     result = EmbedResult(
-        cfg.output, not stopped, len(specs), new_shards, totals["sentences"], totals["tokens"], new_tokens, seconds, totals
+        cfg.output,
+        not stopped,
+        len(specs),
+        new_shards,
+        totals["sentences"],
+        totals["tokens"],
+        new_tokens,
+        seconds,
+        totals,
     )
     if stopped:
         return result
@@ -167,7 +178,11 @@ def run_embed(cfg) -> EmbedResult:
 def summary(result: EmbedResult) -> str:
     """A few lines for the end of a run."""
     t = result.totals
-    state = "complete" if result.complete else "STOPPED EARLY (stop_after_shards); rerun with the same arguments to finish"
+    state = (
+        "complete"
+        if result.complete
+        else "STOPPED EARLY (stop_after_shards); rerun with the same arguments to finish"
+    )
     return "\n".join(
         [
             f"embed {state}: {result.output}",

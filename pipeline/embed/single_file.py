@@ -30,7 +30,15 @@ def parts_path(output: str) -> str:
     return output + PARTS_SUFFIX
 
 
-def merge(parts: str, specs: Sequence[ShardSpec], output: str, *, max_tokens: int, long_sentences: str, invalid_utf8: str) -> None:
+def merge(
+    parts: str,
+    specs: Sequence[ShardSpec],
+    output: str,
+    *,
+    max_tokens: int,
+    long_sentences: str,
+    invalid_utf8: str,
+) -> None:
     """Write ``output`` from the complete shards under ``parts`` (one shard in memory at a time)."""
     sentence_to_index: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="elmo-embed-merge-") as tmp:
@@ -48,11 +56,15 @@ def merge(parts: str, specs: Sequence[ShardSpec], output: str, *, max_tokens: in
                 expected = spec.first_line
                 for line, value in iter_shard(manifest.shard_path(parts, spec.index)):
                     if line != expected:
-                        raise EmbedError(f"{manifest.shard_path(parts, spec.index)}: expected sentence {expected}, found {line}")
+                        raise EmbedError(
+                            f"{manifest.shard_path(parts, spec.index)}: expected sentence {expected}, found {line}"
+                        )
                     out.create_dataset(str(line), data=value)
                     expected += 1
                 if expected != spec.first_line + spec.num_lines:
-                    raise EmbedError(f"{manifest.shard_path(parts, spec.index)}: holds lines up to {expected - 1}, expected {spec.first_line + spec.num_lines - 1}")
+                    raise EmbedError(
+                        f"{manifest.shard_path(parts, spec.index)}: holds lines up to {expected - 1}, expected {spec.first_line + spec.num_lines - 1}"
+                    )
                 for offset, text in enumerate(prepared.texts):
                     sentence_to_index[text] = str(spec.first_line + offset)
             write_sentence_to_index(out, sentence_to_index)

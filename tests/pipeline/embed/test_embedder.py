@@ -8,12 +8,12 @@ import h5py
 import numpy as np
 import pytest
 from embed_fixtures import direct, expected_value, load_model, sample_lines
+from tests_reference import fixture_expected, fixture_sentences_batch_major
 
 from pipeline.embed.embedder import EmbedSettings, embed_lines
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.hdf5_shard import encode_shard
 from pipeline.embed.sentences import prepare_lines
-from tests_reference import fixture_expected, fixture_sentences_batch_major
 
 torch_device = __import__("torch").device("cpu")
 
@@ -37,8 +37,12 @@ def _settings(**kw) -> EmbedSettings:
 
 def _embed(model, lines, settings):
     prepared = prepare_lines(
-        lines, 0, max_tokens=settings.max_sentence_tokens, long_sentences=settings.long_sentences,
-        invalid_utf8=settings.invalid_utf8, where="test",
+        lines,
+        0,
+        max_tokens=settings.max_sentence_tokens,
+        long_sentences=settings.long_sentences,
+        invalid_utf8=settings.invalid_utf8,
+        where="test",
     )
     return embed_lines(model, prepared, settings, 3, 32, torch_device)
 
@@ -85,7 +89,9 @@ def test_stateful_reproduces_the_allennlp_fixture():
     model = load_model()
     model.stateful = True
     lines = [" ".join(s).encode() for s in fixture_sentences_batch_major()]
-    values = _embed(model, lines, _settings(stateful=True, layers="top", stateful_batch_size=3, max_sentence_tokens=1000))
+    values = _embed(
+        model, lines, _settings(stateful=True, layers="top", stateful_batch_size=3, max_sentence_tokens=1000)
+    )
     expected = fixture_expected()
     worst = max(float(np.abs(v - expected[i % 3][i // 3]).max()) for i, v in enumerate(values))
     assert worst < 1e-5

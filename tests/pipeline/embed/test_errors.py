@@ -39,33 +39,70 @@ def test_model_folder_missing_weights(tmp_path, corpus, capsys):
     shutil.copy(OPTIONS, folder / "options.json")
     code, line = _run(capsys, "--model", str(folder), "--input", corpus, "--output", str(tmp_path / "out"))
     assert code == 2
-    assert line == f"error: model weights file {folder / 'weights.hdf5'} does not exist in model folder {folder}"
+    assert (
+        line == f"error: model weights file {folder / 'weights.hdf5'} does not exist in model folder {folder}"
+    )
     assert not (tmp_path / "out").exists()  # failed before touching the output
 
 
 def test_broken_options_and_weights(tmp_path, corpus, capsys):
     bad = tmp_path / "options.json"
     bad.write_text("{not json")
-    code, line = _run(capsys, "--options", str(bad), "--weights", str(WEIGHTS), "--input", corpus, "--output", str(tmp_path / "o"))
+    code, line = _run(
+        capsys,
+        "--options",
+        str(bad),
+        "--weights",
+        str(WEIGHTS),
+        "--input",
+        corpus,
+        "--output",
+        str(tmp_path / "o"),
+    )
     assert code == 2 and line.startswith(f"error: model options file {bad} is not valid JSON")
     junk = tmp_path / "weights.hdf5"
     junk.write_bytes(b"not hdf5")
-    code, line = _run(capsys, "--options", str(OPTIONS), "--weights", str(junk), "--input", corpus, "--output", str(tmp_path / "o"))
+    code, line = _run(
+        capsys,
+        "--options",
+        str(OPTIONS),
+        "--weights",
+        str(junk),
+        "--input",
+        corpus,
+        "--output",
+        str(tmp_path / "o"),
+    )
     assert code == 2 and line.startswith(f"error: model weights {junk}: cannot load")
 
 
 def test_missing_input_and_bad_settings(tmp_path, corpus, capsys):
-    code, line = _run(capsys, *_model_args(), "--input", str(tmp_path / "nope.txt"), "--output", str(tmp_path / "o"))
+    code, line = _run(
+        capsys, *_model_args(), "--input", str(tmp_path / "nope.txt"), "--output", str(tmp_path / "o")
+    )
     assert code == 2 and "nope.txt: no such file" in line
-    code, line = _run(capsys, *_model_args(), "--input", corpus, "--output", str(tmp_path / "o"), "layers=middle")
+    code, line = _run(
+        capsys, *_model_args(), "--input", corpus, "--output", str(tmp_path / "o"), "layers=middle"
+    )
     assert code == 2 and line == "error: config key 'layers': 'middle' is not one of all, top, average"
-    code, line = _run(capsys, *_model_args(), "--input", corpus, "--output", str(tmp_path / "o"), "--stateful", "lines_per_shard=100")
+    code, line = _run(
+        capsys,
+        *_model_args(),
+        "--input",
+        corpus,
+        "--output",
+        str(tmp_path / "o"),
+        "--stateful",
+        "lines_per_shard=100",
+    )
     assert code == 2 and "must be a multiple of stateful_batch_size (64)" in line
 
 
 def test_s3_output_missing_bucket_denied_and_unreachable(s3_server, corpus, capsys, monkeypatch):
     code, line = _run(capsys, *_model_args(), "--input", corpus, "--output", "s3://no-such-bucket/out")
-    assert code == 2 and line.startswith("error: output is not writable: s3://no-such-bucket/out/_progress/.write-probe: bucket 'no-such-bucket' does not exist")
+    assert code == 2 and line.startswith(
+        "error: output is not writable: s3://no-such-bucket/out/_progress/.write-probe: bucket 'no-such-bucket' does not exist"
+    )
 
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
     storage.configure()
@@ -74,7 +111,11 @@ def test_s3_output_missing_bucket_denied_and_unreachable(s3_server, corpus, caps
     finally:
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
         storage.configure()
-    assert code == 2 and "output is not writable" in line and ("credentials rejected" in line or "access denied" in line)
+    assert (
+        code == 2
+        and "output is not writable" in line
+        and ("credentials rejected" in line or "access denied" in line)
+    )
 
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     storage.configure(endpoint_url=f"http://127.0.0.1:{free_ports(1)[0]}")
@@ -88,8 +129,14 @@ def test_s3_output_missing_bucket_denied_and_unreachable(s3_server, corpus, caps
 def test_invalid_utf8_refused_by_a_worker_in_one_line(ray_local, tmp_path, capsys):
     path = tmp_path / "bad.txt"
     path.write_bytes(b"fine\nnot \xff fine\n")
-    code, line = _run(capsys, *_model_args(), "--input", str(path), "--output", str(tmp_path / "o"), "invalid_utf8=error")
-    assert code == 2 and line == f"error: {path}: line 1 is not valid UTF-8 (byte 4); fix the input or set invalid_utf8=replace"
+    code, line = _run(
+        capsys, *_model_args(), "--input", str(path), "--output", str(tmp_path / "o"), "invalid_utf8=error"
+    )
+    assert (
+        code == 2
+        and line
+        == f"error: {path}: line 1 is not valid UTF-8 (byte 4); fix the input or set invalid_utf8=replace"
+    )
     assert not os.path.exists(tmp_path / "o" / "manifest.json")
 
 

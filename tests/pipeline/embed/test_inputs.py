@@ -28,7 +28,12 @@ def test_text_ranges_cover_every_line_once(tmp_path, monkeypatch, chunk):
     kind, paths = inputs.resolve_inputs([str(tmp_path / "*.txt")])
     assert kind == "text" and paths == [str(a), str(b)]
     specs = inputs.plan_shards(kind, paths, lines_per_shard=2)
-    assert [(s.index, s.first_line, s.num_lines) for s in specs] == [(0, 0, 2), (1, 2, 2), (2, 4, 2), (3, 6, 1)]
+    assert [(s.index, s.first_line, s.num_lines) for s in specs] == [
+        (0, 0, 2),
+        (1, 2, 2),
+        (2, 4, 2),
+        (3, 6, 1),
+    ]
     assert [seg.path for seg in specs[2].segments] == [str(a), str(b)]  # a shard spanning two files
     assert _all_lines(specs) == [b"one", b"two two", b"", b"four", b"five", b"six", b"\xffseven"]
 
@@ -88,16 +93,31 @@ def write_shard_dir(root: str, tars: list[list[list[list[str]]]]) -> None:
         name = shard_format.shard_name("train", s)
         storage.write_bytes(storage.join(root, name), data)
         sentences = [sentence for block in blocks for sentence in block]
-        entries.append({"name": name, "sentences": len(sentences), "tokens": sum(map(len, sentences)), "sha256": hashlib.sha256(data).hexdigest()})
+        entries.append(
+            {
+                "name": name,
+                "sentences": len(sentences),
+                "tokens": sum(map(len, sentences)),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        )
     vocab = shard_format.encode_vocab(list(shard_format.SPECIALS))
     storage.write_bytes(storage.join(root, shard_format.VOCAB_FILE), vocab)
     manifest = {
         "shards": {"train": entries, "heldout": []},
         "totals": {
-            "train": {"sentences": sum(e["sentences"] for e in entries), "tokens": sum(e["tokens"] for e in entries)},
+            "train": {
+                "sentences": sum(e["sentences"] for e in entries),
+                "tokens": sum(e["tokens"] for e in entries),
+            },
             "heldout": {"sentences": 0, "tokens": 0},
         },
-        "vocab": {"file": shard_format.VOCAB_FILE, "counts_file": shard_format.COUNTS_FILE, "size": 3, "sha256": hashlib.sha256(vocab).hexdigest()},
+        "vocab": {
+            "file": shard_format.VOCAB_FILE,
+            "counts_file": shard_format.COUNTS_FILE,
+            "size": 3,
+            "sha256": hashlib.sha256(vocab).hexdigest(),
+        },
     }
     storage.write_bytes(shard_format.manifest_path(root), json.dumps(manifest).encode())
 

@@ -82,9 +82,18 @@ def test_killed_run_on_s3_finishes_exactly_once(ray_local, s3_prefix, model):
 
     doc = json.loads(storage.read_bytes(manifest.manifest_path(output)))
     assert doc["totals"]["sentences"] == len(lines) and doc["totals"]["shards"] == 4
-    assert (doc["totals"]["empty_sentences"], doc["totals"]["invalid_utf8_lines"], doc["totals"]["split_sentences"]) == (1, 1, 1)
+    assert (
+        doc["totals"]["empty_sentences"],
+        doc["totals"]["invalid_utf8_lines"],
+        doc["totals"]["split_sentences"],
+    ) == (1, 1, 1)
     assert doc["totals"]["tokens"] == sum(len(x.decode("utf-8", "replace").split()) for x in lines)
-    assert [(s["first_line"], s["end_line"]) for s in doc["shards"]] == [(0, 40), (40, 80), (80, 120), (120, 150)]
+    assert [(s["first_line"], s["end_line"]) for s in doc["shards"]] == [
+        (0, 40),
+        (40, 80),
+        (80, 120),
+        (120, 150),
+    ]
     for shard in doc["shards"]:
         data = storage.read_bytes(storage.join(output, shard["name"]))
         assert hashlib.sha256(data).hexdigest() == shard["sha256"] and len(data) == shard["bytes"]
@@ -101,7 +110,15 @@ def test_single_file_has_allennlp_layout(ray_local, tmp_path, model):
     corpus.write_bytes(b"\n".join(lines))
     out = tmp_path / "out.hdf5"
     result = run_embed(
-        _config(options_file=str(OPTIONS), weights_file=str(WEIGHTS), input=[str(corpus)], output=str(out), layers="top", lines_per_shard=12, workers=2)
+        _config(
+            options_file=str(OPTIONS),
+            weights_file=str(WEIGHTS),
+            input=[str(corpus)],
+            output=str(out),
+            layers="top",
+            lines_per_shard=12,
+            workers=2,
+        )
     )
     assert result.complete and result.shards == 3
     assert not (tmp_path / "out.hdf5.parts").exists()  # parts removed after the merge
@@ -122,8 +139,22 @@ def test_stateful_run_reproduces_the_original_fixture(ray_local, tmp_path):
     corpus = tmp_path / "fixture.txt"
     corpus.write_text("\n".join(" ".join(s) for s in fixture_sentences_batch_major()) + "\n")
     out = tmp_path / "out"
-    args = {"options_file": str(OPTIONS), "weights_file": str(WEIGHTS), "input": [str(corpus)], "output": str(out)}
-    result = run_embed(_config(**args, stateful=True, stateful_batch_size=3, lines_per_shard=6, layers="top", max_sentence_tokens=1000))
+    args = {
+        "options_file": str(OPTIONS),
+        "weights_file": str(WEIGHTS),
+        "input": [str(corpus)],
+        "output": str(out),
+    }
+    result = run_embed(
+        _config(
+            **args,
+            stateful=True,
+            stateful_batch_size=3,
+            lines_per_shard=6,
+            layers="top",
+            max_sentence_tokens=1000,
+        )
+    )
     assert result.complete and result.shards == 5
     values = dict(_shard_values(str(out)))
     expected = fixture_expected()  # E[row][batch]; line i = batch i // 3, row i % 3
