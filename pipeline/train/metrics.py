@@ -20,6 +20,7 @@ from pipeline import storage
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "perplexity.png"
+WANDB_MODES = ("offline", "online", "disabled")
 
 
 # ---- FLOPs and MFU ---------------------------------------------------------------------------
@@ -124,8 +125,8 @@ class WandbSink:
 
     def __init__(self, settings: Any, run_dir: str, name: str, config: dict):
         mode = str(settings.mode)
-        if mode not in ("offline", "online", "disabled"):
-            raise ValueError(f"wandb.mode must be offline, online or disabled, got {mode!r}")
+        if mode not in WANDB_MODES:
+            raise ValueError(f"wandb.mode must be one of {', '.join(WANDB_MODES)}, got {mode!r}")
         if mode == "online" and not os.environ.get("WANDB_API_KEY"):
             raise ValueError(
                 "wandb.mode=online needs WANDB_API_KEY in the environment; use wandb.mode=offline"

@@ -40,6 +40,7 @@ from pipeline.train.evaluate import EVAL_UNROLL_STEPS, HeldoutSums, heldout_sums
 from pipeline.train.metrics import (
     METRICS_FILE,
     PLOT_FILE,
+    WANDB_MODES,
     MetricsLog,
     WandbSink,
     measure_matmul_peak,
@@ -48,6 +49,7 @@ from pipeline.train.metrics import (
     read_metrics,
 )
 from pipeline.train.objective import SharedSoftmax
+from pipeline.train.optimization import OPTIMIZERS, SCHEDULES
 from pipeline.train.step import StepRunner, all_reduce_sum
 from pipeline.train.unigram import heldout_unigram_perplexity
 
@@ -64,8 +66,11 @@ class TrainError(RuntimeError):
 
 @dataclass
 class RunPlan:
-    """Facts resolved once by the driver. ``options``: the inference options.json dict of the model;
-    ``resume``: the checkpoint the run starts from (None = fresh)."""
+    """Facts the driver resolves once and hands to every worker (as a dict: it crosses to Ray).
+
+    ``options``: the model's inference options.json dict; ``total_steps``: steps of the whole run
+    (a resumed run continues up to it); ``unigram_perplexity``: the held-out baseline;
+    ``use_gpu``: set from the cluster just before launch."""
 
     run_dir: str
     name: str
@@ -81,24 +86,20 @@ class RunPlan:
     use_gpu: bool = False
 
 
-def _fail(message: str) -> TrainError:
-    return TrainError(message)
-
-
 def _check_shards(shards: str, manifest: dict) -> None:
     for split in shard_format.SPLITS:
         entries = manifest["shards"][split]
         if not entries or manifest["totals"][split]["tokens"] <= 0:
-            raise _fail(
+            raise TrainError(
                 f"shard directory {shards}: the manifest lists no {split} data; rerun the shard stage"
             )
         for entry in entries:
             path = storage.join(shards, entry["name"])
             if not storage.exists(path):
-                raise _fail(f"shard {path} is listed in {shard_format.MANIFEST_FILE} but missing")
+                raise TrainError(f"shard {path} is listed in {shard_format.MANIFEST_FILE} but missing")
             digest = storage_sha256(path)
             if digest != entry["sha256"]:
-                raise _fail(
+                raise TrainError(
                     f"shard {path} does not match {shard_format.MANIFEST_FILE} (sha256 {digest[:12]}..., manifest {entry['sha256'][:12]}...)"
                 )
 
@@ -118,11 +119,11 @@ def _model_options(cfg: Any) -> dict:
     path = storage.join(str(cfg.init_from), export_mod.OPTIONS_FILE)
     for name in (export_mod.OPTIONS_FILE, export_mod.WEIGHTS_FILE):
         if not storage.exists(storage.join(str(cfg.init_from), name)):
-            raise _fail(f"init_from {cfg.init_from}: no {name} there")
+            raise TrainError(f"init_from {cfg.init_from}: no {name} there")
     try:
         return BiLMOptions.from_dict(json.loads(storage.read_bytes(path))).to_dict()
     except json.JSONDecodeError as err:
-        raise _fail(f"init_from {path}: not valid JSON ({err})") from None
+        raise TrainError(f"init_from {path}: not valid JSON ({err})") from None
 
 
 def _claim_run_dir(run_dir: str, name: str) -> None:
@@ -130,12 +131,12 @@ def _claim_run_dir(run_dir: str, name: str) -> None:
     if storage.exists(path):
         owner = json.loads(storage.read_bytes(path)).get("name")
         if owner != name:
-            raise _fail(
+            raise TrainError(
                 f"run directory {run_dir} belongs to run {owner!r}; use name={owner} to resume it or another output"
             )
         return
     if ckpt.list_checkpoints(run_dir):
-        raise _fail(f"run directory {run_dir} holds checkpoints but no {RUN_FILE}; choose another output")
+        raise TrainError(f"run directory {run_dir} holds checkpoints but no {RUN_FILE}; choose another output")
     storage.write_bytes(path, json.dumps({"name": name}).encode())
 
 
@@ -155,15 +156,21 @@ def prepare_run(cfg: Any) -> RunPlan:
         "eval_batch_size",
     ):
         if int(cfg[key]) < 1:
-            raise _fail(f"config key {key!r} must be >= 1, got {cfg[key]}")
+            raise TrainError(f"config key {key!r} must be >= 1, got {cfg[key]}")
     if not 0 <= float(cfg.dropout) < 1:
-        raise _fail(f"config key 'dropout' must be in [0, 1), got {cfg.dropout}")
-    if str(cfg.use_gpu) not in ("auto", "true", "false"):
-        raise _fail(f"config key 'use_gpu' must be auto, true or false, got {cfg.use_gpu!r}")
+        raise TrainError(f"config key 'dropout' must be in [0, 1), got {cfg.dropout}")
+    for key, value, allowed in (
+        ("use_gpu", cfg.use_gpu, ("auto", "true", "false")),
+        ("optimizer.name", cfg.optimizer.name, OPTIMIZERS),
+        ("optimizer.schedule", cfg.optimizer.schedule, SCHEDULES),
+        ("wandb.mode", cfg.wandb.mode, WANDB_MODES),
+    ):
+        if str(value) not in allowed:
+            raise TrainError(f"config key {key!r} must be one of {', '.join(allowed)}, got {value!r}")
     manifest = shard_format.read_manifest(shards)
     vocab = shard_format.read_vocab(shard_format.vocab_path(shards, manifest))
     if len(vocab) != manifest["vocab"]["size"]:
-        raise _fail(
+        raise TrainError(
             f"shard directory {shards}: vocab.txt has {len(vocab)} tokens, the manifest says {manifest['vocab']['size']}"
         )
     _check_shards(shards, manifest)
@@ -171,18 +178,18 @@ def prepare_run(cfg: Any) -> RunPlan:
     per_epoch = steps_per_epoch(manifest, batch, unroll, workers)
     total = int(cfg.max_steps) or int(cfg.n_epochs) * per_epoch
     if total <= 0:
-        raise _fail(
+        raise TrainError(
             f"{manifest['totals']['train']['tokens']} training tokens are less than one global batch "
             f"(batch_size {batch} x unroll_steps {unroll} x workers {workers}); set max_steps or shrink the batch"
         )
     heldout = manifest["totals"]["heldout"]
     if heldout["tokens"] + heldout["sentences"] < int(cfg.eval_batch_size) * workers:
-        raise _fail(
+        raise TrainError(
             f"the held-out split ({heldout['tokens']} tokens) cannot fill {int(cfg.eval_batch_size)} rows on each of "
             f"{workers} workers; lower eval_batch_size"
         )
     if cfg.softmax.sampled and not 0 < int(cfg.softmax.negatives) < len(vocab):
-        raise _fail(
+        raise TrainError(
             f"softmax.negatives ({cfg.softmax.negatives}) must be in [1, vocabulary size {len(vocab)}); "
             "use fewer or softmax.sampled=false"
         )
@@ -213,11 +220,11 @@ def _cluster_check(cfg: Any) -> bool:
     gpus = resources.get("GPU", 0)
     use_gpu = {"auto": gpus >= 1, "true": True, "false": False}[str(cfg.use_gpu)]
     if use_gpu and gpus < workers:
-        raise _fail(f"workers={workers} need {workers} GPUs but the Ray cluster has {gpus:g}")
+        raise TrainError(f"workers={workers} need {workers} GPUs but the Ray cluster has {gpus:g}")
     cpus = resources.get("CPU", 0)
     need = workers * (1 if use_gpu else threads)
     if cpus < need:
-        raise _fail(
+        raise TrainError(
             f"workers={workers} x threads_per_worker={threads} need {need} CPUs but the Ray cluster has {cpus:g}; "
             "lower workers or threads_per_worker"
         )
@@ -262,7 +269,7 @@ def run_training(cfg: Any, plan: RunPlan | None = None) -> dict:
     try:
         trainer.fit()
     except TrainingFailedError as err:  # surface the worker's own last line, not Ray's traceback
-        raise _fail(f"training failed: {_failure_message(err)}") from None
+        raise TrainError(f"training failed: {_failure_message(err)}") from None
     finally:
         shutil.rmtree(ray_storage, ignore_errors=True)
     return final_status(plan.run_dir)
@@ -273,9 +280,9 @@ def final_status(run_dir: str) -> dict:
     path = storage.join(run_dir, METRICS_FILE)
     rows = [r for r in read_metrics(path) if r.get("kind") == "status"] if storage.exists(path) else []
     if not rows:
-        raise _fail(f"training ended without a final status in {path}")
+        raise TrainError(f"training ended without a final status in {path}")
     if rows[-1].get("status") != "done":
-        raise _fail(str(rows[-1].get("message", "training stopped")))
+        raise TrainError(str(rows[-1].get("message", "training stopped")))
     return rows[-1]
 
 

@@ -92,3 +92,18 @@ def test_manifest_counts_that_disagree_with_a_shard_fail_the_run_with_one_line(s
     with pytest.raises(TrainError, match=r"training failed: .*train-000000.tar: manifest lists \d+ sentences") as err:
         run_training(cfg)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optimizer.name=sgd", "'optimizer.name' must be one of adagrad, adam, got 'sgd'"),
+        ("optimizer.schedule=step", "'optimizer.schedule' must be one of constant, linear, cosine"),
+        ("wandb.mode=cloud", "'wandb.mode' must be one of offline, online, disabled"),
+        ("use_gpu=maybe", "'use_gpu' must be one of auto, true, false"),
+        ("batch_size=0", "'batch_size' must be >= 1"),
+    ],
+)
+def test_bad_settings(shards, tmp_path, override, message):
+    with pytest.raises(TrainError, match=message):
+        prepare_run(cfg_for(shards, str(tmp_path / "run"), override))
