@@ -42,7 +42,8 @@ from pipeline.shard.format import (
     VOCAB_FILE,
     FormatError,
     parse_manifest,
-    parse_vocab,
+    read_counts,
+    read_vocab,
     shard_name,
 )
 from pipeline.shard.layout import SplitLayout, layout_split
@@ -245,12 +246,9 @@ def _read_vocabulary(output: str, expected_sha: str) -> Vocabulary | None:
     if not (storage.exists(vocab_path) and storage.exists(counts_path)):
         return None
     try:
-        tokens = parse_vocab(storage.read_bytes(vocab_path).decode("utf-8"), vocab_path)
-        counts = [
-            int(line.rpartition("\t")[2])
-            for line in storage.read_bytes(counts_path).decode("utf-8").splitlines()
-        ]
-    except (FormatError, UnicodeDecodeError, ValueError):
+        tokens = read_vocab(vocab_path)
+        counts = [count for _, count in read_counts(counts_path)]
+    except FormatError:
         return None
     vocab = Vocabulary(tokens, counts)
     return vocab if vocab.sha256 == expected_sha and len(counts) == len(tokens) else None
