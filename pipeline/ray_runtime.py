@@ -50,7 +50,15 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         ray.init(address=address, **kwargs)
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+    # Library components (Ray Train's controller, for one) look the cluster up again by address;
+    # with several Ray clusters on one machine that lookup is ambiguous unless RAY_ADDRESS names ours.
+    previous = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     try:
         yield
     finally:
         ray.shutdown()
+        if previous is None:
+            os.environ.pop("RAY_ADDRESS", None)
+        else:
+            os.environ["RAY_ADDRESS"] = previous

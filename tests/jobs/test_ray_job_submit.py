@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -66,7 +67,15 @@ def _stop_head(temp_dir: str) -> None:
 def ray_head():
     temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's unix socket paths are length-limited
     gcs, dashboard, client, node_manager, object_manager, agent, metrics = _free_ports(7)
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", RAY_USAGE_STATS_ENABLED="0")
+    # Token authentication on, with a token of our own in the environment: the head and the
+    # submitting client agree without either reading or writing ~/.ray/auth_token.
+    env = dict(
+        os.environ,
+        PATH=f"{BIN}:{os.environ['PATH']}",
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=secrets.token_hex(32),
+    )
     env.pop("RAY_ADDRESS", None)
     cmd = [
         str(BIN / "ray"), "start", "--head", f"--port={gcs}", "--node-ip-address=127.0.0.1",
