@@ -72,6 +72,16 @@ def _schema() -> type:
     return PipelineConfig
 
 
+def _trained_steps(run_dir: str) -> int:
+    """Steps an earlier (resumed) run already logged, so this run's tokens/s counts only its own."""
+    from pipeline.train.metrics import METRICS_FILE, read_metrics
+
+    path = storage.join(run_dir, METRICS_FILE)
+    if not storage.exists(path):
+        return 0
+    return max((int(row.get("step", 0)) for row in read_metrics(path) if row.get("kind") == "train"), default=0)
+
+
 def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
     """Run every stage; returns ``{"config", "shard", "train", "embed"}`` (StageReports + config)."""
     from pipeline.embed.runner import run_embed
@@ -90,9 +100,11 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
             {"output": str(cfg.shard.output), "vocab_size": manifest["vocab"]["size"]},
         )
 
-        start = time.monotonic()
+        start, steps_before = time.monotonic(), _trained_steps(str(cfg.train.output))
         final = run_training(cfg.train)
-        reports["train"] = StageReport(time.monotonic() - start, int(final.get("train/tokens", 0)), final)
+        tokens_per_step = int(cfg.train.batch_size) * int(cfg.train.unroll_steps) * int(cfg.train.workers)
+        steps = int(final["step"]) - steps_before
+        reports["train"] = StageReport(time.monotonic() - start, steps * tokens_per_step, final)
 
         start = time.monotonic()
         result = run_embed(cfg.embed)
@@ -113,7 +125,7 @@ def summary(reports: dict[str, Any]) -> str:
         f"backward {train['eval/perplexity_bwd']:.2f})",
         f"unigram baseline     {unigram:.2f}  -> the biLM is at {ppl / unigram:.1%} of the baseline",
         "",
-        "stage   seconds   tokens/s",
+        "stage   seconds   tokens/s   (train: tokens per direction, startup and evaluation included)",
     ]
     for stage in ("shard", "train", "embed"):
         report = reports[stage]
