@@ -1,0 +1,49 @@
+"""`elmo pipeline`: every stage wired to the next, on object storage (the README's S3 variant).
+
+A short run (a slice of the sample corpus, a few dozen training steps) through the real CLI entry
+point; the demo itself (`make demo`) runs the full-length version and the training tests check
+the perplexity targets.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import h5py
+
+from jobs.cli import main as elmo
+from pipeline import storage
+from pipeline.end_to_end import SAMPLE_CORPUS
+
+
+def test_pipeline_end_to_end_on_s3(s3_prefix, ray_local, tmp_path, capsys):
+    corpus = tmp_path / "slice.txt"
+    with gzip.open(SAMPLE_CORPUS, "rt", encoding="utf-8") as src:
+        corpus.write_text("".join(line for _, line in zip(range(3000), src)), encoding="utf-8")
+    root = s3_prefix.rstrip("/")
+    code = elmo(
+        [
+            "pipeline", "--preset", "tiny", f"storage={root}", "name=e2e", f"corpus=[{corpus}]",
+            "shard.heldout_fraction=0.05", "shard.progress=false",
+            "train.max_steps=12", "train.eval_every=0", "train.checkpoint_every=12", "train.log_every=4",
+            "train.eval_max_batches=5", "embed.progress=false", "embed.lines_per_shard=100",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out[-2000:]
+    assert "held-out perplexity" in out and "unigram baseline" in out
+    run = f"{root}/e2e"
+    manifest = json.loads(storage.read_bytes(f"{run}/shards/manifest.json"))
+    heldout_sentences = manifest["totals"]["heldout"]["sentences"]
+    for name in ("options.json", "weights.hdf5", "softmax.hdf5", "vocab.txt"):
+        assert storage.exists(f"{run}/train/export/{name}"), name
+    assert storage.exists(f"{run}/train/perplexity.png") and storage.exists(f"{run}/train/metrics.jsonl")
+    embedded = json.loads(storage.read_bytes(f"{run}/embeddings/manifest.json"))
+    shards = embedded["shards"]
+    assert sum(s["sentences"] for s in shards) == heldout_sentences
+    first = tmp_path / "first.hdf5"
+    storage.download_file(f"{run}/embeddings/{shards[0]['name']}", str(first))
+    with h5py.File(first, "r") as f:
+        key = sorted(f.keys(), key=int)[0]
+        assert f[key].ndim == 3 and f[key].shape[0] == 3 and f[key].shape[2] == 2 * 64
