@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from elmo_model import BiLM, batch_to_ids, token_mask
+from elmo_model.bilm import reverse_index, reverse_within_lengths
 from elmo_model.options import BiLMOptions
 
 DEFAULT_CORPUS = Path(__file__).resolve().parents[1] / "pipeline" / "data" / "kjv-sample.txt.gz"
@@ -44,17 +45,31 @@ TOKEN = re.compile(r"\w+|[^\w\s]")
 def options_for(size: str) -> dict:
     s = SIZES[size]
     return {
-        "lstm": {"dim": s["dim"], "projection_dim": s["projection_dim"], "n_layers": 2, "cell_clip": 3,
-                 "proj_clip": 3, "use_skip_connections": True},
-        "char_cnn": {"activation": "relu", "embedding": {"dim": 16}, "filters": FILTERS,
-                     "max_characters_per_token": 50, "n_characters": 262, "n_highway": s["n_highway"]},
+        "lstm": {
+            "dim": s["dim"],
+            "projection_dim": s["projection_dim"],
+            "n_layers": 2,
+            "cell_clip": 3,
+            "proj_clip": 3,
+            "use_skip_connections": True,
+        },
+        "char_cnn": {
+            "activation": "relu",
+            "embedding": {"dim": 16},
+            "filters": FILTERS,
+            "max_characters_per_token": 50,
+            "n_characters": 262,
+            "n_highway": s["n_highway"],
+        },
     }
 
 
 def read_batches(corpus: Path, n_batches: int, batch_size: int) -> list[list[list[str]]]:
     """The first n_batches * batch_size non-empty lines, tokenized (words and punctuation)."""
     if not corpus.exists():
-        sys.exit(f"bilm_forward: corpus file {corpus} not found; pass --corpus PATH (a .txt or .txt.gz, one sentence per line)")
+        sys.exit(
+            f"bilm_forward: corpus file {corpus} not found; pass --corpus PATH (a .txt or .txt.gz, one sentence per line)"
+        )
     opener = gzip.open if corpus.suffix == ".gz" else open
     sentences = []
     with opener(corpus, "rt", encoding="utf-8") as f:
@@ -106,7 +121,9 @@ class NaiveBiLM(nn.Module):
                 i, f, o, j = gates.split(lstm.dim, -1)
                 cell = torch.sigmoid(f) * c[:k] + torch.sigmoid(i) * torch.tanh(j)
                 cell = cell.clamp(-lstm.cell_clip, lstm.cell_clip)
-                hidden = F.linear(torch.sigmoid(o) * torch.tanh(cell), w_p).clamp(-lstm.proj_clip, lstm.proj_clip)
+                hidden = F.linear(torch.sigmoid(o) * torch.tanh(cell), w_p).clamp(
+                    -lstm.proj_clip, lstm.proj_clip
+                )
                 c = torch.cat([cell, c[k:]])
                 h = torch.cat([hidden, h[k:]])
                 out[:k, t] = hidden
@@ -117,8 +134,6 @@ class NaiveBiLM(nn.Module):
         return outs
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        from elmo_model.bilm import reverse_index, reverse_within_lengths
-
         mask = token_mask(char_ids)
         lengths = mask.sum(1)
         order = torch.argsort(lengths, descending=True)
@@ -126,7 +141,10 @@ class NaiveBiLM(nn.Module):
         lengths = lengths[order]
         index = reverse_index(lengths, tok.shape[1])
         fwd = self.run_direction(tok, lengths, 0)
-        bwd = [reverse_within_lengths(o, index, 1) for o in self.run_direction(reverse_within_lengths(tok, index, 1), lengths, 1)]
+        bwd = [
+            reverse_within_lengths(o, index, 1)
+            for o in self.run_direction(reverse_within_lengths(tok, index, 1), lengths, 1)
+        ]
         layers = [torch.cat([tok, tok], -1)] + [torch.cat([a, b], -1) for a, b in zip(fwd, bwd, strict=True)]
         return torch.stack(layers, 1)[torch.argsort(order)]
 
@@ -138,8 +156,13 @@ class TorchLSTMStacks(nn.Module):
     def __init__(self, options: BiLMOptions):
         super().__init__()
         self.stacks = nn.ModuleList(
-            nn.LSTM(options.projection_dim, options.dim, num_layers=options.n_layers,
-                    proj_size=options.projection_dim, batch_first=True)
+            nn.LSTM(
+                options.projection_dim,
+                options.dim,
+                num_layers=options.n_layers,
+                proj_size=options.projection_dim,
+                batch_first=True,
+            )
             for _ in range(2)
         )
 
@@ -147,7 +170,9 @@ class TorchLSTMStacks(nn.Module):
         outs = []
         for stack, x in zip(self.stacks, inputs, strict=True):
             if packed:
-                seq = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+                seq = nn.utils.rnn.pack_padded_sequence(
+                    x, lengths.cpu(), batch_first=True, enforce_sorted=False
+                )
                 outs.append(nn.utils.rnn.pad_packed_sequence(stack(seq)[0], batch_first=True)[0])
             else:
                 outs.append(stack(x)[0])
@@ -171,8 +196,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def timed(fn, inputs: list, device: torch.device, repeats: int) -> float:
-    """Seconds for one pass over `inputs` (best of `repeats`, after one warm-up pass)."""
+def timed(fn, inputs: list, device: torch.device, repeats: int, label: str = "") -> float:
+    """Seconds for one pass over `inputs` (best of `repeats`, after a warm-up call on the first input)."""
+    began = time.perf_counter()
     with torch.inference_mode():
         fn(inputs[0])
         best = float("inf")
@@ -183,12 +209,16 @@ def timed(fn, inputs: list, device: torch.device, repeats: int) -> float:
                 fn(x)
             sync(device)
             best = min(best, time.perf_counter() - start)
+    if label:
+        print(f"  [{label}: {time.perf_counter() - began:.1f}s]", file=sys.stderr, flush=True)
     return best
 
 
 def mm_peak(device: torch.device, n: int, dtype: torch.dtype) -> float:
+    """GFLOP/s of an n x n x n torch.mm (best of 3 after a warm-up)."""
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    return 2 * n**3 / timed(lambda _: torch.mm(a, b), [None, None, None], device, 2) * 3 / 1e9
+    seconds = timed(lambda _: torch.mm(a, b), [None], device, 3)
+    return 2 * n**3 / seconds / 1e9
 
 
 def bench_size(size: str, batches, args, device: torch.device) -> list[tuple[str, str, str]]:
@@ -207,14 +237,20 @@ def bench_size(size: str, batches, args, device: torch.device) -> list[tuple[str
             return bilm(x)
 
     rows = []
-    t_a = timed(exact, ids, device, args.repeats)
+    t_a = timed(exact, ids, device, args.repeats, f"{size} (a)")
     rows.append(("(a) elmo_model.BiLM (exact)", f"{n_tokens / t_a:,.0f}", f"{flops / t_a / 1e9:.1f} GFLOP/s"))
     if not args.skip_naive:
         naive = NaiveBiLM(bilm)
         with torch.inference_mode():
             diff = (naive(ids[0]) - bilm(ids[0]).layers).abs().max().item()
-        t_b = timed(naive, ids, device, 1)
-        rows.append(("(b) naive reference", f"{n_tokens / t_b:,.0f}", f"(a) = {t_b / t_a:.2f}x (b); max|diff| {diff:.1e}"))
+        t_b = timed(naive, ids, device, 1, f"{size} (b)")
+        rows.append(
+            (
+                "(b) naive reference",
+                f"{n_tokens / t_b:,.0f}",
+                f"(a) = {t_b / t_a:.2f}x (b); max|diff| {diff:.1e}",
+            )
+        )
 
     # LSTM part alone, on the token vectors of each batch.
     with torch.inference_mode():
@@ -222,8 +258,6 @@ def bench_size(size: str, batches, args, device: torch.device) -> list[tuple[str
         for x in ids:
             mask = token_mask(x)
             tok = bilm.token_encoder(x)
-            from elmo_model.bilm import reverse_index, reverse_within_lengths
-
             rev = reverse_within_lengths(tok, reverse_index(mask.sum(1), tok.shape[1]), 1)
             prepared.append((torch.stack([tok, rev]), mask))
 
@@ -231,7 +265,7 @@ def bench_size(size: str, batches, args, device: torch.device) -> list[tuple[str
         with autocast:
             return bilm.lstm(p[0], p[1])
 
-    t_l = timed(ours_lstm, prepared, device, args.repeats)
+    t_l = timed(ours_lstm, prepared, device, args.repeats, f"{size} (a) LSTM")
     lstm_gflops = n_positions * lstm_flops(o) / t_l / 1e9
     rows.append(("(a) LSTM part alone", f"{n_tokens / t_l:,.0f}", f"{lstm_gflops:.1f} GFLOP/s"))
     torch_lstm = TorchLSTMStacks(o).eval().to(device)
@@ -241,18 +275,24 @@ def bench_size(size: str, batches, args, device: torch.device) -> list[tuple[str
             with autocast:
                 return torch_lstm(p[0], p[1].sum(1), packed)
 
-        t_c = timed(theirs, prepared, device, args.repeats)
+        t_c = timed(theirs, prepared, device, args.repeats, f"{size} (c) {packed=}")
         label = "packed" if packed else "padded"
-        rows.append((f"(c) nn.LSTM(proj_size) {label}", f"{n_tokens / t_c:,.0f}", f"(a) LSTM = {t_c / t_l:.2f}x (c)"))
+        rows.append(
+            (f"(c) nn.LSTM(proj_size) {label}", f"{n_tokens / t_c:,.0f}", f"(a) LSTM = {t_c / t_l:.2f}x (c)")
+        )
     return rows, flops / t_a / 1e9
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="one sentence per line (.txt/.txt.gz)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--corpus", type=Path, default=DEFAULT_CORPUS, help="one sentence per line (.txt/.txt.gz)"
+    )
     parser.add_argument("--sizes", default="small,original", help="comma list of: " + ", ".join(SIZES))
     parser.add_argument("--batches", type=int, default=2, help="batches of 64 sentences timed per pass")
-    parser.add_argument("--repeats", type=int, default=2, help="timed passes (best is reported)")
+    parser.add_argument("--repeats", type=int, default=1, help="timed passes (best is reported)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast for (a) and (c) (GPU)")
@@ -268,16 +308,22 @@ def main(argv=None) -> None:
         torch.backends.cudnn.allow_tf32 = False
     batches = read_batches(args.corpus, args.batches, 64)
     n_tok = sum(len(s) for b in batches for s in b)
-    peak = mm_peak(device, 2048 if device.type == "cpu" else 8192, torch.bfloat16 if args.bf16 else torch.float32)
-    print(f"device {device}, threads {args.threads}, {'bf16 autocast' if args.bf16 else 'float32'}, "
-          f"{len(batches)} batches x 64 sentences, {n_tok / (64 * len(batches)):.1f} tokens/sentence")
-    print(f"(d) torch.mm peak: {peak:.1f} GFLOP/s")
+    peak_dtype = torch.bfloat16 if args.bf16 else torch.float32
+    peak_n = 2048 if device.type == "cpu" else 8192
+    print(
+        f"device {device}, threads {args.threads}, {'bf16 autocast' if args.bf16 else 'float32'}, "
+        f"{len(batches)} batches x 64 sentences, {n_tok / (64 * len(batches)):.1f} tokens/sentence"
+    )
     for size in args.sizes.split(","):
+        # The peak is measured beside each size: on a shared machine it drifts.
+        peak = mm_peak(device, peak_n, peak_dtype)
         rows, achieved = bench_size(size, batches, args, device)
+        peak = max(peak, mm_peak(device, peak_n, peak_dtype))
         print(f"\n{size}: {SIZES[size]}")
         print(f"{'variant':36s} {'tokens/s':>12s}  notes")
         for name, rate, note in rows:
             print(f"{name:36s} {rate:>12s}  {note}")
+        print(f"{'(d) torch.mm peak':36s} {'':>12s}  {peak:.1f} GFLOP/s")
         print(f"{'(d) (a) achieved / mm peak':36s} {achieved / peak:>12.0%}")
 
 
