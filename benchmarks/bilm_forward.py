@@ -196,28 +196,43 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def timed(fn, inputs: list, device: torch.device, repeats: int, label: str = "") -> float:
-    """Seconds for one pass over `inputs` (best of `repeats`, after a warm-up call on the first input)."""
-    began = time.perf_counter()
+def pass_seconds(fn, inputs: list, device: torch.device) -> float:
+    """Wall seconds of one pass of `fn` over `inputs`."""
+    sync(device)
+    start = time.perf_counter()
+    for x in inputs:
+        fn(x)
+    sync(device)
+    return time.perf_counter() - start
+
+
+def interleaved_best(variants: dict, device: torch.device, rounds: int, label: str) -> dict[str, float]:
+    """name -> (fn, inputs): best pass time of each over `rounds` rounds that take turns.
+
+    Taking turns spreads bursts of load from other processes over all variants instead of one.
+    """
+    best = {name: float("inf") for name in variants}
     with torch.inference_mode():
-        fn(inputs[0])
-        best = float("inf")
-        for _ in range(repeats):
-            sync(device)
-            start = time.perf_counter()
-            for x in inputs:
-                fn(x)
-            sync(device)
-            best = min(best, time.perf_counter() - start)
-    if label:
-        print(f"  [{label}: {time.perf_counter() - began:.1f}s]", file=sys.stderr, flush=True)
+        for fn, inputs in variants.values():
+            fn(inputs[0])  # warm-up (workspaces, kernels)
+        for r in range(rounds):
+            began = time.perf_counter()
+            for name, (fn, inputs) in variants.items():
+                best[name] = min(best[name], pass_seconds(fn, inputs, device))
+            print(
+                f"  [{label} round {r + 1}/{rounds}: {time.perf_counter() - began:.1f}s]",
+                file=sys.stderr,
+                flush=True,
+            )
     return best
 
 
 def mm_peak(device: torch.device, n: int, dtype: torch.dtype) -> float:
     """GFLOP/s of an n x n x n torch.mm (best of 3 after a warm-up)."""
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    seconds = timed(lambda _: torch.mm(a, b), [None], device, 3)
+    with torch.inference_mode():
+        torch.mm(a, b)
+        seconds = min(pass_seconds(lambda _: torch.mm(a, b), [None], device) for _ in range(3))
     return 2 * n**3 / seconds / 1e9
 
 
@@ -236,22 +251,6 @@ def bench_size(size: str, batches, args, device: torch.device) -> list[tuple[str
         with autocast:
             return bilm(x)
 
-    rows = []
-    t_a = timed(exact, ids, device, args.repeats, f"{size} (a)")
-    rows.append(("(a) elmo_model.BiLM (exact)", f"{n_tokens / t_a:,.0f}", f"{flops / t_a / 1e9:.1f} GFLOP/s"))
-    if not args.skip_naive:
-        naive = NaiveBiLM(bilm)
-        with torch.inference_mode():
-            diff = (naive(ids[0]) - bilm(ids[0]).layers).abs().max().item()
-        t_b = timed(naive, ids, device, 1, f"{size} (b)")
-        rows.append(
-            (
-                "(b) naive reference",
-                f"{n_tokens / t_b:,.0f}",
-                f"(a) = {t_b / t_a:.2f}x (b); max|diff| {diff:.1e}",
-            )
-        )
-
     # LSTM part alone, on the token vectors of each batch.
     with torch.inference_mode():
         prepared = []
@@ -265,22 +264,38 @@ def bench_size(size: str, batches, args, device: torch.device) -> list[tuple[str
         with autocast:
             return bilm.lstm(p[0], p[1])
 
-    t_l = timed(ours_lstm, prepared, device, args.repeats, f"{size} (a) LSTM")
-    lstm_gflops = n_positions * lstm_flops(o) / t_l / 1e9
-    rows.append(("(a) LSTM part alone", f"{n_tokens / t_l:,.0f}", f"{lstm_gflops:.1f} GFLOP/s"))
     torch_lstm = TorchLSTMStacks(o).eval().to(device)
-    for packed in (True, False):
 
-        def theirs(p, packed=packed):
+    def theirs(packed: bool):
+        def run(p):
             with autocast:
                 return torch_lstm(p[0], p[1].sum(1), packed)
 
-        t_c = timed(theirs, prepared, device, args.repeats, f"{size} (c) {packed=}")
-        label = "packed" if packed else "padded"
-        rows.append(
-            (f"(c) nn.LSTM(proj_size) {label}", f"{n_tokens / t_c:,.0f}", f"(a) LSTM = {t_c / t_l:.2f}x (c)")
-        )
-    return rows, flops / t_a / 1e9
+        return run
+
+    variants = {"a": (exact, ids), "a_lstm": (ours_lstm, prepared)}
+    variants["c_packed"] = (theirs(True), prepared)
+    variants["c_padded"] = (theirs(False), prepared)
+    if not args.skip_naive:
+        naive = NaiveBiLM(bilm)
+        with torch.inference_mode():
+            diff = (naive(ids[0]) - bilm(ids[0]).layers).abs().max().item()
+        variants["b"] = (naive, ids)
+    t = interleaved_best(variants, device, args.rounds, size)
+
+    rows = [
+        ("(a) elmo_model.BiLM (exact)", f"{n_tokens / t['a']:,.0f}", f"{flops / t['a'] / 1e9:.1f} GFLOP/s")
+    ]
+    if "b" in t:
+        note = f"(a) = {t['b'] / t['a']:.2f}x (b); max|(b) - (a)| {diff:.1e}"
+        rows.append(("(b) naive reference", f"{n_tokens / t['b']:,.0f}", note))
+    lstm_gflops = n_positions * lstm_flops(o) / t["a_lstm"] / 1e9
+    rows.append(("(a) LSTM part alone", f"{n_tokens / t['a_lstm']:,.0f}", f"{lstm_gflops:.1f} GFLOP/s"))
+    for label in ("packed", "padded"):
+        t_c = t[f"c_{label}"]
+        note = f"(a) LSTM = {t_c / t['a_lstm']:.2f}x (c)"
+        rows.append((f"(c) nn.LSTM(proj_size) {label}", f"{n_tokens / t_c:,.0f}", note))
+    return rows, flops / t["a"] / 1e9
 
 
 def main(argv=None) -> None:
@@ -292,15 +307,17 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--sizes", default="small,original", help="comma list of: " + ", ".join(SIZES))
     parser.add_argument("--batches", type=int, default=2, help="batches of 64 sentences timed per pass")
-    parser.add_argument("--repeats", type=int, default=1, help="timed passes (best is reported)")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="timed rounds, variants taking turns (best is reported)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast for (a) and (c) (GPU)")
     parser.add_argument("--skip-naive", action="store_true", help="skip (b), the slowest column")
-    parser.add_argument("--quick", action="store_true", help="small size only, 1 batch, 1 repeat")
+    parser.add_argument("--quick", action="store_true", help="small size only, 1 batch, 1 round")
     args = parser.parse_args(argv)
     if args.quick:
-        args.sizes, args.batches, args.repeats = "small", 1, 1
+        args.sizes, args.batches, args.rounds = "small", 1, 1
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda":
