@@ -129,16 +129,17 @@ class BiLM(nn.Module):
         for tensor in (self._state.c, self._state.h):
             tensor[:, :, rows.to(tensor.device)] = 0.0
 
-    def _read_state(self, batch: int, like: torch.Tensor) -> LSTMState:
+    def _read_state(self, batch: int) -> LSTMState:
+        """Rows 0..batch-1 of the store (a view), growing it with zero rows first if needed."""
         stored = self._state
-        capacity = max(batch, self.max_batch_size)
+        like = self.lstm.layers[0].w_hh
         if stored is None:
-            stored = self.lstm.zero_state(capacity, like)
+            stored = self.lstm.zero_state(max(batch, self.max_batch_size))
         elif stored.c.shape[2] < batch:
-            extra = self.lstm.zero_state(batch - stored.c.shape[2], stored.c)
+            extra = self.lstm.zero_state(batch - stored.c.shape[2])
             stored = LSTMState(torch.cat([stored.c, extra.c], 2), torch.cat([stored.h, extra.h], 2))
-        if stored.c.device != like.device:
-            stored = LSTMState(stored.c.to(like.device), stored.h.to(like.device))
+        if stored.c.device != like.device or stored.c.dtype != like.dtype:  # the model was moved
+            stored = LSTMState(stored.c.to(like), stored.h.to(like))
         self._state = stored
         return LSTMState(stored.c[:, :, :batch], stored.h[:, :, :batch])
 
@@ -163,7 +164,7 @@ class BiLM(nn.Module):
         batch, steps, _ = tokens.shape
         index = reverse_index(mask.sum(dim=1), steps)
         inputs = torch.stack([tokens, reverse_within_lengths(tokens, index, 1)])
-        state = self._read_state(batch, tokens) if self.stateful else None
+        state = self._read_state(batch) if self.stateful else None
         outs, final = self.lstm(inputs, mask, state)
         if self.stateful:
             self._write_state(final)

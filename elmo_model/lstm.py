@@ -147,8 +147,9 @@ class StackedBiLSTM(nn.Module):
             for i in range(n_layers)
         )
 
-    def zero_state(self, batch: int, like: torch.Tensor) -> LSTMState:
-        return LSTMState.zeros(self.n_layers, batch, self.dim, self.projection_dim, like)
+    def zero_state(self, batch: int) -> LSTMState:
+        """Zeros in the parameters' dtype and device (float32 state even under bf16 autocast)."""
+        return LSTMState.zeros(self.n_layers, batch, self.dim, self.projection_dim, self.layers[0].w_hh)
 
     def forward(
         self, inputs: torch.Tensor, mask: torch.Tensor, state: LSTMState | None = None
@@ -170,7 +171,7 @@ class StackedBiLSTM(nn.Module):
         if not torch.equal(prefix, mask):
             raise ValueError("LSTM mask must mark a prefix of each row (padding on the right only)")
         if state is None:
-            state = self.zero_state(batch, inputs)
+            state = self.zero_state(batch)
         elif state.c.shape != (self.n_layers, 2, batch, self.dim) or state.h.shape != (
             self.n_layers,
             2,
