@@ -123,3 +123,26 @@ def test_from_options_is_trainable_with_bilm_tf_init():
     assert outs.shape == (2, 2, 2, 4, 6) and state.c.shape == (2, 2, 2, 12) and state.h.shape == (2, 2, 2, 6)
     outs.sum().backward()
     assert enc.convs[0].weight.grad.abs().sum() > 0 and enc.char_embedding.weight.grad[0].abs().sum() == 0
+
+
+def test_state_follows_the_model_dtype(tiny_model):
+    tiny_model.stateful = True
+    ids = batch_to_ids(SENTENCES)
+    with torch.no_grad():
+        tiny_model(ids)
+        tiny_model.double()
+        out = tiny_model(ids)
+    assert out.layers.dtype == torch.float64 and tiny_model.state.c.dtype == torch.float64
+
+
+def test_bf16_autocast_forward_is_close_to_float32(allennlp_reference):
+    model = allennlp_reference.load()
+    model.stateful = True
+    ids = batch_to_ids(SENTENCES)
+    exact = run(model, SENTENCES).layers
+    model.reset_states()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        fast = model(ids)
+    assert fast.layers.shape == exact.shape and torch.isfinite(fast.layers).all()
+    assert (fast.layers.float() - exact).abs().max() < 0.25
+    assert model.state.c.dtype == torch.float32
