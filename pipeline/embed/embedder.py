@@ -21,6 +21,7 @@ from pipeline.embed.errors import WORKER_ERRORS, EmbedError
 from pipeline.embed.hdf5_shard import encode_shard
 from pipeline.embed.inputs import ShardSpec, read_lines
 from pipeline.embed.model_files import ModelSource, load_bilm
+from pipeline.embed.resume import commit_shard
 from pipeline.embed.sentences import PreparedLines, prepare_lines
 
 
@@ -146,17 +147,18 @@ def pick_device(name: str) -> torch.device:
 
 
 class ShardEmbedder:
-    """Ray Data actor: loads the model once, then turns shard specs into encoded HDF5 shards.
+    """Ray Data actor: loads the model once, then embeds and commits one shard per input row.
 
     Input batch: ``spec`` (JSON ShardSpec) and ``write`` (bool; false only in a stateful rerun for a
-    shard that is already complete: it still runs, to carry the state forward, but nothing is encoded).
-    Output batch: ``entry`` (JSON shard stats) and ``payload`` (HDF5 bytes, empty when not written).
+    shard that is already complete: it still runs, to carry the state forward, but is not written).
+    Output batch: ``entry`` (JSON manifest entry, see resume.commit_shard) and ``written`` (bool).
     A WORKER_ERRORS failure becomes the entry ``{"index", "error": message}``; the driver raises it.
     """
 
-    def __init__(self, source: dict, settings: dict):
+    def __init__(self, source: dict, settings: dict, output: str):
         self.source = ModelSource(**source)
         self.settings = EmbedSettings(**settings)
+        self.output = output
         torch.set_num_threads(max(1, self.settings.threads))
         self.device = pick_device(self.settings.device)
         if self.device.type == "cuda":
@@ -183,17 +185,20 @@ class ShardEmbedder:
         )
         return shard_stats(spec, prepared), values
 
+    def process(self, spec: ShardSpec, write: bool) -> dict:
+        """Embed one shard and, when ``write``, commit it; the manifest entry (or the stats)."""
+        stats, values = self.embed_spec(spec)
+        if not write:
+            return stats
+        return commit_shard(self.output, stats, encode_shard(spec.first_line, values, self.settings.dtype))
+
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
-        entries, payloads = [], []
+        entries, written = [], []
         for spec_json, write in zip(batch["spec"], batch["write"], strict=True):
             spec = ShardSpec.from_dict(json.loads(spec_json))
             try:
-                stats, values = self.embed_spec(spec)
+                entries.append(json.dumps(self.process(spec, bool(write))))
             except WORKER_ERRORS as err:
                 entries.append(json.dumps({"index": spec.index, "error": str(err)}))
-                payloads.append(b"")
-                continue
-            payload = encode_shard(spec.first_line, values, self.settings.dtype) if write else b""
-            entries.append(json.dumps(stats))
-            payloads.append(payload)
-        return {"entry": entries, "payload": payloads}
+            written.append(bool(write))
+        return {"entry": entries, "written": written}
