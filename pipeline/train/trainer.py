@@ -211,11 +211,28 @@ def prepare_run(cfg: Any) -> RunPlan:
     )
 
 
-def _cluster_check(cfg: Any) -> bool:
-    """Whether to use GPUs; a TrainError when the cluster cannot hold the workers."""
+CLUSTER_QUERY_TIMEOUT_S = 60.0
+
+
+def _cluster_resources() -> dict:
+    """``ray.cluster_resources()``, asked on a helper thread: its GCS query has no timeout of its own,
+    and a stalled answer should not stall the run (Ray Train waits for resources anyway)."""
+    import threading
+
     import ray
 
-    resources = ray.cluster_resources()
+    answer: dict = {}
+    query = threading.Thread(target=lambda: answer.update(ray.cluster_resources()), daemon=True)
+    query.start()
+    query.join(CLUSTER_QUERY_TIMEOUT_S)
+    if query.is_alive():
+        raise TrainError(f"the Ray cluster did not report its resources within {CLUSTER_QUERY_TIMEOUT_S:g} s")
+    return answer
+
+
+def _cluster_check(cfg: Any) -> bool:
+    """Whether to use GPUs; a TrainError when the cluster cannot hold the workers."""
+    resources = _cluster_resources()
     workers, threads = int(cfg.workers), int(cfg.threads_per_worker)
     gpus = resources.get("GPU", 0)
     use_gpu = {"auto": gpus >= 1, "true": True, "false": False}[str(cfg.use_gpu)]

@@ -66,18 +66,3 @@ def test_wandb_online_needs_a_key(monkeypatch):
     with pytest.raises(ValueError, match="WANDB_API_KEY"):
         WandbSink(settings, "/tmp/unused", "run", {})
 
-
-def test_offline_wandb_run_of_an_s3_run_dir_is_uploaded(s3_prefix):
-    from omegaconf import OmegaConf
-
-    from pipeline import storage
-    from pipeline.train.config import WandbConfig
-    from pipeline.train.metrics import WandbSink
-
-    run_dir = storage.join(s3_prefix, "run")
-    sink = WandbSink(OmegaConf.structured(WandbConfig()), run_dir, "s3-run", {"batch_size": 4})
-    sink.log({"kind": "train", "step": 1, "train/perplexity": 12.5}, 1)
-    sink.finish()
-    uploaded = [p for p in storage.list_prefix(storage.join(run_dir, "wandb") + "/") if p.endswith(".wandb")]
-    assert len(uploaded) == 1
-    assert b"train/perplexity" in storage.read_bytes(uploaded[0])
