@@ -140,6 +140,9 @@ class BiLM(nn.Module):
             stored = LSTMState(torch.cat([stored.c, extra.c], 2), torch.cat([stored.h, extra.h], 2))
         if stored.c.device != like.device or stored.c.dtype != like.dtype:  # the model was moved
             stored = LSTMState(stored.c.to(like), stored.h.to(like))
+        if stored.c.is_inference() and not torch.is_inference_mode_enabled():
+            # Made under inference_mode, so read-only outside it: continue with an ordinary copy.
+            stored = LSTMState(stored.c.clone(), stored.h.clone())
         self._state = stored
         return LSTMState(stored.c[:, :, :batch], stored.h[:, :, :batch])
 

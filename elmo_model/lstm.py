@@ -204,7 +204,9 @@ class StackedBiLSTM(nn.Module):
             return torch.bmm(x, layer.w_ih)
         numel = 2 * x.shape[1] * 4 * layer.dim
         ws = self._workspace
-        if ws.numel() < numel or ws.dtype != x.dtype or ws.device != x.device:
+        # A buffer made under inference_mode cannot be written outside it: replace it then.
+        stale = ws.is_inference() and not torch.is_inference_mode_enabled()
+        if stale or ws.numel() < numel or ws.dtype != x.dtype or ws.device != x.device:
             ws = self._workspace = torch.empty(numel, dtype=x.dtype, device=x.device)
         out = ws[:numel].view(2, x.shape[1], 4 * layer.dim)
         for d in range(2):

@@ -146,3 +146,20 @@ def test_bf16_autocast_forward_is_close_to_float32(allennlp_reference):
     assert fast.layers.shape == exact.shape and torch.isfinite(fast.layers).all()
     assert (fast.layers.float() - exact).abs().max() < 0.25
     assert model.state.c.dtype == torch.float32
+
+
+def test_inference_mode_then_no_grad_then_grad(tiny_model):
+    """Buffers made under inference_mode (gate workspace, stored state) must not break later calls."""
+    tiny_model.stateful = True
+    ids = batch_to_ids(SENTENCES)
+    with torch.inference_mode():
+        first = tiny_model(ids).layers
+    with torch.no_grad():
+        second = tiny_model(ids).layers
+    tiny_model.reset_states()
+    with torch.no_grad():
+        again = tiny_model(ids).layers
+    assert torch.equal(again, first) and not torch.equal(second, first)
+    tiny_model.stateful = False
+    tiny_model(ids).layers.sum().backward()
+    assert tiny_model.lstm.layers[0].w_hh.grad is not None
