@@ -123,18 +123,28 @@ class TreeMonitor(threading.Thread):
         self.pid, self.interval, self.peak = pid, interval, 0
         self.cpu: dict[int, float] = {}
         self.names: dict[int, str] = {}
+        self.samples: list[int] = []
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.is_set():
             table = _proc_table()
             pids = _descendants(self.pid, table)
-            self.peak = max(self.peak, sum(_pss_bytes(pid) for pid in pids))
+            pss = sum(_pss_bytes(pid) for pid in pids)
+            self.peak = max(self.peak, pss)
+            self.samples.append(pss)
             for pid in pids:
                 if pid in table:
                     self.cpu[pid] = table[pid][1]
                     self.names[pid] = _name(pid)  # Ray workers retitle themselves after start
             self.done.wait(self.interval)
+
+    def quarter_peaks(self) -> list[int]:
+        """Peak PSS in each quarter of the run: flat after the first quarter = bounded memory."""
+        n = len(self.samples)
+        return [
+            max(self.samples[i * n // 4 : max((i + 1) * n // 4, i * n // 4 + 1)], default=0) for i in range(4)
+        ]
 
     @property
     def cpu_seconds(self) -> float:
@@ -192,6 +202,7 @@ def run_job(args, model: str, corpus: str, output: str) -> dict:
         "peak_bytes": sampler.peak,
         "cpu_s": sampler.cpu_seconds,
         "cpu_by_name": sampler.cpu_by_name(),
+        "quarter_peaks": sampler.quarter_peaks(),
     }
 
 
@@ -329,6 +340,9 @@ def main(argv=None) -> int:
         "CPU seconds of the largest job by process: "
         + ", ".join(f"{k} {v:.1f}" for k, v in list(last["cpu_by_name"].items())[:8])
     )
+    for scale, job in jobs.items():
+        quarters = ", ".join(f"{b / 2**20:,.0f}" for b in job["quarter_peaks"])
+        print(f"peak MiB per quarter of the {scale}x job: {quarters}")
     if len(jobs) > 1:
         peaks = [job["peak_bytes"] for job in jobs.values()]
         print(f"peak memory {args.scales[-1]}x / {args.scales[0]}x input: {peaks[-1] / peaks[0]:.2f}")

@@ -190,6 +190,8 @@ class ShardEmbedder:
         stats, values = self.embed_spec(spec)
         if not write:
             return stats
+        # each entry names what made it, so a shard copied out of its folder still says so
+        stats.update(layers=self.settings.layers, dtype=self.settings.dtype, model_sha256=self.source.sha256)
         return commit_shard(self.output, stats, encode_shard(spec.first_line, values, self.settings.dtype))
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:

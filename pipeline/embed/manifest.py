@@ -8,8 +8,8 @@ Layout of a sharded output (local folder or s3 prefix)::
     _progress/embeddings-000000.json ...   one entry per complete shard (written after its shard)
 
 A shard entry: ``name``, ``index``, ``first_line``, ``end_line`` (exclusive), ``sentences``, ``tokens``,
-``empty_sentences``, ``invalid_utf8_lines``, ``split_sentences``, ``bytes``, ``sha256`` (of the HDF5
-file) and ``input_sha256`` (of the input lines it holds).
+``empty_sentences``, ``invalid_utf8_lines``, ``split_sentences``, ``layers``, ``dtype``, ``model_sha256``,
+``bytes``, ``sha256`` (of the HDF5 file) and ``input_sha256`` (of the input lines it holds).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ module merges the shards in line order into one local temporary file, adds ``sen
 (a JSON object {stripped sentence text: key}; a repeated sentence keeps its last key, as in
 AllenNLP), and uploads it atomically. The index re-reads the input rather than storing texts twice;
 it holds every sentence in memory, as AllenNLP's did: that is the format's cost, not the stage's.
+After a successful merge the parts are deleted (unless ``keep_parts``), so a later rerun embeds again;
+a run killed before the merge resumes from its parts.
 """
 
 from __future__ import annotations

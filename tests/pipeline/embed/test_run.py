@@ -95,6 +95,11 @@ def test_killed_run_on_s3_finishes_exactly_once(ray_local, s3_prefix, model):
         (120, 150),
     ]
     for shard in doc["shards"]:
+        assert (shard["layers"], shard["dtype"], shard["model_sha256"]) == (
+            "all",
+            "float32",
+            doc["model"]["sha256"],
+        )
         data = storage.read_bytes(storage.join(output, shard["name"]))
         assert hashlib.sha256(data).hexdigest() == shard["sha256"] and len(data) == shard["bytes"]
     assert doc["layers"] == "all" and doc["dtype"] == "float32" and len(doc["model"]["sha256"]) == 64
