@@ -62,15 +62,16 @@ def test_killed_run_on_s3_finishes_exactly_once(ray_local, s3_prefix, model):
     args = {"model": model_dir, "input": [corpus], "output": output}
 
     first = run_embed(_config(**args, stop_after_shards=1))  # "killed" after its first shard
-    assert not first.complete and 1 <= first.new_shards < 4
+    assert not first.complete and first.new_shards == 1
     assert not storage.exists(manifest.manifest_path(output))
     # shards already in flight when the driver stopped may have been committed too
     done = storage.list_prefix(storage.join(output, "embeddings-"))
-    assert first.new_shards <= len(done) < 4
+    assert first.new_shards <= len(done) <= 4
     storage.write_bytes(done[0], b"not hdf5: damaged after the kill")  # verify_resume must redo it
 
     second = run_embed(_config(**args))
-    assert second.complete and second.new_shards == 4 - len(done) + 1
+    # the damaged shard is redone; at most the shards missing when we looked are added to it
+    assert second.complete and 1 <= second.new_shards <= 4 - len(done) + 1
 
     pairs = _shard_values(output)
     keys = [k for k, _ in pairs]
