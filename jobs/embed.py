@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jobs.stage_args import main_argv, resolve, run_main, stage_parser
+from jobs.stage_args import parse_stage_args, resolve, run_main, stage_parser
 from pipeline import storage
 from pipeline.embed.config import DTYPES, LAYER_MODES, EmbedConfig
 from pipeline.embed.errors import EmbedError
@@ -60,7 +60,7 @@ def build_parser():
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(main_argv(argv))
+    args = parse_stage_args(build_parser(), argv)
 
     def body() -> int:
         from pipeline.embed.runner import run_embed, summary  # torch and Ray only once the arguments parse

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from jobs.stage_args import main_argv, resolve, run_main, stage_parser
+from jobs.stage_args import parse_stage_args, resolve, run_main, stage_parser
 
 FLAGS = {"input": "input", "heldout_input": "heldout_input", "output": "output", "workers": "workers"}
 """argparse destination -> ShardConfig key."""
@@ -34,7 +34,7 @@ def build_parser():
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(main_argv(argv))
+    args = parse_stage_args(build_parser(), argv)
 
     def body() -> int:
         # Ray only once the arguments parse

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jobs.stage_args import main_argv, resolve, run_main, stage_parser
+from jobs.stage_args import parse_stage_args, resolve, run_main, stage_parser
 from pipeline import storage
 from pipeline.config import preset_names
 
@@ -44,7 +44,7 @@ class _Known(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(main_argv(argv))
+    args = parse_stage_args(build_parser(), argv)
 
     def body() -> int:
         # torch and Ray only once the arguments parse

@@ -8,7 +8,7 @@ from typing import ClassVar
 import pytest
 from omegaconf.errors import ReadonlyConfigError
 
-from pipeline.config import ConfigError, load_config, preset_names, to_dict, to_yaml, valid_keys
+from pipeline.config import ConfigError, load_config, preset_names, stage_schema, to_dict, to_yaml, valid_keys
 from pipeline.model_config import ModelConfig, to_options
 
 
@@ -41,7 +41,7 @@ def test_defaults_then_file_then_overrides(tmp_path):
 def test_preset_sits_between_schema_and_file(tmp_path):
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text("model:\n  lstm:\n    dim: 99\n")
-    cfg = load_config(_Schema, config_file=cfg_file, preset="small")
+    cfg = load_config(stage_schema("train"), config_file=cfg_file, preset="small", allow_missing=True)
     assert cfg.model.lstm.projection_dim == 128  # from the preset
     assert cfg.model.lstm.dim == 99  # the file wins over the preset
 
@@ -86,6 +86,21 @@ def test_missing_and_unparsable_files(tmp_path):
         load_config(_Schema, config_file=scalar)
 
 
+def test_pipeline_takes_presets_under_its_train_section():
+    cfg = load_config(stage_schema("pipeline"), preset="small", allow_missing=True)
+    assert cfg.train.model.lstm.dim == 1024
+
+
+def test_stages_without_presets_refuse_one():
+    with pytest.raises(ConfigError, match="takes no preset"):
+        load_config(stage_schema("embed"), preset="small", allow_missing=True)
+
+
+def test_missing_required_key_is_named():
+    with pytest.raises(ConfigError, match="'shards' has no value"):
+        load_config(stage_schema("train"))
+
+
 def test_unknown_preset_lists_known_ones():
     with pytest.raises(ConfigError, match="tiny"):
         load_config(_Schema, preset="huge")
@@ -98,7 +113,7 @@ def test_presets_are_the_released_sizes():
         "medium": (2048, 256, 1),
         "original": (4096, 512, 2),
     }.items():
-        options = to_options(load_config(_Schema, preset=name).model)
+        options = to_options(load_config(stage_schema("train"), preset=name, allow_missing=True).model)
         assert (options["lstm"]["dim"], options["lstm"]["projection_dim"]) == (dim, proj)
         assert options["char_cnn"]["n_highway"] == highway
         assert sum(n for _, n in options["char_cnn"]["filters"]) == 2048

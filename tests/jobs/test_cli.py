@@ -1,0 +1,52 @@
+"""The `elmo` command: stage listing, `elmo config`, and one-line errors (in a real subprocess)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ELMO = str(Path(sys.executable).parent / "elmo")
+
+
+def _elmo(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([ELMO, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_help_lists_every_stage():
+    result = _elmo("--help")
+    assert result.returncode == 0
+    for stage in ("shard", "train", "embed", "pipeline", "config", "export"):
+        assert f"\n  {stage} " in result.stdout
+
+
+def test_config_train_prints_the_resolved_yaml():
+    result = _elmo("config", "train", "--preset", "tiny", "workers=3", "shards=/data/shards")
+    assert result.returncode == 0, result.stderr
+    cfg = yaml.safe_load(result.stdout)
+    assert cfg["workers"] == 3 and cfg["shards"] == "/data/shards"
+    assert cfg["model"]["lstm"]["projection_dim"] == 64  # from the tiny preset
+
+
+def test_misspelled_workers_key_is_one_line_with_a_suggestion():
+    result = _elmo("config", "train", "wokrers=2")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "'wokrers'" in result.stderr and "did you mean 'workers'" in result.stderr
+
+
+def test_unknown_command_is_one_line():
+    result = _elmo("shardd")
+    assert result.returncode == 2 and "unknown command 'shardd'" in result.stderr
+
+
+def test_stage_flags_and_overrides_mix_in_any_order(tmp_path):
+    from jobs import shard
+    from jobs.stage_args import parse_stage_args, resolve
+    from pipeline.shard.config import ShardConfig
+
+    args = parse_stage_args(shard.build_parser(), ["--input", "a.txt", "b.txt", "min_count=2", "--output", "s3://b/o"])
+    cfg = resolve(args, ShardConfig, shard.FLAGS)
+    assert list(cfg.input) == ["a.txt", "b.txt"] and cfg.min_count == 2 and cfg.output == "s3://b/o"
