@@ -32,36 +32,20 @@ from torch.nn import functional as F
 from elmo_model import BiLM, batch_to_ids, token_mask
 from elmo_model.bilm import reverse_index, reverse_within_lengths
 from elmo_model.options import BiLMOptions
+from pipeline.model_config import preset_options
 
 DEFAULT_CORPUS = Path(__file__).resolve().parents[1] / "pipeline" / "data" / "kjv-sample.txt.gz"
-FILTERS = [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]
 SIZES = {
-    "small": dict(dim=1024, projection_dim=128, n_highway=1),  # 2x1024_128_2048cnn_1xhighway
-    "original": dict(dim=4096, projection_dim=512, n_highway=2),  # 2x4096_512_2048cnn_2xhighway
+    "small": "2x1024_128_2048cnn_1xhighway",
+    "original": "2x4096_512_2048cnn_2xhighway",
 }
+"""Benchmarked presets (configs/<name>.yaml) and the released model each one matches."""
 TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
 def options_for(size: str) -> dict:
-    s = SIZES[size]
-    return {
-        "lstm": {
-            "dim": s["dim"],
-            "projection_dim": s["projection_dim"],
-            "n_layers": 2,
-            "cell_clip": 3,
-            "proj_clip": 3,
-            "use_skip_connections": True,
-        },
-        "char_cnn": {
-            "activation": "relu",
-            "embedding": {"dim": 16},
-            "filters": FILTERS,
-            "max_characters_per_token": 50,
-            "n_characters": 262,
-            "n_highway": s["n_highway"],
-        },
-    }
+    """options.json of a benchmarked size, from its preset: one source of truth for model sizes."""
+    return preset_options(size)
 
 
 def read_batches(corpus: Path, n_batches: int, batch_size: int) -> list[list[list[str]]]:

@@ -80,3 +80,11 @@ def to_options(model: Any) -> dict:
             "use_skip_connections": bool(lstm.use_skip_connections),
         },
     }
+
+
+def preset_options(name: str) -> dict:
+    """The options.json dict of preset ``name``'s model (``configs/<name>.yaml``), e.g. for a
+    randomly initialised model of a released size in a benchmark."""
+    from pipeline.config import load_config, stage_schema
+
+    return to_options(load_config(stage_schema("train"), preset=name, allow_missing=True).model)
