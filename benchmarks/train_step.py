@@ -15,9 +15,11 @@ trainer's CharCache, so the step and the sparse softmax exchange see realistic r
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,7 +54,7 @@ def synthetic_batches(cache: CharCache, count: int, batch: int, unroll: int, see
     return out
 
 
-def run_worker(rank: int, world: int, port: int, args: argparse.Namespace, results) -> None:
+def run_worker(rank: int, world: int, port: int, args: argparse.Namespace, out_file: str) -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if world > 1:
@@ -78,11 +80,14 @@ def run_worker(rank: int, world: int, port: int, args: argparse.Namespace, resul
         _sync(device, world)
         elapsed = time.perf_counter() - start
         if rank == 0:
-            results["elapsed"] = elapsed
-            results["flops_per_step"] = runner.flops_per_step(args.batch_size, args.unroll_steps)
-            results["exchange_bytes"] = last["exchange_bytes"]
-            results["dense_bytes"] = last["dense_bytes"]
-            results["rows"] = last["rows"]
+            with open(out_file, "w") as f:
+                json.dump({
+                    "elapsed": elapsed,
+                    "flops_per_step": runner.flops_per_step(args.batch_size, args.unroll_steps),
+                    "exchange_bytes": last["exchange_bytes"],
+                    "dense_bytes": last["dense_bytes"],
+                    "rows": last["rows"],
+                }, f)
     finally:
         if world > 1:
             dist.destroy_process_group()
@@ -102,10 +107,11 @@ def _free_port() -> int:
 
 
 def measure(args: argparse.Namespace, world: int) -> dict:
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.start_processes(run_worker, args=(world, _free_port(), args, results), nprocs=world, join=True, start_method="spawn")
-    return dict(results)
+    with tempfile.TemporaryDirectory(prefix="elmo-bench-") as tmp:
+        out_file = os.path.join(tmp, "rank0.json")
+        mp.start_processes(run_worker, args=(world, _free_port(), args, out_file), nprocs=world, join=True, start_method="spawn")
+        with open(out_file) as f:
+            return json.load(f)
 
 
 def main(argv=None) -> int:

@@ -23,7 +23,7 @@ def _rank_rows(rank: int, rows: int, vocab: int, dim: int) -> tuple[torch.Tensor
     return ids, torch.randn(rows, dim, generator=gen)
 
 
-def _worker(rank: int, world: int, port: int, cases: list, results) -> None:
+def _worker(rank: int, world: int, port: int, cases: list, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -35,7 +35,7 @@ def _worker(rank: int, world: int, port: int, cases: list, results) -> None:
             dense = RowGradient(*_sorted(ids, values)).to_dense(vocab)
             dense_bytes = dense_allreduce_mean(dense)
             out.append((sparse.to_dense(vocab), dense, received, dense_bytes, sparse.ids))
-        results[rank] = out
+        torch.save(out, os.path.join(out_dir, f"rank-{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -46,12 +46,13 @@ def _sorted(ids, values):
 
 
 @pytest.fixture(scope="module")
-def exchanged():
+def exchanged(tmp_path_factory):
+    # results come back through files, not a multiprocessing.Manager: its server process is forked
+    # from this one, and a fork of a process that drives Ray breaks Ray's GCS connection when it exits
     cases = [(50, 1000, 5), (100, 1000, 5), (50, 100_000, 5)]
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.start_processes(_worker, args=(2, _free_port(), cases, results), nprocs=2, join=True, start_method="spawn")
-    return {rank: results[rank] for rank in range(2)}, cases
+    out_dir = str(tmp_path_factory.mktemp("exchange"))
+    mp.start_processes(_worker, args=(2, _free_port(), cases, out_dir), nprocs=2, join=True, start_method="spawn")
+    return {rank: torch.load(os.path.join(out_dir, f"rank-{rank}.pt")) for rank in range(2)}, cases
 
 
 def test_sparse_exchange_equals_dense_allreduce(exchanged):
