@@ -1,1 +1,13 @@
-"""Stage 3: bulk embedding of a corpus with a biLM (see pipeline/embed/runner.py)."""
+"""Stage 3: bulk embedding of a corpus with a biLM (``elmo embed`` / ``python -m jobs.embed``).
+
+Modules, in the order a run uses them:
+
+- ``config``: EmbedConfig (every key documented) and the up-front setting checks;
+- ``model_files``: find, check, hash and load the model (folder or two files, local or s3://);
+- ``inputs``: cut the input (text files or a shard directory) into fixed line ranges, read one back;
+- ``resume``: claim the output, find complete shards, commit a shard atomically (exactly-once);
+- ``dataflow``: the Ray Data graph: an actor pool of ``ShardEmbedder`` (``embedder``);
+- ``sentences`` / ``batching`` / ``embedder``: lines -> tokens -> length-bucketed forward passes -> values;
+- ``hdf5_shard``: AllenNLP's HDF5 layout; ``manifest``: output names and manifest.json;
+- ``single_file``: one AllenNLP-style file with ``sentence_to_index``; ``runner``: all of it, in order.
+"""
