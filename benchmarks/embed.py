@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -39,7 +38,7 @@ from pipeline import storage  # noqa: E402
 from pipeline.embed.batching import length_bucketed  # noqa: E402
 from pipeline.embed.sentences import prepare_lines  # noqa: E402
 from pipeline.local_s3 import REGION, LocalS3Server  # noqa: E402
-from pipeline.model_config import ModelConfig, to_options  # noqa: E402
+from pipeline.model_config import preset_options  # noqa: E402
 
 SAMPLE = REPO / "pipeline" / "data" / "kjv-sample.txt.gz"
 BUCKET = "bench"
@@ -65,8 +64,7 @@ def write_corpus(path: str, count: int) -> None:
 
 def small_model(preset: str, model_dir: Path) -> Path:
     """A randomly initialised ``preset``-size biLM saved as options.json + weights.hdf5."""
-    section = OmegaConf.load(REPO / "configs" / f"{preset}.yaml").model
-    options = to_options(OmegaConf.merge(OmegaConf.structured(ModelConfig), section))
+    options = preset_options(preset)
     torch.manual_seed(0)
     model_dir.mkdir(parents=True, exist_ok=True)
     BiLM.from_options(options).eval().save_files(model_dir / "options.json", model_dir / "weights.hdf5")
