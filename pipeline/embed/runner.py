@@ -7,6 +7,7 @@ before the first shard, and ``manifest.json`` is written only when every shard i
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from contextlib import nullcontext
@@ -74,6 +75,20 @@ def gpus_per_worker(use_gpu: str) -> float:
     return 1.0 if use_gpu != "false" and available else 0.0
 
 
+def check_capacity(workers: int, cpus_per_worker: float, gpus: float, embedded: bool) -> None:
+    """An embedded cluster never grows: refuse a pool it cannot hold instead of waiting forever.
+    (A joined cluster may autoscale, so there the pool is left to Ray.)"""
+    if not embedded:
+        return
+    have = ray.cluster_resources()
+    for name, each in (("CPU", cpus_per_worker), ("GPU", gpus)):
+        if each and workers * each > have.get(name, 0):
+            raise EmbedError(
+                f"workers={workers} actors need {workers * each:g} {name}s but the local Ray cluster has "
+                f"{have.get(name, 0):g}; lower workers or cpus_per_worker (or set num_cpus)"
+            )
+
+
 def settings_for(cfg, device: str) -> EmbedSettings:
     return EmbedSettings(
         layers=cfg.layers,
@@ -122,6 +137,10 @@ def run_embed(cfg) -> EmbedResult:
     )
     with bar, ray_session(cfg.ray_address or None, int(cfg.num_cpus) or None) if todo else nullcontext():
         gpus = gpus_per_worker(cfg.use_gpu) if todo else 0.0
+        if todo:
+            embedded = not (cfg.ray_address or os.environ.get("RAY_ADDRESS"))
+            workers = 1 if cfg.stateful else int(cfg.workers)
+            check_capacity(workers, float(cfg.cpus_per_worker), gpus, embedded)
         settings = settings_for(cfg, "cuda" if gpus else "cpu")
         stream = embed_stream(
             todo, source, settings, target, int(cfg.workers), float(cfg.cpus_per_worker), gpus

@@ -162,3 +162,14 @@ def test_rerun_with_other_settings_or_changed_input_is_refused(tmp_path):
     with pytest.raises(EmbedError, match=r"has shard 0 but the input now makes only 0 shards"):
         resume.complete_shards(out, [], verify=False)
     assert json.loads(storage.read_bytes(manifest.entry_path(out, 0)))["sha256"] == entry["sha256"]
+
+
+def test_pool_larger_than_the_embedded_cluster_is_refused(ray_local, monkeypatch):
+    from pipeline.embed.runner import check_capacity
+
+    check_capacity(2, 1.0, 0.0, embedded=True)  # the session cluster has 2 CPUs
+    with pytest.raises(EmbedError, match=r"workers=3 actors need 3 CPUs but the local Ray cluster has 2"):
+        check_capacity(3, 1.0, 0.0, embedded=True)
+    with pytest.raises(EmbedError, match=r"need 2 GPUs but the local Ray cluster has 0"):
+        check_capacity(2, 1.0, 1.0, embedded=True)
+    check_capacity(8, 1.0, 0.0, embedded=False)  # a joined cluster may autoscale
