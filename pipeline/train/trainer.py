@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -136,7 +137,9 @@ def _claim_run_dir(run_dir: str, name: str) -> None:
             )
         return
     if ckpt.list_checkpoints(run_dir):
-        raise TrainError(f"run directory {run_dir} holds checkpoints but no {RUN_FILE}; choose another output")
+        raise TrainError(
+            f"run directory {run_dir} holds checkpoints but no {RUN_FILE}; choose another output"
+        )
     storage.write_bytes(path, json.dumps({"name": name}).encode())
 
 
@@ -328,8 +331,15 @@ class WorkerRun:
         self.vocab_bytes = storage.read_bytes(shard_format.vocab_path(plan.shards, plan.manifest))
         self.cache = CharCache(shard_format.parse_vocab(self.vocab_bytes.decode("utf-8")))
         self.batches = open_lm_batches(
-            plan.shards, "train", self.cache, int(cfg.batch_size), int(cfg.unroll_steps),
-            rank=self.rank, world_size=self.world, seed=int(cfg.seed), manifest=plan.manifest,
+            plan.shards,
+            "train",
+            self.cache,
+            int(cfg.batch_size),
+            int(cfg.unroll_steps),
+            rank=self.rank,
+            world_size=self.world,
+            seed=int(cfg.seed),
+            manifest=plan.manifest,
         )
         self.resumed_from: int | None = None
         resume = ckpt.latest_checkpoint(plan.run_dir)
@@ -373,7 +383,12 @@ class WorkerRun:
 
     def _init_from(self, source: str) -> None:
         """Continue pretraining from released weights (and their softmax when the vocabulary matches)."""
-        names = (export_mod.OPTIONS_FILE, export_mod.WEIGHTS_FILE, export_mod.SOFTMAX_FILE, export_mod.VOCAB_FILE)
+        names = (
+            export_mod.OPTIONS_FILE,
+            export_mod.WEIGHTS_FILE,
+            export_mod.SOFTMAX_FILE,
+            export_mod.VOCAB_FILE,
+        )
         with tempfile.TemporaryDirectory(prefix="elmo-init-") as tmp:
             local = {}
             for name in names:
@@ -394,22 +409,29 @@ class WorkerRun:
     def save_checkpoint(self) -> None:
         runner = self.runner
         path = ckpt.checkpoint_path(self.plan.run_dir, runner.step)
-        ckpt.save_rank(path, self.rank, {
-            "data": self.batches.state_dict(),
-            "c": runner.c.cpu() if runner.c is not None else None,
-            "h": runner.h.cpu() if runner.h is not None else None,
-            "rng": ckpt.rng_states(runner.generator),
-        })
+        ckpt.save_rank(
+            path,
+            self.rank,
+            {
+                "data": self.batches.state_dict(),
+                "c": runner.c.cpu() if runner.c is not None else None,
+                "h": runner.h.cpu() if runner.h is not None else None,
+                "rng": ckpt.rng_states(runner.generator),
+            },
+        )
         if self.rank == 0:
-            ckpt.save_model(path, {
-                "options": self.plan.options,
-                "bilm": runner.bilm.state_dict(),
-                "softmax": runner.softmax.state_dict(),
-                "optimizer": runner.optimizer.state_dict(),
-                "step": runner.step,
-                "config": to_dict(self.cfg),
-                "vocab": self.vocab_bytes,
-            })
+            ckpt.save_model(
+                path,
+                {
+                    "options": self.plan.options,
+                    "bilm": runner.bilm.state_dict(),
+                    "softmax": runner.softmax.state_dict(),
+                    "optimizer": runner.optimizer.state_dict(),
+                    "step": runner.step,
+                    "config": to_dict(self.cfg),
+                    "vocab": self.vocab_bytes,
+                },
+            )
         _barrier()
         if self.rank == 0:
             ckpt.mark_complete(path, runner.step, self.world)
@@ -430,7 +452,9 @@ class WorkerRun:
             manifest=self.plan.manifest,
         )
         max_batches = -(-int(cfg.eval_max_batches) // self.world) if cfg.eval_max_batches else 0
-        sums = heldout_sums(self.runner.lm, self.softmax, batches, self.device, max_batches, self.runner.autocast_dtype)
+        sums = heldout_sums(
+            self.runner.lm, self.softmax, batches, self.device, max_batches, self.runner.autocast_dtype
+        )
         counts = torch.cat([sums.losses, torch.tensor([float(sums.batches)], dtype=torch.float64)])
         total = all_reduce_sum(counts.to(self.device)).cpu()  # NCCL reduces only CUDA tensors
         result = HeldoutSums(total[:3], int(total[3])).perplexities()
@@ -528,9 +552,22 @@ class WorkerRun:
         return status
 
 
+def _quiet_report_log() -> None:
+    """Ray Train V2 logs every ``ray.train.report`` call at INFO, one long line per logged step on
+    the driver's console; the same rows already go to metrics.jsonl and wandb, so keep its warnings
+    only. The logger is internal (named by its file), so a Ray without it is simply left alone."""
+    try:
+        from ray.train.v2._internal.execution import context
+    except ImportError:
+        return
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
 def train_loop_per_worker(loop_config: dict) -> None:
     """The function Ray Train runs on every worker."""
     import ray.train.torch
+
+    _quiet_report_log()
 
     cfg = OmegaConf.create(loop_config["config"])
     plan = RunPlan(**loop_config["plan"])
@@ -539,4 +576,12 @@ def train_loop_per_worker(loop_config: dict) -> None:
     WorkerRun(cfg, plan, device, report=True).run()
 
 
-__all__ = ["TrainError", "RunPlan", "prepare_run", "run_training", "final_status", "train_loop_per_worker", "WorkerRun"]
+__all__ = [
+    "TrainError",
+    "RunPlan",
+    "prepare_run",
+    "run_training",
+    "final_status",
+    "train_loop_per_worker",
+    "WorkerRun",
+]
