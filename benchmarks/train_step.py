@@ -44,13 +44,17 @@ def synthetic_batches(cache: CharCache, count: int, batch: int, unroll: int, see
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(count):
-        ids = np.minimum(rng.zipf(1.1, size=(2, batch, unroll + 1)) + 2, cache.vocab_size - 1).astype(np.int64)
+        ids = np.minimum(rng.zipf(1.1, size=(2, batch, unroll + 1)) + 2, cache.vocab_size - 1).astype(
+            np.int64
+        )
         tokens, targets = ids[..., :-1], ids[..., 1:]
-        out.append(LMBatch(
-            char_ids=torch.from_numpy(cache.spell(tokens)),
-            token_ids=torch.from_numpy(np.ascontiguousarray(tokens)),
-            targets=torch.from_numpy(np.ascontiguousarray(targets)),
-        ))
+        out.append(
+            LMBatch(
+                char_ids=torch.from_numpy(cache.spell(tokens)),
+                token_ids=torch.from_numpy(np.ascontiguousarray(tokens)),
+                targets=torch.from_numpy(np.ascontiguousarray(targets)),
+            )
+        )
     return out
 
 
@@ -61,15 +65,25 @@ def run_worker(rank: int, world: int, port: int, args: argparse.Namespace, out_f
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
     try:
-        cfg = load_config(TrainConfig, preset=args.preset, overrides=[
-            "shards=unused", "output=unused", f"batch_size={args.batch_size}", f"unroll_steps={args.unroll_steps}",
-            f"softmax.negatives={args.negatives}", "softmax.sampled=true",
-        ])
+        cfg = load_config(
+            TrainConfig,
+            preset=args.preset,
+            overrides=[
+                "shards=unused",
+                "output=unused",
+                f"batch_size={args.batch_size}",
+                f"unroll_steps={args.unroll_steps}",
+                f"softmax.negatives={args.negatives}",
+                "softmax.sampled=true",
+            ],
+        )
         options = to_options(cfg.model)
         cache = CharCache(["<S>", "</S>", "<UNK>", *(f"w{i}" for i in range(args.vocab - 3))])
         runner = StepRunner(cfg, options, cache.vocab_size, device)
         runner.distribute()
-        batches = synthetic_batches(cache, args.warmup + args.steps, args.batch_size, args.unroll_steps, seed=rank)
+        batches = synthetic_batches(
+            cache, args.warmup + args.steps, args.batch_size, args.unroll_steps, seed=rank
+        )
         for batch in batches[: args.warmup]:
             runner.train_step(batch, 10**6)
         _sync(device, world)
@@ -81,13 +95,16 @@ def run_worker(rank: int, world: int, port: int, args: argparse.Namespace, out_f
         elapsed = time.perf_counter() - start
         if rank == 0:
             with open(out_file, "w") as f:
-                json.dump({
-                    "elapsed": elapsed,
-                    "flops_per_step": runner.flops_per_step(args.batch_size, args.unroll_steps),
-                    "exchange_bytes": last["exchange_bytes"],
-                    "dense_bytes": last["dense_bytes"],
-                    "rows": last["rows"],
-                }, f)
+                json.dump(
+                    {
+                        "elapsed": elapsed,
+                        "flops_per_step": runner.flops_per_step(args.batch_size, args.unroll_steps),
+                        "exchange_bytes": last["exchange_bytes"],
+                        "dense_bytes": last["dense_bytes"],
+                        "rows": last["rows"],
+                    },
+                    f,
+                )
     finally:
         if world > 1:
             dist.destroy_process_group()
@@ -109,7 +126,13 @@ def _free_port() -> int:
 def measure(args: argparse.Namespace, world: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="elmo-bench-") as tmp:
         out_file = os.path.join(tmp, "rank0.json")
-        mp.start_processes(run_worker, args=(world, _free_port(), args, out_file), nprocs=world, join=True, start_method="spawn")
+        mp.start_processes(
+            run_worker,
+            args=(world, _free_port(), args, out_file),
+            nprocs=world,
+            join=True,
+            start_method="spawn",
+        )
         with open(out_file) as f:
             return json.load(f)
 
@@ -133,13 +156,19 @@ def main(argv=None) -> int:
     bf16 = device.type == "cuda"
     if bf16:
         torch.backends.cuda.matmul.allow_tf32 = False
-    peak = measure_matmul_peak(device, torch.bfloat16 if bf16 else torch.float32, size=4096 if bf16 else 1024, seconds=1.0)
+    peak = measure_matmul_peak(
+        device, torch.bfloat16 if bf16 else torch.float32, size=4096 if bf16 else 1024, seconds=1.0
+    )
     counts = [1] if device.type == "cuda" else [int(w) for w in args.workers.split(",")]
-    print(f"preset {args.preset}, batch {args.batch_size} x unroll {args.unroll_steps} per worker, "
-          f"{args.negatives} negatives, vocab {args.vocab}, {args.threads} thread(s)/worker, device {args.device}"
-          f"{' (bf16 autocast)' if bf16 else ''}")
+    print(
+        f"preset {args.preset}, batch {args.batch_size} x unroll {args.unroll_steps} per worker, "
+        f"{args.negatives} negatives, vocab {args.vocab}, {args.threads} thread(s)/worker, device {args.device}"
+        f"{' (bf16 autocast)' if bf16 else ''}"
+    )
     print(f"measured matmul peak per worker: {peak / 1e9:.1f} GFLOP/s ({'bf16' if bf16 else 'float32'})")
-    print(f"{'workers':>7} {'step s':>8} {'tokens/s':>10} {'MFU':>6} {'speedup':>8} {'softmax rows':>12} {'exchange B/step':>15} {'dense B/step':>13}")
+    print(
+        f"{'workers':>7} {'step s':>8} {'tokens/s':>10} {'MFU':>6} {'speedup':>8} {'softmax rows':>12} {'exchange B/step':>15} {'dense B/step':>13}"
+    )
     base = None
     for world in counts:
         r = measure(args, world)
@@ -147,8 +176,10 @@ def main(argv=None) -> int:
         tokens = world * 2 * args.batch_size * args.unroll_steps / step_s
         mfu = r["flops_per_step"] / step_s / peak
         base = base or tokens
-        print(f"{world:>7} {step_s:>8.3f} {tokens:>10.0f} {mfu:>6.1%} {tokens / base:>7.2f}x {r['rows']:>12} "
-              f"{r['exchange_bytes']:>15,} {r['dense_bytes']:>13,}")
+        print(
+            f"{world:>7} {step_s:>8.3f} {tokens:>10.0f} {mfu:>6.1%} {tokens / base:>7.2f}x {r['rows']:>12} "
+            f"{r['exchange_bytes']:>15,} {r['dense_bytes']:>13,}"
+        )
     return 0
 
 

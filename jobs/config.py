@@ -12,7 +12,8 @@ from pipeline.config import STAGES, load_config, stage_schema, to_yaml
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="elmo config", description="Print the resolved config of a stage (schema, preset, file, overrides)."
+        prog="elmo config",
+        description="Print the resolved config of a stage (schema, preset, file, overrides).",
     )
     # the stage must come before the key=value list, so it is declared first
     parser.add_argument("stage", choices=list(STAGES), help="which stage's config")
@@ -22,7 +23,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         cfg = load_config(
-            stage_schema(args.stage), config_file=args.config, overrides=args.overrides, preset=args.preset, allow_missing=True
+            stage_schema(args.stage),
+            config_file=args.config,
+            overrides=args.overrides,
+            preset=args.preset,
+            allow_missing=True,
         )
         sys.stdout.write(to_yaml(cfg))
         return 0

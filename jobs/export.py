@@ -19,8 +19,12 @@ class _Known(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="elmo export", description="Export a training checkpoint in the original format.")
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory or run directory (local or s3://)")
+    parser = argparse.ArgumentParser(
+        prog="elmo export", description="Export a training checkpoint in the original format."
+    )
+    parser.add_argument(
+        "checkpoint", metavar="CHECKPOINT", help="checkpoint directory or run directory (local or s3://)"
+    )
     parser.add_argument("out", metavar="OUT", help="output directory (local or s3://)")
     parser.add_argument("--endpoint", metavar="URL", help="S3 endpoint (default AWS_ENDPOINT_URL)")
     args = parser.parse_args(main_argv(argv))

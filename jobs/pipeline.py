@@ -17,7 +17,9 @@ from pipeline.config import load_config, preset_names
 
 def build_parser():
     parser = stage_parser("elmo pipeline", "Run the whole pipeline end to end (what `make demo` runs).")
-    parser.add_argument("--preset", choices=preset_names(), default="tiny", help="model size for training (default tiny)")
+    parser.add_argument(
+        "--preset", choices=preset_names(), default="tiny", help="model size for training (default tiny)"
+    )
     return parser
 
 
@@ -36,7 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         cfg = load_config(
-            PipelineConfig, config_file=args.config, overrides=args.overrides, preset=args.preset, allow_missing=True
+            PipelineConfig,
+            config_file=args.config,
+            overrides=args.overrides,
+            preset=args.preset,
+            allow_missing=True,
         )
         print(summary(run_pipeline(cfg)))
         return 0

@@ -70,7 +70,9 @@ def flag_overrides(args: argparse.Namespace, flag_to_key: Mapping[str, str]) -> 
     return out
 
 
-def resolve(args: argparse.Namespace, schema: type, flag_to_key: Mapping[str, str], preset: str | None = None) -> DictConfig:
+def resolve(
+    args: argparse.Namespace, schema: type, flag_to_key: Mapping[str, str], preset: str | None = None
+) -> DictConfig:
     """The stage config: schema, preset, ``--config``, stage flags, then ``key=value`` overrides."""
     overrides = flag_overrides(args, flag_to_key) + list(args.overrides)
     return load_config(schema, config_file=args.config, overrides=overrides, preset=preset)

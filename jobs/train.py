@@ -15,17 +15,29 @@ from jobs.stage_args import parse_stage_args, resolve, run_main, stage_parser
 from pipeline import storage
 from pipeline.config import preset_names
 
-FLAGS = {"shards": "shards", "output": "output", "workers": "workers", "max_steps": "max_steps", "name": "name"}
+FLAGS = {
+    "shards": "shards",
+    "output": "output",
+    "workers": "workers",
+    "max_steps": "max_steps",
+    "name": "name",
+}
 """argparse destination -> TrainConfig key."""
 
 
 def build_parser():
-    parser = stage_parser("elmo train", "Pretrain the biLM with Ray Train (DDP); log perplexity, checkpoint, export.")
+    parser = stage_parser(
+        "elmo train", "Pretrain the biLM with Ray Train (DDP); log perplexity, checkpoint, export."
+    )
     parser.add_argument("--shards", metavar="DIR_OR_S3", help="shard directory written by 'elmo shard'")
-    parser.add_argument("--output", metavar="RUN_DIR_OR_S3", help="run directory: metrics, plot, checkpoints, export/")
+    parser.add_argument(
+        "--output", metavar="RUN_DIR_OR_S3", help="run directory: metrics, plot, checkpoints, export/"
+    )
     parser.add_argument("--preset", choices=preset_names(), help="model size and recipe from configs/")
     parser.add_argument("--workers", type=int, metavar="N", help="Ray Train workers (DDP ranks)")
-    parser.add_argument("--max-steps", dest="max_steps", type=int, metavar="N", help="stop after N steps (0 = n_epochs)")
+    parser.add_argument(
+        "--max-steps", dest="max_steps", type=int, metavar="N", help="stop after N steps (0 = n_epochs)"
+    )
     parser.add_argument("--name", metavar="RUN_NAME", help="run name; rerun with the same name to resume")
     return parser
 

@@ -185,7 +185,9 @@ def _select_preset(preset: DictConfig, schema: type, name: str) -> DictConfig:
     whole-pipeline config; schemas without it take no preset."""
     section = getattr(schema, "PRESET_SECTION", None)
     if section is None:
-        raise ConfigError(f"preset {name!r} given, but this stage takes no preset (presets are model sizes for train/pipeline)")
+        raise ConfigError(
+            f"preset {name!r} given, but this stage takes no preset (presets are model sizes for train/pipeline)"
+        )
     return OmegaConf.create({section: preset}) if section else preset
 
 

@@ -39,8 +39,10 @@ class StageReport:
 
 def _fill(section: DictConfig, key: str, value: Any) -> None:
     """Set ``section.key`` only when the user left it unset (MISSING, empty string or empty list)."""
-    if OmegaConf.is_missing(section, key) or section[key] in ("", None) or (
-        OmegaConf.is_list(section[key]) and len(section[key]) == 0
+    if (
+        OmegaConf.is_missing(section, key)
+        or section[key] in ("", None)
+        or (OmegaConf.is_list(section[key]) and len(section[key]) == 0)
     ):
         section[key] = value
 
@@ -79,7 +81,9 @@ def _trained_steps(run_dir: str) -> int:
     path = storage.join(run_dir, METRICS_FILE)
     if not storage.exists(path):
         return 0
-    return max((int(row.get("step", 0)) for row in read_metrics(path) if row.get("kind") == "train"), default=0)
+    return max(
+        (int(row.get("step", 0)) for row in read_metrics(path) if row.get("kind") == "train"), default=0
+    )
 
 
 def run_pipeline(cfg: DictConfig) -> dict[str, Any]:

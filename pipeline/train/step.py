@@ -126,9 +126,13 @@ class StepRunner:
         cfg = self.cfg
         char_ids, targets = batch.char_ids.to(self.device), batch.targets.to(self.device)
         opt = cfg.optimizer
-        set_lr(self.optimizer, float(opt.lr) * lr_factor(
-            self.step, total_steps, str(opt.schedule), int(opt.warmup_steps), float(opt.final_lr_fraction)
-        ))
+        set_lr(
+            self.optimizer,
+            float(opt.lr)
+            * lr_factor(
+                self.step, total_steps, str(opt.schedule), int(opt.warmup_steps), float(opt.final_lr_fraction)
+            ),
+        )
         self.optimizer.zero_grad(set_to_none=True)
         with self.autocast():
             top, c, h = self.model(char_ids, self.c, self.h)
@@ -162,7 +166,9 @@ class StepRunner:
     def _exchange_softmax(self, rows: SoftmaxRows | None) -> tuple[RowGradient | None, int]:
         """Average the softmax gradient over ranks: touched rows only (sparse), or the dense matrix."""
         if rows is None:  # full softmax: every row has a gradient, held by the module itself
-            return None, sum(dense_allreduce_mean(g) for g in (self.softmax.weight.grad, self.softmax.bias.grad))
+            return None, sum(
+                dense_allreduce_mean(g) for g in (self.softmax.weight.grad, self.softmax.bias.grad)
+            )
         grad = rows.grad()
         if self.cfg.softmax.sparse_exchange:
             return exchange_rows(rows.ids, grad)

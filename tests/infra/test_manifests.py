@@ -78,14 +78,18 @@ def test_rayjobs_take_credentials_from_secrets_and_request_gpus(path):
                 assert "value" not in env, f"{env['name']} is inline in {path.name}"
         assert any("secretRef" in e for e in container.get("envFrom", [])), container["name"]
     workers = doc["spec"]["rayClusterSpec"]["workerGroupSpecs"]
-    assert all(g["template"]["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu") for g in workers)
+    assert all(
+        g["template"]["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu") for g in workers
+    )
 
 
 def test_cluster_launcher_has_gpu_workers_and_no_inline_credentials():
     doc = yaml.safe_load((INFRA / "cluster-gpu.yaml").read_text())
     assert doc["head_node_type"] in doc["available_node_types"]
     assert "--gpus all" in doc["docker"]["run_options"]
-    assert not SECRET_NAME.search(yaml.safe_dump(doc["provider"])), "credentials belong to the instance profile"
+    assert not SECRET_NAME.search(yaml.safe_dump(doc["provider"])), (
+        "credentials belong to the instance profile"
+    )
 
 
 def test_dockerfile_copies_existing_paths_and_installs_the_project():

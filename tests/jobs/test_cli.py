@@ -47,6 +47,8 @@ def test_stage_flags_and_overrides_mix_in_any_order(tmp_path):
     from jobs.stage_args import parse_stage_args, resolve
     from pipeline.shard.config import ShardConfig
 
-    args = parse_stage_args(shard.build_parser(), ["--input", "a.txt", "b.txt", "min_count=2", "--output", "s3://b/o"])
+    args = parse_stage_args(
+        shard.build_parser(), ["--input", "a.txt", "b.txt", "min_count=2", "--output", "s3://b/o"]
+    )
     cfg = resolve(args, ShardConfig, shard.FLAGS)
     assert list(cfg.input) == ["a.txt", "b.txt"] and cfg.min_count == 2 and cfg.output == "s3://b/o"

@@ -8,6 +8,7 @@ the perplexity targets.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 
 import h5py
@@ -20,14 +21,25 @@ from pipeline.end_to_end import SAMPLE_CORPUS
 def test_pipeline_end_to_end_on_s3(s3_prefix, ray_local, tmp_path, capsys):
     corpus = tmp_path / "slice.txt"
     with gzip.open(SAMPLE_CORPUS, "rt", encoding="utf-8") as src:
-        corpus.write_text("".join(line for _, line in zip(range(3000), src)), encoding="utf-8")
+        corpus.write_text("".join(itertools.islice(src, 3000)), encoding="utf-8")
     root = s3_prefix.rstrip("/")
     code = elmo(
         [
-            "pipeline", "--preset", "tiny", f"storage={root}", "name=e2e", f"corpus=[{corpus}]",
-            "shard.heldout_fraction=0.05", "shard.progress=false",
-            "train.max_steps=12", "train.eval_every=0", "train.checkpoint_every=12", "train.log_every=4",
-            "train.eval_max_batches=5", "embed.progress=false", "embed.lines_per_shard=100",
+            "pipeline",
+            "--preset",
+            "tiny",
+            f"storage={root}",
+            "name=e2e",
+            f"corpus=[{corpus}]",
+            "shard.heldout_fraction=0.05",
+            "shard.progress=false",
+            "train.max_steps=12",
+            "train.eval_every=0",
+            "train.checkpoint_every=12",
+            "train.log_every=4",
+            "train.eval_max_batches=5",
+            "embed.progress=false",
+            "embed.lines_per_shard=100",
         ]
     )
     out = capsys.readouterr().out

@@ -78,11 +78,22 @@ def ray_head():
     )
     env.pop("RAY_ADDRESS", None)
     cmd = [
-        str(BIN / "ray"), "start", "--head", f"--port={gcs}", "--node-ip-address=127.0.0.1",
-        "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-        f"--ray-client-server-port={client}", f"--node-manager-port={node_manager}",
-        f"--object-manager-port={object_manager}", f"--dashboard-agent-listen-port={agent}",
-        f"--metrics-export-port={metrics}", "--num-cpus=2", f"--temp-dir={temp_dir}", "--disable-usage-stats",
+        str(BIN / "ray"),
+        "start",
+        "--head",
+        f"--port={gcs}",
+        "--node-ip-address=127.0.0.1",
+        "--include-dashboard=true",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard}",
+        f"--ray-client-server-port={client}",
+        f"--node-manager-port={node_manager}",
+        f"--object-manager-port={object_manager}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--metrics-export-port={metrics}",
+        "--num-cpus=2",
+        f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
     ]
     try:
         subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=120)
@@ -96,10 +107,26 @@ def test_shard_job_submitted_to_a_running_head(ray_head, tmp_path):
     address, env = ray_head
     out = tmp_path / "shards"
     submit = [
-        str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(REPO),
-        "--runtime-env-json", json.dumps({"excludes": [".git", ".venv", "runs", "tests/data"]}),
-        "--", "python", "-m", "jobs.shard", "--input", str(SAMPLE), "--output", str(out),
-        "--workers", "2", "heldout_fraction=0.05",
+        str(BIN / "ray"),
+        "job",
+        "submit",
+        "--address",
+        address,
+        "--working-dir",
+        str(REPO),
+        "--runtime-env-json",
+        json.dumps({"excludes": [".git", ".venv", "runs", "tests/data"]}),
+        "--",
+        "python",
+        "-m",
+        "jobs.shard",
+        "--input",
+        str(SAMPLE),
+        "--output",
+        str(out),
+        "--workers",
+        "2",
+        "heldout_fraction=0.05",
     ]
     result = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -26,7 +26,11 @@ def shards(tmp_path):
 
 
 def cfg_for(shards: str, output: str, *overrides: str):
-    return load_config(TrainConfig, preset="tiny", overrides=[f"shards={shards}", f"output={output}", "max_steps=5", *overrides])
+    return load_config(
+        TrainConfig,
+        preset="tiny",
+        overrides=[f"shards={shards}", f"output={output}", "max_steps=5", *overrides],
+    )
 
 
 def test_missing_shard_directory(tmp_path):
@@ -70,12 +74,16 @@ def test_too_many_negatives(shards, tmp_path):
 
 
 def test_more_workers_than_the_cluster_has(shards, tmp_path, ray_local):
-    with pytest.raises(TrainError, match="workers=3 x threads_per_worker=1 need 3 CPUs but the Ray cluster has 2"):
+    with pytest.raises(
+        TrainError, match="workers=3 x threads_per_worker=1 need 3 CPUs but the Ray cluster has 2"
+    ):
         _cluster_check(cfg_for(shards, str(tmp_path / "run"), "workers=3"))
 
 
 def test_cli_reports_one_line(shards, tmp_path, capsys):
-    code = train_main(["--shards", str(tmp_path / "missing"), "--output", str(tmp_path / "run"), "--preset", "tiny"])
+    code = train_main(
+        ["--shards", str(tmp_path / "missing"), "--output", str(tmp_path / "run"), "--preset", "tiny"]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("error: no manifest.json in") and err.count("\n") == 1
@@ -88,8 +96,17 @@ def test_manifest_counts_that_disagree_with_a_shard_fail_the_run_with_one_line(s
     manifest = json.loads(storage.read_bytes(path))
     manifest["shards"]["train"][0]["sentences"] += 1  # the bytes (sha256) still match: only reading finds it
     storage.write_bytes(path, json.dumps(manifest).encode())
-    cfg = cfg_for(shards, str(tmp_path / "run"), "workers=2", "max_failures=0", "wandb.mode=disabled", "softmax.negatives=100")
-    with pytest.raises(TrainError, match=r"training failed: .*train-000000.tar: manifest lists \d+ sentences") as err:
+    cfg = cfg_for(
+        shards,
+        str(tmp_path / "run"),
+        "workers=2",
+        "max_failures=0",
+        "wandb.mode=disabled",
+        "softmax.negatives=100",
+    )
+    with pytest.raises(
+        TrainError, match=r"training failed: .*train-000000.tar: manifest lists \d+ sentences"
+    ) as err:
         run_training(cfg)
     assert "\n" not in str(err.value)
 

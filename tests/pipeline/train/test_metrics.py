@@ -42,13 +42,25 @@ def test_metrics_log_rewrites_and_truncates_on_resume(tmp_path):
 
 def test_plot_writes_a_png(tmp_path):
     rows = [
-        {"kind": "train", "step": s, "train/perplexity": 100 / s, "train/perplexity_fwd": 101 / s, "train/perplexity_bwd": 99 / s}
+        {
+            "kind": "train",
+            "step": s,
+            "train/perplexity": 100 / s,
+            "train/perplexity_fwd": 101 / s,
+            "train/perplexity_bwd": 99 / s,
+        }
         for s in (1, 2, 3)
     ]
-    rows.append({
-        "kind": "eval", "step": 3, "eval/perplexity": 40.0, "eval/perplexity_fwd": 41.0,
-        "eval/perplexity_bwd": 39.0, "eval/unigram_perplexity": 200.0,
-    })
+    rows.append(
+        {
+            "kind": "eval",
+            "step": 3,
+            "eval/perplexity": 40.0,
+            "eval/perplexity_fwd": 41.0,
+            "eval/perplexity_bwd": 39.0,
+            "eval/unigram_perplexity": 200.0,
+        }
+    )
     path = str(tmp_path / "plot.png")
     plot_perplexity(rows, path)
     with open(path, "rb") as f:
@@ -65,4 +77,3 @@ def test_wandb_online_needs_a_key(monkeypatch):
     settings = OmegaConf.structured(WandbConfig(mode="online"))
     with pytest.raises(ValueError, match="WANDB_API_KEY"):
         WandbSink(settings, "/tmp/unused", "run", {})
-

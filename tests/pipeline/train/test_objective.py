@@ -55,13 +55,17 @@ def test_sampled_softmax_matches_explicit_logits_and_masks_accidental_hits():
     h = torch.randn(3, dim)
     targets = torch.tensor([2, 7, 11])
     negatives = NegativeSample(ids=torch.tensor([0, 7, 3]), tries=5)  # 7 is an accidental hit for row 1
-    loss = sampled_softmax_loss(h, targets, w[targets], b[targets], w[negatives.ids], b[negatives.ids], negatives, vocab)
+    loss = sampled_softmax_loss(
+        h, targets, w[targets], b[targets], w[negatives.ids], b[negatives.ids], negatives, vocab
+    )
     log_q = lambda ids: negatives.log_expected_count(ids, vocab)  # noqa: E731
     expected = []
     for i in range(3):
         true = h[i] @ w[targets[i]] + b[targets[i]] - log_q(targets[i : i + 1])[0]
         sampled = [
-            h[i] @ w[k] + b[k] - log_q(torch.tensor([k]))[0] for k in negatives.ids.tolist() if k != int(targets[i])
+            h[i] @ w[k] + b[k] - log_q(torch.tensor([k]))[0]
+            for k in negatives.ids.tolist()
+            if k != int(targets[i])
         ]
         expected.append(torch.logsumexp(torch.stack([true, *sampled]), 0) - true)
     assert float(loss) == pytest.approx(float(torch.stack(expected).mean()), rel=1e-5)
@@ -91,7 +95,9 @@ def test_full_softmax_loss_is_cross_entropy_per_direction():
     losses = direction_losses_full(hidden, targets, softmax)
     for d in range(2):
         logits = hidden[d].reshape(-1, 5) @ softmax.weight.t() + softmax.bias
-        assert float(losses[d]) == pytest.approx(float(F.cross_entropy(logits, targets[d].reshape(-1))), rel=1e-6)
+        assert float(losses[d]) == pytest.approx(
+            float(F.cross_entropy(logits, targets[d].reshape(-1))), rel=1e-6
+        )
     out = bidirectional_loss(hidden, targets, softmax, None)
     assert out.rows is None
     assert float(out.loss) == pytest.approx(float(losses.mean()), rel=1e-6)

@@ -51,7 +51,9 @@ def exchanged(tmp_path_factory):
     # from this one, and a fork of a process that drives Ray breaks Ray's GCS connection when it exits
     cases = [(50, 1000, 5), (100, 1000, 5), (50, 100_000, 5)]
     out_dir = str(tmp_path_factory.mktemp("exchange"))
-    mp.start_processes(_worker, args=(2, _free_port(), cases, out_dir), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(
+        _worker, args=(2, _free_port(), cases, out_dir), nprocs=2, join=True, start_method="spawn"
+    )
     return {rank: torch.load(os.path.join(out_dir, f"rank-{rank}.pt")) for rank in range(2)}, cases
 
 

@@ -34,7 +34,8 @@ STEPS = 150
 
 def tiny(shards: str, output: str, *overrides: str):
     return load_config(
-        TrainConfig, preset="tiny",
+        TrainConfig,
+        preset="tiny",
         overrides=[f"shards={shards}", f"output={output}", "workers=2", *overrides],
     )
 
@@ -56,7 +57,9 @@ def shards(tmp_path_factory, corpus):
 def trained(tmp_path_factory, shards, ray_local):
     """The one longer run: STEPS steps, evaluated every 50, checkpoints every 50 (keep 2)."""
     run_dir = str(tmp_path_factory.mktemp("run") / "kjv")
-    cfg = tiny(shards, run_dir, f"max_steps={STEPS}", "eval_every=50", "checkpoint_every=50", "eval_max_batches=60")
+    cfg = tiny(
+        shards, run_dir, f"max_steps={STEPS}", "eval_every=50", "checkpoint_every=50", "eval_max_batches=60"
+    )
     final = run_training(cfg)
     return run_dir, final
 
@@ -96,7 +99,9 @@ def wandb_history(run_dir: str) -> list[dict]:
     Parsed in a child process: wandb is never imported into the test process, which also drives Ray."""
     files = list(Path(run_dir, "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1, files
-    out = subprocess.run([sys.executable, "-c", WANDB_LOG_READER, str(files[0])], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", WANDB_LOG_READER, str(files[0])], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout)
 
 
@@ -142,7 +147,9 @@ def test_checkpoints_keep_the_last_two_and_the_export_reproduces_the_model(train
     bilm, softmax, payload = model_from_checkpoint(ckpt.latest_checkpoint(run_dir))
     export = os.path.join(run_dir, EXPORT_DIR)
     loaded = BiLM.from_files(os.path.join(export, "options.json"), os.path.join(export, "weights.hdf5"))
-    ids = batch_to_ids([["In", "the", "beginning", "God", "created"], ["And", "Moses", "said", "unto", "the", "LORD"]])
+    ids = batch_to_ids(
+        [["In", "the", "beginning", "God", "created"], ["And", "Moses", "said", "unto", "the", "LORD"]]
+    )
     with torch.no_grad():
         expected, got = bilm(ids), loaded(ids)
     torch.testing.assert_close(got.layers, expected.layers, rtol=1e-5, atol=1e-6)
@@ -173,7 +180,18 @@ def test_rerun_resumes_from_the_latest_checkpoint(shards, tmp_path, ray_local, c
 
     run_dir = str(tmp_path / "resume")
     common = ["checkpoint_every=10", "log_every=5", "eval_max_batches=4", "wandb.mode=disabled"]
-    flags = ["--shards", shards, "--output", run_dir, "--preset", "tiny", "--workers", "2", "--name", "resumable"]
+    flags = [
+        "--shards",
+        shards,
+        "--output",
+        run_dir,
+        "--preset",
+        "tiny",
+        "--workers",
+        "2",
+        "--name",
+        "resumable",
+    ]
     assert train_main([*flags, "--max-steps", "20", *common]) == 0
     assert capsys.readouterr().out.startswith("trained to step 20: held-out perplexity ")
     assert ckpt.load_model(ckpt.latest_checkpoint(run_dir))["step"] == 20
@@ -195,7 +213,8 @@ def _train_worker_pids() -> list[int]:
     from ray._private.state import actors
 
     return [
-        a["Pid"] for a in actors().values()
+        a["Pid"]
+        for a in actors().values()
         if a["ActorClassName"] == "RayTrainWorker" and a["State"] == "ALIVE" and a["Pid"]
     ]
 
@@ -205,7 +224,15 @@ def test_killed_worker_restarts_from_checkpoint_on_s3(shards, s3_prefix, ray_loc
     for path in storage.list_prefix(shards + "/"):
         storage.upload_file(path, storage.join(s3_shards, os.path.basename(path)))
     run_dir = storage.join(s3_prefix, "run")
-    cfg = tiny(s3_shards, run_dir, "max_steps=40", "checkpoint_every=10", "log_every=10", "eval_max_batches=4", "max_failures=2")
+    cfg = tiny(
+        s3_shards,
+        run_dir,
+        "max_steps=40",
+        "checkpoint_every=10",
+        "log_every=10",
+        "eval_max_batches=4",
+        "max_failures=2",
+    )
     killed: list[int] = []
 
     def kill_after_first_checkpoint():
@@ -239,8 +266,15 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(shards, tmp_path):
     # in-process, one rank: the loop and the driver's final check without a Ray cluster
     run_dir = str(tmp_path / "nan")
     cfg = tiny(
-        shards, run_dir, "workers=1", "max_steps=6", "checkpoint_every=1", "optimizer.name=adagrad",
-        "optimizer.lr=1e30", "eval_max_batches=2", "wandb.mode=disabled",
+        shards,
+        run_dir,
+        "workers=1",
+        "max_steps=6",
+        "checkpoint_every=1",
+        "optimizer.name=adagrad",
+        "optimizer.lr=1e30",
+        "eval_max_batches=2",
+        "wandb.mode=disabled",
     )
     status = WorkerRun(cfg, prepare_run(cfg), torch.device("cpu")).run()
     assert status["status"] == "nan"
