@@ -52,6 +52,27 @@ def _set_env(values: dict[str, str | None]) -> dict[str, str | None]:
     return previous
 
 
+@pytest.fixture(scope="session", autouse=True)
+def home_state_in_tmp(tmp_path_factory):
+    """Keep what matplotlib, wandb and Ray would write under ``~`` out of it, so a test run leaves
+    no files outside tmp: their caches go to the session's tmp dir, and Ray's token authentication,
+    on by default for a new local cluster (it then writes ``~/.ray/auth_token``), is off for the
+    loopback-only test cluster. (A token in the environment does not work here: Ray reads the mode
+    into its native config at import, before this fixture runs.)"""
+    root = tmp_path_factory.mktemp("home-state")
+    names = {
+        "MPLCONFIGDIR": "matplotlib",
+        "WANDB_CONFIG_DIR": "wandb-config",
+        "WANDB_CACHE_DIR": "wandb-cache",
+        "WANDB_DATA_DIR": "wandb-data",
+    }
+    values = {name: str(root / sub) for name, sub in names.items()}
+    values["RAY_AUTH_MODE"] = "disabled"
+    previous = _set_env(values)
+    yield root
+    _set_env(previous)
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A SeaweedFS S3 server on free loopback ports with one bucket; AWS_* env set for the session."""
