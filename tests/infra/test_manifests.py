@@ -1,8 +1,9 @@
-"""infra/: every manifest parses, and every entry point and config key it names exists.
+"""infra/ and the README: every manifest parses, and every entry point and config key named there exists.
 
 Each ``python -m jobs.<stage> ...`` command found in a manifest (RayJob entrypoints, and the usage
-lines of the cluster-launcher file) is parsed by that stage's own argument parser and resolved
-against its config schema, so a renamed flag or config key breaks this test, not a cluster job.
+lines of the cluster-launcher file), and each stage command shown in the README, is parsed by that
+stage's own argument parser and resolved against its config schema, so a renamed flag or config
+key breaks this test, not a cluster job or a newcomer's first command.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs.stage_args import parse_stage_args, resolve
-from pipeline.config import stage_schema
+from jobs.stage_args import flag_overrides, parse_stage_args
+from pipeline.config import load_config, stage_schema
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 REPO = INFRA.parent
@@ -33,16 +34,38 @@ def _job_commands(text: str) -> list[list[str]]:
     return commands
 
 
+def _readme_commands() -> list[list[str]]:
+    """The README's stage commands (inline code spans), as ``python -m jobs.X`` argument lists.
+    Optional parts in ``[...]`` are kept without their brackets; ``...`` elisions are dropped."""
+    text = (REPO / "README.md").read_text()
+    commands = []
+    for span in re.findall(r"`([^`\n]+)`", text):
+        match = re.search(r"(?:^elmo |python -m jobs\.)(shard|train|embed|pipeline)\b(.*)$", span)
+        if match and "<" not in span:
+            rest = match.group(2).replace("[", " ").replace("]", " ").replace("...", " ")
+            commands.append(["python", "-m", f"jobs.{match.group(1)}", *shlex.split(rest)])
+    return commands
+
+
 def _entrypoints(doc: dict) -> list[list[str]]:
     return [shlex.split(doc["spec"]["entrypoint"])] if doc.get("kind") == "RayJob" else []
 
 
-def _check_command(argv: list[str]) -> None:
+def _check_command(argv: list[str], complete: bool = True) -> None:
+    """Parse and resolve one stage command; ``complete=False`` allows required keys left out
+    (a README snippet that elides the paths with ``...``)."""
     assert argv[:2] == ["python", "-m"], argv
     stage = argv[2].removeprefix("jobs.")
     module = importlib.import_module(argv[2])
     args = parse_stage_args(module.build_parser(), argv[3:])
-    cfg = resolve(args, stage_schema(stage), module.FLAGS, preset=getattr(args, "preset", None))
+    overrides = flag_overrides(args, getattr(module, "FLAGS", {})) + list(args.overrides)
+    cfg = load_config(
+        stage_schema(stage),
+        args.config,
+        overrides,
+        preset=getattr(args, "preset", None),
+        allow_missing=not complete,
+    )
     assert cfg is not None
 
 
@@ -66,6 +89,13 @@ def test_manifest_commands_name_real_entry_points_and_keys(path):
     assert commands, f"{path.name} names no job entry point"
     for argv in commands:
         _check_command(argv)
+
+
+def test_readme_stage_commands_name_real_flags_and_keys():
+    commands = _readme_commands()
+    assert {c[2] for c in commands} == {"jobs.shard", "jobs.train", "jobs.embed", "jobs.pipeline"}
+    for argv in commands:
+        _check_command(argv, complete=False)
 
 
 @pytest.mark.parametrize("path", [p for p in MANIFESTS if p.name.startswith("rayjob-")], ids=lambda p: p.name)
