@@ -199,3 +199,23 @@ def to_yaml(cfg: DictConfig) -> str:
 def to_dict(cfg: DictConfig) -> dict:
     """The resolved config as plain Python containers (for JSON manifests and wandb)."""
     return OmegaConf.to_container(cfg, resolve=True)
+
+
+def require_at_least(
+    cfg: DictConfig, keys: Iterable[str], minimum: int = 1, error: type[Exception] = ConfigError
+) -> None:
+    """Range check that the types alone cannot express: each (dotted) key's value >= ``minimum``."""
+    for key in keys:
+        value = OmegaConf.select(cfg, key)
+        if value < minimum:
+            raise error(f"config key {key!r} must be >= {minimum}, got {value}")
+
+
+def require_choice(
+    cfg: DictConfig, key: str, allowed: Iterable[str], error: type[Exception] = ConfigError
+) -> None:
+    """The (dotted) key's value must be one of ``allowed``; the error lists them."""
+    allowed = tuple(allowed)
+    value = str(OmegaConf.select(cfg, key))
+    if value not in allowed:
+        raise error(f"config key {key!r} must be one of {', '.join(allowed)}, got {value!r}")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from pipeline.config import ConfigError
+from pipeline.config import ConfigError, require_at_least, require_choice
 
 LAYER_MODES = ("all", "top", "average")
 DTYPES = ("float32", "float16")
@@ -123,29 +123,27 @@ def is_single_file(output: str) -> bool:
     return output.lower().endswith(SINGLE_FILE_SUFFIXES)
 
 
-def _choice(cfg, key: str, allowed: tuple[str, ...]) -> None:
-    value = str(cfg[key])
-    if value not in allowed:
-        raise ConfigError(f"config key {key!r}: {value!r} is not one of {', '.join(allowed)}")
-
-
 def check_config(cfg) -> None:
     """Reject settings that cannot work, before any work starts (ConfigError naming the key)."""
-    _choice(cfg, "layers", LAYER_MODES)
-    _choice(cfg, "dtype", DTYPES)
-    _choice(cfg, "long_sentences", LONG_SENTENCE_POLICIES)
-    _choice(cfg, "invalid_utf8", INVALID_UTF8_POLICIES)
-    _choice(cfg, "use_gpu", GPU_CHOICES)
-    for key in (
-        "workers",
-        "lines_per_shard",
-        "batch_tokens",
-        "max_batch_sentences",
-        "stateful_batch_size",
-        "max_sentence_tokens",
+    for key, allowed in (
+        ("layers", LAYER_MODES),
+        ("dtype", DTYPES),
+        ("long_sentences", LONG_SENTENCE_POLICIES),
+        ("invalid_utf8", INVALID_UTF8_POLICIES),
+        ("use_gpu", GPU_CHOICES),
     ):
-        if int(cfg[key]) < 1:
-            raise ConfigError(f"config key {key!r} must be >= 1, got {cfg[key]}")
+        require_choice(cfg, key, allowed)
+    require_at_least(
+        cfg,
+        (
+            "workers",
+            "lines_per_shard",
+            "batch_tokens",
+            "max_batch_sentences",
+            "stateful_batch_size",
+            "max_sentence_tokens",
+        ),
+    )
     if cfg.cpus_per_worker <= 0:
         raise ConfigError(f"config key 'cpus_per_worker' must be > 0, got {cfg.cpus_per_worker}")
     if cfg.stop_after_shards < 0:

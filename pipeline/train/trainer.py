@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 
 from elmo_model import BiLM, BiLMOptions
 from pipeline import storage
-from pipeline.config import to_dict
+from pipeline.config import require_at_least, require_choice, to_dict
 from pipeline.model_config import to_options
 from pipeline.ray_runtime import worker_env
 from pipeline.shard import format as shard_format
@@ -149,27 +149,28 @@ def prepare_run(cfg: Any) -> RunPlan:
         storage.configure(endpoint_url=str(cfg.storage_endpoint))
     shards = str(cfg.shards).rstrip("/")
     run_dir = str(cfg.output).rstrip("/")
-    for key in (
-        "workers",
-        "batch_size",
-        "unroll_steps",
-        "threads_per_worker",
-        "log_every",
-        "checkpoint_every",
-        "eval_batch_size",
-    ):
-        if int(cfg[key]) < 1:
-            raise TrainError(f"config key {key!r} must be >= 1, got {cfg[key]}")
+    require_at_least(
+        cfg,
+        (
+            "workers",
+            "batch_size",
+            "unroll_steps",
+            "threads_per_worker",
+            "log_every",
+            "checkpoint_every",
+            "eval_batch_size",
+        ),
+        error=TrainError,
+    )
     if not 0 <= float(cfg.dropout) < 1:
         raise TrainError(f"config key 'dropout' must be in [0, 1), got {cfg.dropout}")
-    for key, value, allowed in (
-        ("use_gpu", cfg.use_gpu, ("auto", "true", "false")),
-        ("optimizer.name", cfg.optimizer.name, OPTIMIZERS),
-        ("optimizer.schedule", cfg.optimizer.schedule, SCHEDULES),
-        ("wandb.mode", cfg.wandb.mode, WANDB_MODES),
+    for key, allowed in (
+        ("use_gpu", ("auto", "true", "false")),
+        ("optimizer.name", OPTIMIZERS),
+        ("optimizer.schedule", SCHEDULES),
+        ("wandb.mode", WANDB_MODES),
     ):
-        if str(value) not in allowed:
-            raise TrainError(f"config key {key!r} must be one of {', '.join(allowed)}, got {value!r}")
+        require_choice(cfg, key, allowed, error=TrainError)
     manifest = shard_format.read_manifest(shards)
     vocab = shard_format.read_vocab(shard_format.vocab_path(shards, manifest))
     if len(vocab) != manifest["vocab"]["size"]:

@@ -84,7 +84,7 @@ def test_missing_input_and_bad_settings(tmp_path, corpus, capsys):
     code, line = _run(
         capsys, *_model_args(), "--input", corpus, "--output", str(tmp_path / "o"), "layers=middle"
     )
-    assert code == 2 and line == "error: config key 'layers': 'middle' is not one of all, top, average"
+    assert code == 2 and line == "error: config key 'layers' must be one of all, top, average, got 'middle'"
     code, line = _run(
         capsys,
         *_model_args(),
