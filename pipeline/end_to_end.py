@@ -52,7 +52,7 @@ def derive_stage_configs(cfg: DictConfig) -> DictConfig:
     ``<storage>/<name>/``; raises ConfigError if a required key is still unset afterwards."""
     cfg = OmegaConf.create(OmegaConf.to_container(cfg))  # drop read-only, keep values
     cfg = OmegaConf.merge(OmegaConf.structured(_schema()), cfg)
-    root = storage.join(str(cfg.storage), str(cfg.name))
+    root = storage.join(storage.absolute(str(cfg.storage)), str(cfg.name))
     shards, run_dir = storage.join(root, "shards"), storage.join(root, "train")
     _fill(cfg.shard, "input", list(cfg.corpus) or [str(SAMPLE_CORPUS)])
     _fill(cfg.shard, "output", shards)

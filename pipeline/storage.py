@@ -74,6 +74,12 @@ def is_s3(path: str | os.PathLike) -> bool:
     return isinstance(path, str) and path.startswith(S3_SCHEME)
 
 
+def absolute(path: str) -> str:
+    """An s3:// url unchanged, a local path made absolute: paths handed to Ray workers must not
+    depend on the worker's current directory (Ray Train moves its workers into their own)."""
+    return path if is_s3(path) or not path else os.path.abspath(path)
+
+
 def split_s3(path: str) -> tuple[str, str]:
     """``s3://bucket/a/b`` -> ``("bucket", "a/b")``; the key may be empty (a whole bucket)."""
     bucket, _, key = path[len(S3_SCHEME) :].partition("/")

@@ -147,8 +147,8 @@ def prepare_run(cfg: Any) -> RunPlan:
     """Validate a resolved TrainConfig and resolve the run's facts (no Ray needed)."""
     if cfg.storage_endpoint:
         storage.configure(endpoint_url=str(cfg.storage_endpoint))
-    shards = str(cfg.shards).rstrip("/")
-    run_dir = str(cfg.output).rstrip("/")
+    shards = storage.absolute(str(cfg.shards).rstrip("/"))
+    run_dir = storage.absolute(str(cfg.output).rstrip("/"))
     require_at_least(
         cfg,
         (
@@ -210,7 +210,7 @@ def prepare_run(cfg: Any) -> RunPlan:
         steps_per_epoch=per_epoch,
         unigram_perplexity=float(heldout_unigram_perplexity(shards, manifest)),
         options=options,
-        init_from=str(cfg.init_from),
+        init_from=storage.absolute(str(cfg.init_from)),
         storage_endpoint=str(cfg.storage_endpoint),
     )
 

@@ -1,0 +1,39 @@
+"""pipeline.end_to_end: how the stages' paths are derived from ``storage``/``name``."""
+
+from __future__ import annotations
+
+import os
+
+from pipeline.config import load_config
+from pipeline.end_to_end import SAMPLE_CORPUS, derive_stage_configs
+from pipeline.pipeline_config import PipelineConfig
+
+
+def _derive(*overrides: str):
+    return derive_stage_configs(
+        load_config(PipelineConfig, overrides=list(overrides), preset="tiny", allow_missing=True)
+    )
+
+
+def test_relative_local_storage_becomes_absolute(tmp_path, monkeypatch):
+    # Ray Train runs its workers in directories of their own, so a relative path would point elsewhere there
+    monkeypatch.chdir(tmp_path)
+    cfg = _derive("storage=runs", "name=r1")
+    root = os.path.join(str(tmp_path), "runs", "r1")
+    assert cfg.shard.output == os.path.join(root, "shards") == cfg.train.shards
+    assert cfg.train.output == os.path.join(root, "train")
+    assert cfg.embed.model == os.path.join(root, "train", "export")
+    assert list(cfg.embed.input) == [cfg.shard.output] and cfg.embed.output == os.path.join(
+        root, "embeddings"
+    )
+    assert list(cfg.shard.input) == [str(SAMPLE_CORPUS)] and cfg.train.name == "r1"
+
+
+def test_s3_storage_and_user_set_paths_are_kept():
+    cfg = _derive(
+        "storage=s3://bucket/runs", "name=r2", "train.output=s3://other/run", "corpus=[s3://data/c.txt]"
+    )
+    assert cfg.shard.output == "s3://bucket/runs/r2/shards"
+    assert cfg.train.output == "s3://other/run" and cfg.embed.model == "s3://other/run/export"
+    assert list(cfg.shard.input) == ["s3://data/c.txt"]
+    assert list(cfg.embed.shard_splits) == ["heldout"]
