@@ -17,6 +17,7 @@ is a one-line :class:`StorageError` naming the path and the cause.
 from __future__ import annotations
 
 import glob as globlib
+import hashlib
 import io
 import logging
 import os
@@ -27,7 +28,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import boto3
 from botocore.config import Config
@@ -735,6 +736,32 @@ def _copy(source: str, target: str) -> None:
 def upload_file(local_path: str | os.PathLike, path: str | os.PathLike) -> None:
     """Copy a local file to ``path`` (S3 or local), atomically."""
     _copy(_local_only(local_path, "upload source"), _path(path))
+
+
+def probe_writable(prefix: str | os.PathLike) -> None:
+    """Write and delete a small probe object under ``prefix``, so a missing bucket, denied
+    credentials or an unreachable endpoint fail before any work starts (StorageError)."""
+    probe = join(str(prefix), ".write-probe")
+    write_bytes(probe, b"")
+    delete(probe)
+
+
+HASH_CHUNK = 8 * 1024 * 1024
+"""Bytes read per step when hashing a file, streamed so memory stays flat for any file size."""
+
+
+def hash_into(digest: Any, path: str | os.PathLike) -> None:
+    """Feed a local or s3:// file into ``digest`` (a hashlib object), streamed."""
+    with open_read(path) as stream:
+        while chunk := stream.read(HASH_CHUNK):
+            digest.update(chunk)
+
+
+def sha256(path: str | os.PathLike) -> str:
+    """sha256 hex digest of a local or s3:// file, streamed."""
+    digest = hashlib.sha256()
+    hash_into(digest, path)
+    return digest.hexdigest()
 
 
 def download_file(path: str | os.PathLike, local_path: str | os.PathLike) -> None:

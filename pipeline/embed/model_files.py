@@ -20,7 +20,6 @@ from pipeline.embed.errors import EmbedError
 
 OPTIONS_NAME = "options.json"
 WEIGHTS_NAME = "weights.hdf5"
-HASH_CHUNK = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -51,12 +50,6 @@ def model_paths(model: str, options_file: str, weights_file: str) -> tuple[str, 
     return options_file, weights_file
 
 
-def _sha256_update(digest: hashlib._Hash, path: str) -> None:
-    with storage.open_read(path) as stream:
-        while chunk := stream.read(HASH_CHUNK):
-            digest.update(chunk)
-
-
 def resolve_model(model: str, options_file: str, weights_file: str) -> ModelSource:
     """Check the model files exist and the options parse; hash them. EmbedError naming the file otherwise."""
     options_path, weights_path = model_paths(model, options_file, weights_file)
@@ -73,7 +66,7 @@ def resolve_model(model: str, options_file: str, weights_file: str) -> ModelSour
         options = BiLMOptions.from_dict(json.loads(raw_options.decode("utf-8")))
         digest = hashlib.sha256(raw_options)
         digest.update(b"\0")
-        _sha256_update(digest, weights_path)
+        storage.hash_into(digest, weights_path)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise EmbedError(f"model options file {options_path} is not valid JSON ({err})") from None
     except OptionsError as err:

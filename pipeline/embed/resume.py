@@ -22,15 +22,12 @@ from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import ShardSpec
 
 ENTRY_RE = re.compile(r"embeddings-(\d{6,})\.json$")
-HASH_CHUNK = 8 * 1024 * 1024
 
 
 def check_writable(output: str) -> None:
     """Fail fast when the output cannot be written (missing bucket, denied, unreachable endpoint)."""
-    probe = storage.join(manifest.progress_dir(output), ".write-probe")
     try:
-        storage.write_bytes(probe, b"ok\n")
-        storage.delete(probe)
+        storage.probe_writable(manifest.progress_dir(output))
     except storage.StorageError as err:
         raise EmbedError(f"output is not writable: {err}") from None
 
@@ -57,19 +54,11 @@ def claim_output(output: str, run: dict) -> bool:
     return False
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with storage.open_read(path) as stream:
-        while chunk := stream.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _entry_ok(output: str, entry: dict, verify: bool) -> bool:
     path = manifest.shard_path(output, entry["index"])
     if not storage.exists(path):
         return False
-    return not verify or file_sha256(path) == entry["sha256"]
+    return not verify or storage.sha256(path) == entry["sha256"]
 
 
 def complete_shards(output: str, specs: list[ShardSpec], verify: bool) -> dict[int, dict]:

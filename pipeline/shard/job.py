@@ -63,7 +63,6 @@ from pipeline.shard.sentences import LineStats
 from pipeline.shard.vocabulary import Vocabulary, build_vocabulary
 from pipeline.shard.writer import ShardRecord, build_shard, describe_shard
 
-WRITE_PROBE = ".shard-write-probe"
 _index_cache: dict[str, dict[str, int]] = {}
 """Per worker process: vocabulary sha256 -> token index, so each worker builds the dict once."""
 
@@ -200,10 +199,8 @@ def _complete(output: str, manifest: dict) -> bool:
 
 
 def _check_writable(output: str) -> None:
-    probe = storage.join(output, WRITE_PROBE)
     try:
-        storage.write_bytes(probe, b"")
-        storage.delete(probe)
+        storage.probe_writable(output)
     except storage.StorageError as err:
         raise ShardError(f"output {output} is not writable: {err}") from None
 

@@ -13,7 +13,6 @@ the same number of steps, because the row streams never run dry (``data``).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -98,20 +97,11 @@ def _check_shards(shards: str, manifest: dict) -> None:
             path = storage.join(shards, entry["name"])
             if not storage.exists(path):
                 raise TrainError(f"shard {path} is listed in {shard_format.MANIFEST_FILE} but missing")
-            digest = storage_sha256(path)
+            digest = storage.sha256(path)
             if digest != entry["sha256"]:
                 raise TrainError(
                     f"shard {path} does not match {shard_format.MANIFEST_FILE} (sha256 {digest[:12]}..., manifest {entry['sha256'][:12]}...)"
                 )
-
-
-def storage_sha256(path: str) -> str:
-    """sha256 hex digest of a local or s3:// file, streamed."""
-    digest = hashlib.sha256()
-    with storage.open_read(path) as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _model_options(cfg: Any) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import io
 import os
@@ -164,6 +165,21 @@ def test_expand_nothing_is_an_error(root):
     with pytest.raises(StorageError) as excinfo:
         storage.expand([join(root, "x/s-000.tar"), join(root, "x/s-999.tar")])
     one_line_error(excinfo, join(root, "x/s-999.tar"), "no such")
+
+
+def test_sha256_streams_the_file(root):
+    data = payload(3 * storage.HASH_CHUNK // 2 + 7)  # more than one read
+    path = storage.join(root, "hashed.bin")
+    storage.write_bytes(path, data)
+    assert storage.sha256(path) == hashlib.sha256(data).hexdigest()
+    digest = hashlib.sha256(b"prefix")
+    storage.hash_into(digest, path)
+    assert digest.hexdigest() == hashlib.sha256(b"prefix" + data).hexdigest()
+
+
+def test_probe_writable_leaves_nothing(root):
+    storage.probe_writable(storage.join(root, "out"))
+    assert storage.list_prefix(storage.join(root, "out")) == []
 
 
 def test_upload_and_download(root, tmp_path):
