@@ -9,6 +9,7 @@ skips complete shards).
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,8 +51,8 @@ def _fill(section: DictConfig, key: str, value: Any) -> None:
 def derive_stage_configs(cfg: DictConfig) -> DictConfig:
     """A writable copy of ``cfg`` whose stage inputs and outputs point at each other under
     ``<storage>/<name>/``; raises ConfigError if a required key is still unset afterwards."""
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg))  # drop read-only, keep values
-    cfg = OmegaConf.merge(OmegaConf.structured(_schema()), cfg)
+    cfg = copy.deepcopy(cfg)  # the loaded config is read-only; the copy keeps its types
+    OmegaConf.set_readonly(cfg, False)
     root = storage.join(storage.absolute(str(cfg.storage)), str(cfg.name))
     shards, run_dir = storage.join(root, "shards"), storage.join(root, "train")
     _fill(cfg.shard, "input", list(cfg.corpus) or [str(SAMPLE_CORPUS)])
@@ -66,12 +67,6 @@ def derive_stage_configs(cfg: DictConfig) -> DictConfig:
     cfg.embed.shard_splits = [str(cfg.embed_split)]
     check_complete(cfg)
     return cfg
-
-
-def _schema() -> type:
-    from pipeline.pipeline_config import PipelineConfig
-
-    return PipelineConfig
 
 
 def _trained_steps(run_dir: str) -> int:
