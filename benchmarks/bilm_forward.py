@@ -223,6 +223,7 @@ def mm_peak(device: torch.device, n: int, dtype: torch.dtype) -> float:
 def bench_size(size: str, batches, args, device: torch.device) -> list[tuple[str, str, str]]:
     torch.manual_seed(0)
     bilm = BiLM.from_options(options_for(size)).eval().to(device)
+    bilm.lstm.use_fused_cell = not args.no_fused
     o = bilm.bilm_options
     ids = [batch_to_ids(b).to(device) for b in batches]
     n_tokens = sum(len(s) for b in batches for s in b)
@@ -298,6 +299,11 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast for (a) and (c) (GPU)")
     parser.add_argument("--skip-naive", action="store_true", help="skip (b), the slowest column")
+    parser.add_argument(
+        "--no-fused",
+        action="store_true",
+        help="CUDA: the unfused elementwise cell instead of the Triton kernel",
+    )
     parser.add_argument("--quick", action="store_true", help="small size only, 1 batch, 1 round")
     args = parser.parse_args(argv)
     if args.quick:
@@ -312,7 +318,8 @@ def main(argv=None) -> None:
     peak_dtype = torch.bfloat16 if args.bf16 else torch.float32
     peak_n = 2048 if device.type == "cpu" else 8192
     print(
-        f"device {device}, threads {args.threads}, {'bf16 autocast' if args.bf16 else 'float32'}, "
+        f"device {torch.cuda.get_device_name() if device.type == 'cuda' else device}, threads {args.threads}, "
+        f"{'bf16 autocast' if args.bf16 else 'float32'}, {'unfused' if args.no_fused else 'fused'} cell (CUDA), "
         f"{len(batches)} batches x 64 sentences, {n_tok / (64 * len(batches)):.1f} tokens/sentence"
     )
     for size in args.sizes.split(","):

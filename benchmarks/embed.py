@@ -17,10 +17,12 @@ x cores as the linear-scaling bound), timing only ``bilm(char_ids)`` over the sa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import itertools
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -179,7 +181,7 @@ def run_job(args, model: str, corpus: str, output: str) -> dict:
         "--layers", args.layers, "--dtype", args.dtype, "--workers", str(args.workers),
         f"lines_per_shard={args.lines_per_shard}", f"batch_tokens={args.batch_tokens}",
         f"cpus_per_worker={args.cpus_per_worker}", f"num_cpus={int(args.workers * args.cpus_per_worker)}",
-        "progress=false",
+        "progress=false", f"use_gpu={'true' if args.device == 'cuda' else 'false'}",
     ]  # fmt: skip
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -207,7 +209,8 @@ def run_job(args, model: str, corpus: str, output: str) -> dict:
 def raw_forward(args, model_dir: Path, threads: int) -> dict:
     """Forward passes only, one process, the stage's batches (same shards, same token budget)."""
     torch.set_num_threads(threads)
-    bilm = BiLM.from_files(model_dir / "options.json", model_dir / "weights.hdf5")
+    device = torch.device(args.device)
+    bilm = BiLM.from_files(model_dir / "options.json", model_dir / "weights.hdf5").to(device)
     lines = corpus_lines(args.raw_sentences)
     batches = []
     for first in range(0, len(lines), args.lines_per_shard):
@@ -217,12 +220,17 @@ def raw_forward(args, model_dir: Path, threads: int) -> dict:
         )  # fmt: skip
         pieces = [p for line in prepared.pieces for p in line]
         for batch in length_bucketed([len(p) for p in pieces], args.batch_tokens, 256):
-            batches.append((batch_to_ids([pieces[i] for i in batch]), sum(len(pieces[i]) for i in batch)))
+            ids = batch_to_ids([pieces[i] for i in batch]).to(device)
+            batches.append((ids, sum(len(pieces[i]) for i in batch)))
     with torch.inference_mode():
         bilm(batches[0][0])  # warm-up
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         start, cpu_start = time.monotonic(), time.process_time()
         for ids, _ in batches:
             bilm(ids)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         seconds, cpu = time.monotonic() - start, time.process_time() - cpu_start
     tokens = sum(n for _, n in batches)
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "cpu_s": cpu}
@@ -246,35 +254,52 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="float16", choices=["float32", "float16"])
     parser.add_argument("--lines-per-shard", type=int, default=1000)
     parser.add_argument("--batch-tokens", type=int, default=4096)
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="cuda: raw forward and the job's actors on GPU",
+    )
+    parser.add_argument(
+        "--storage",
+        default="s3",
+        choices=["s3", "local"],
+        help="s3: the SeaweedFS test server (needs the weed binary); local: a temporary folder",
+    )
     args = parser.parse_args(argv)
 
     cores = int(args.workers * args.cpus_per_worker)
-    with (
-        tempfile.TemporaryDirectory(prefix="elmo-bench-embed-") as tmp,
-        LocalS3Server(Path(tmp) / "s3") as server,
-    ):
-        server.create_bucket(BUCKET)
-        os.environ.update(
-            AWS_ENDPOINT_URL=server.endpoint_url, AWS_ACCESS_KEY_ID=server.access_key,
-            AWS_SECRET_ACCESS_KEY=server.secret_key, AWS_DEFAULT_REGION=REGION,
-        )  # fmt: skip
-        storage.configure()
+    with tempfile.TemporaryDirectory(prefix="elmo-bench-embed-") as tmp, contextlib.ExitStack() as stack:
         model_dir = small_model(args.preset, Path(tmp) / "model")
-        model = f"s3://{BUCKET}/model"
-        for name in ("options.json", "weights.hdf5"):
-            storage.upload_file(model_dir / name, f"{model}/{name}")
+        if args.storage == "s3":
+            server = stack.enter_context(LocalS3Server(Path(tmp) / "s3"))
+            server.create_bucket(BUCKET)
+            os.environ.update(
+                AWS_ENDPOINT_URL=server.endpoint_url, AWS_ACCESS_KEY_ID=server.access_key,
+                AWS_SECRET_ACCESS_KEY=server.secret_key, AWS_DEFAULT_REGION=REGION,
+            )  # fmt: skip
+            storage.configure()
+            root = f"s3://{BUCKET}"
+            for name in ("options.json", "weights.hdf5"):
+                storage.upload_file(model_dir / name, f"{root}/model/{name}")
+        else:
+            root = f"{tmp}/data"
+            shutil.copytree(model_dir, f"{root}/model")
 
         raw = raw_forward(args, model_dir, threads=cores)
         raw_1 = raw_forward(args, model_dir, threads=1)
+        # Partial results go to stderr as they come, so a run cut short still reports something.
+        print(f"raw forward: {raw} / 1 thread: {raw_1}", file=sys.stderr, flush=True)
         jobs = {}
         for scale in args.scales:
-            corpus = f"s3://{BUCKET}/corpus-{scale}x.txt"
+            corpus = f"{root}/corpus-{scale}x.txt"
             write_corpus(corpus, args.sentences * scale)
-            jobs[scale] = run_job(args, model, corpus, f"s3://{BUCKET}/out-{scale}x")
+            jobs[scale] = run_job(args, f"{root}/model", corpus, f"{root}/out-{scale}x")
+            print(f"job {scale}x: {jobs[scale]}", file=sys.stderr, flush=True)
 
     print(f"\nembed benchmark: preset {args.preset}, {args.workers} workers x {args.cpus_per_worker:g} CPU, "
           f"layers {args.layers}, {args.dtype}, lines_per_shard {args.lines_per_shard}, batch_tokens {args.batch_tokens}, "
-          f"torch {torch.__version__}, {os.cpu_count()} cores on this machine\n")  # fmt: skip
+          f"torch {torch.__version__}, {os.cpu_count()} cores on this machine, device {args.device}, storage {args.storage}\n")  # fmt: skip
     rows = [
         (
             f"raw forward, 1 process, {cores} threads",

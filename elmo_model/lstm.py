@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from elmo_model.fused_cell import fused_cell_available, fused_cell_step
+
 # Column blocks: internal order (i, f, o, j) <-> TF order (i, j, f, o).
 TF_TO_INTERNAL = (0, 2, 3, 1)
 INTERNAL_TO_TF = (0, 3, 1, 2)
@@ -140,6 +142,8 @@ class StackedBiLSTM(nn.Module):
         self.n_layers, self.dim, self.projection_dim = n_layers, dim, projection_dim
         self.cell_clip, self.proj_clip = cell_clip, proj_clip
         self.use_skip_connections, self.dropout = use_skip_connections, dropout
+        self.use_fused_cell = True
+        """On CUDA (with Triton) the no-grad path runs each step's elementwise cell as one kernel."""
         # Reused gate buffer of the no-grad path (see _input_products); not shared across threads.
         self._workspace = torch.empty(0)
         self.layers = nn.ModuleList(
@@ -258,12 +262,19 @@ class StackedBiLSTM(nn.Module):
             out[..., p] = 1.0
             h0 = torch.cat([h_all[li], h_all[li].new_ones(2, batch, 1)], dim=-1).to(dtype)
             c = c_all[li]
+            fused = self.use_fused_cell and c.dtype == torch.float32 and fused_cell_available(xg)
             for t, (start, k) in enumerate(zip(starts, active, strict=True)):
                 h_prev = h0[:, :k] if t == 0 else out[:, starts[t - 1] : starts[t - 1] + k]
                 gates = xg[:, start : start + k].baddbmm_(h_prev, w_hh)
-                _cell(
-                    gates, c[:, :k], w_p, self.cell_clip, self.proj_clip, h_out=out[:, start : start + k, :p]
-                )
+                h_out = out[:, start : start + k, :p]
+                if fused:
+                    _clamp(
+                        torch.bmm(fused_cell_step(gates, c[:, :k], self.cell_clip), w_p, out=h_out),
+                        self.proj_clip,
+                        True,
+                    )
+                else:
+                    _cell(gates, c[:, :k], w_p, self.cell_clip, self.proj_clip, h_out=h_out)
             y = out[..., :p]
             h_all[li] = torch.where(finished, y[:, last], h_all[li])
             if self.use_skip_connections and li > 0:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, StringNode
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -164,10 +164,22 @@ def load_config(
         cfg = _merge(cfg, _load_yaml(config_file), schema, str(config_file))
     if overrides:
         cfg = _merge(cfg, _parse_overrides(overrides), schema, "command-line overrides")
+    _spell_booleans_as_typed(cfg)
     if not allow_missing:
         check_complete(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _spell_booleans_as_typed(cfg: DictConfig) -> None:
+    """YAML (files and ``key=value``) reads ``use_gpu=true`` as a boolean, which a string field then
+    stores as ``'True'``; string fields get back the lowercase spelling the user typed."""
+    for key in cfg:
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig):
+            _spell_booleans_as_typed(node)
+        elif isinstance(node, StringNode) and node._value() in ("True", "False"):
+            cfg[key] = node._value().lower()
 
 
 def check_complete(cfg: DictConfig) -> None:

@@ -131,3 +131,16 @@ def test_resolved_config_is_read_only_and_serialisable():
 def test_valid_keys_are_dotted():
     keys = valid_keys(_Schema)
     assert "optim.lr" in keys and "model.lstm.cell_clip" in keys
+
+
+def test_boolean_words_keep_their_spelling_in_string_fields(tmp_path):
+    """`use_gpu=true` (read by YAML as a boolean) stays 'true' in a string field, as typed."""
+    from pipeline.embed.config import EmbedConfig
+
+    cfg = load_config(EmbedConfig, overrides=["use_gpu=false"], allow_missing=True)
+    assert cfg.use_gpu == "false"
+    path = tmp_path / "c.yaml"
+    path.write_text("name: true\nworkers: 3\n")
+    cfg = load_config(_Schema, config_file=path)
+    assert cfg.name == "true" and cfg.workers == 3
+    assert load_config(_Schema, overrides=["name=Truely"]).name == "Truely"

@@ -1,0 +1,33 @@
+"""The Triton cell kernel (elmo_model/fused_cell.py), run by Triton's CPU interpreter.
+
+On a GPU machine the same kernel is compiled; benchmarks/gpu_check.py covers that case.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="Triton is not installed (the fused cell is CUDA-only)")
+
+CHECKS = Path(__file__).with_name("fused_cell_checks.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_fused_cell_under_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(CHECKS)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "fused cell checks passed" in done.stdout
+
+
+def test_cpu_tensors_use_the_plain_cell_without_interpreter():
+    import torch
+
+    from elmo_model.fused_cell import fused_cell_available
+
+    assert not fused_cell_available(torch.zeros(2, 1, 4))
