@@ -124,20 +124,32 @@ class TreeMonitor(threading.Thread):
         self.cpu: dict[int, float] = {}
         self.names: dict[int, str] = {}
         self.samples: list[int] = []
+        self.peak_by_pid: dict[int, int] = {}
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.is_set():
             table = _proc_table()
             pids = _descendants(self.pid, table)
-            pss = sum(_pss_bytes(pid) for pid in pids)
+            each = {pid: _pss_bytes(pid) for pid in pids}
+            pss = sum(each.values())
             self.peak = max(self.peak, pss)
+            for pid, value in each.items():
+                self.peak_by_pid[pid] = max(self.peak_by_pid.get(pid, 0), value)
             self.samples.append(pss)
             for pid in pids:
                 if pid in table:
                     self.cpu[pid] = table[pid][1]
                     self.names[pid] = _name(pid)  # Ray workers retitle themselves after start
             self.done.wait(self.interval)
+
+    def peak_by_name(self) -> dict[str, int]:
+        """Peak PSS per process kind (summed over processes of the same name), largest first."""
+        out: dict[str, int] = {}
+        for pid, value in self.peak_by_pid.items():
+            name = self.names.get(pid, "?")
+            out[name] = out.get(name, 0) + value
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     def quarter_peaks(self) -> list[int]:
         """Peak PSS in each quarter of the run: flat after the first quarter = bounded memory."""
@@ -181,7 +193,7 @@ def run_job(args, model: str, corpus: str, output: str) -> dict:
         "--layers", args.layers, "--dtype", args.dtype, "--workers", str(args.workers),
         f"lines_per_shard={args.lines_per_shard}", f"batch_tokens={args.batch_tokens}",
         f"cpus_per_worker={args.cpus_per_worker}", f"num_cpus={int(args.workers * args.cpus_per_worker)}",
-        "progress=false", f"use_gpu={'true' if args.device == 'cuda' else 'false'}",
+        "progress=false", f"use_gpu={'true' if args.device == 'cuda' else 'false'}", f"gpu_share={args.gpu_share}",
     ]  # fmt: skip
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -203,6 +215,7 @@ def run_job(args, model: str, corpus: str, output: str) -> dict:
         "cpu_s": sampler.cpu_seconds,
         "cpu_by_name": sampler.cpu_by_name(),
         "quarter_peaks": sampler.quarter_peaks(),
+        "peak_by_name": sampler.peak_by_name(),
     }
 
 
@@ -260,6 +273,7 @@ def main(argv=None) -> int:
         choices=["cpu", "cuda"],
         help="cuda: raw forward and the job's actors on GPU",
     )
+    parser.add_argument("--gpu-share", type=float, default=1.0, help="GPU fraction per actor (cuda)")
     parser.add_argument(
         "--storage",
         default="s3",
@@ -298,7 +312,7 @@ def main(argv=None) -> int:
             print(f"job {scale}x: {jobs[scale]}", file=sys.stderr, flush=True)
 
     print(f"\nembed benchmark: preset {args.preset}, {args.workers} workers x {args.cpus_per_worker:g} CPU, "
-          f"layers {args.layers}, {args.dtype}, lines_per_shard {args.lines_per_shard}, batch_tokens {args.batch_tokens}, "
+          f"gpu_share {args.gpu_share:g}, layers {args.layers}, {args.dtype}, lines_per_shard {args.lines_per_shard}, batch_tokens {args.batch_tokens}, "
           f"torch {torch.__version__}, {os.cpu_count()} cores on this machine, device {args.device}, storage {args.storage}\n")  # fmt: skip
     rows = [
         (
@@ -366,6 +380,10 @@ def main(argv=None) -> int:
     for scale, job in jobs.items():
         quarters = ", ".join(f"{b / 2**20:,.0f}" for b in job["quarter_peaks"])
         print(f"peak MiB per quarter of the {scale}x job: {quarters}")
+        print(
+            f"peak MiB by process of the {scale}x job: "
+            + ", ".join(f"{k} {v / 2**20:,.0f}" for k, v in list(job["peak_by_name"].items())[:8])
+        )
     if len(jobs) > 1:
         peaks = [job["peak_bytes"] for job in jobs.values()]
         print(f"peak memory {args.scales[-1]}x / {args.scales[0]}x input: {peaks[-1] / peaks[0]:.2f}")

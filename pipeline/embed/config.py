@@ -32,6 +32,7 @@ class EmbedConfig:
     stateful: carry LSTM states across batches in input order (original behaviour).
     cpus_per_worker: CPUs (and torch threads) per actor.
     use_gpu: ``auto`` (one GPU per actor if the cluster has any), ``true`` or ``false``.
+    gpu_share: the fraction of a GPU each actor takes when actors use GPUs.
     lines_per_shard: input lines per output shard.
     batch_tokens: padded token positions per forward pass.
     max_batch_sentences: sentences per forward pass at most.
@@ -78,6 +79,11 @@ class EmbedConfig:
     """CPUs reserved per actor; torch in the actor uses this many threads (at least 1)."""
     use_gpu: str = "auto"
     """``auto``: one GPU per actor when the cluster has GPUs; ``true``: require them; ``false``: CPU only."""
+    gpu_share: float = 1.0
+    """GPUs each actor reserves when actors use GPUs: 1 = a GPU of its own; a fraction packs actors onto
+    one GPU (0.25: four per GPU). An actor is one process doing its own CPU-side work (reading,
+    character ids, HDF5 encoding) between forward passes; on a fast GPU that work, not the GPU, sets
+    the pace, so several actors per GPU keep it busy. A fraction must be <= 1; above 1, a whole number."""
     lines_per_shard: int = 1000
     """Input lines per output shard: shard k holds lines [k*lines_per_shard, (k+1)*lines_per_shard).
     The unit of resumption and of memory (one shard's vectors are held at a time per actor)."""
@@ -144,6 +150,9 @@ def check_config(cfg) -> None:
             "max_sentence_tokens",
         ),
     )
+    share = cfg.gpu_share
+    if share <= 0 or (share > 1 and share != int(share)):
+        raise ConfigError(f"config key 'gpu_share' must be in (0, 1] or a whole number, got {share}")
     if cfg.cpus_per_worker <= 0:
         raise ConfigError(f"config key 'cpus_per_worker' must be > 0, got {cfg.cpus_per_worker}")
     if cfg.stop_after_shards < 0:

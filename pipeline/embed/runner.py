@@ -67,12 +67,12 @@ def run_settings(cfg, kind: str, paths: list[str], model_sha256: str) -> dict:
     }
 
 
-def gpus_per_worker(use_gpu: str) -> float:
-    """1 when actors should take a GPU (``auto``: the cluster has one), else 0."""
+def gpus_per_worker(use_gpu: str, share: float) -> float:
+    """``share`` when actors should take GPUs (``auto``: the cluster has one), else 0."""
     available = ray.cluster_resources().get("GPU", 0)
     if use_gpu == "true" and not available:
         raise EmbedError("use_gpu=true but the Ray cluster has no GPU; set use_gpu=auto or false")
-    return 1.0 if use_gpu != "false" and available else 0.0
+    return float(share) if use_gpu != "false" and available else 0.0
 
 
 def check_capacity(workers: int, cpus_per_worker: float, gpus: float, embedded: bool) -> None:
@@ -85,7 +85,8 @@ def check_capacity(workers: int, cpus_per_worker: float, gpus: float, embedded: 
         if each and workers * each > have.get(name, 0):
             raise EmbedError(
                 f"workers={workers} actors need {workers * each:g} {name}s but the local Ray cluster has "
-                f"{have.get(name, 0):g}; lower workers or cpus_per_worker (or set num_cpus)"
+                f"{have.get(name, 0):g}; lower workers or "
+                + ("gpu_share" if name == "GPU" else "cpus_per_worker (or set num_cpus)")
             )
 
 
@@ -136,7 +137,7 @@ def run_embed(cfg) -> EmbedResult:
         file=sys.stderr,
     )
     with bar, ray_session(cfg.ray_address or None, int(cfg.num_cpus) or None) if todo else nullcontext():
-        gpus = gpus_per_worker(cfg.use_gpu) if todo else 0.0
+        gpus = gpus_per_worker(cfg.use_gpu, cfg.gpu_share) if todo else 0.0
         if todo:
             embedded = not (cfg.ray_address or os.environ.get("RAY_ADDRESS"))
             workers = 1 if cfg.stateful else int(cfg.workers)

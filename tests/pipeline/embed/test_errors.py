@@ -96,6 +96,13 @@ def test_missing_input_and_bad_settings(tmp_path, corpus, capsys):
         "lines_per_shard=100",
     )
     assert code == 2 and "must be a multiple of stateful_batch_size (64)" in line
+    for share in ("0", "1.5"):
+        code, line = _run(
+            capsys, *_model_args(), "--input", corpus, "--output", str(tmp_path / "o"), f"gpu_share={share}"
+        )
+        assert code == 2 and line == (
+            f"error: config key 'gpu_share' must be in (0, 1] or a whole number, got {float(share)}"
+        )
 
 
 def test_s3_output_missing_bucket_denied_and_unreachable(s3_server, corpus, capsys, monkeypatch):
