@@ -236,7 +236,10 @@ def raw_forward(args, model_dir: Path, threads: int) -> dict:
             ids = batch_to_ids([pieces[i] for i in batch]).to(device)
             batches.append((ids, sum(len(pieces[i]) for i in batch)))
     with torch.inference_mode():
-        bilm(batches[0][0])  # warm-up
+        # Warm-up: on CUDA a whole pass (kernel compiles and library heuristics per new shape are
+        # one-off costs the job pays once per actor too); on CPU one batch.
+        for ids, _ in batches if device.type == "cuda" else batches[:1]:
+            bilm(ids)
         if device.type == "cuda":
             torch.cuda.synchronize()
         start, cpu_start = time.monotonic(), time.process_time()

@@ -41,7 +41,10 @@ if triton is not None:
         t = (1.0 - e) / (1.0 + e)
         return tl.where(x < 0, -t, t)
 
-    @triton.jit
+    # Triton compiles a variant per divisibility class of each integer argument (multiple of 16,
+    # equal to 1, other). The running row count changes class from step to step, so it is not
+    # specialised; dim and the strides keep theirs (fixed per model), which lets loads vectorise.
+    @triton.jit(do_not_specialize=["rows"])
     def _cell_kernel(
         gates_ptr,
         c_ptr,
