@@ -280,7 +280,9 @@ def bench_size(size: str, batches, args, device: torch.device) -> list[tuple[str
         t_c = t[f"c_{label}"]
         note = f"(a) LSTM = {t_c / t['a_lstm']:.2f}x (c)"
         rows.append((f"(c) nn.LSTM(proj_size) {label}", f"{n_tokens / t_c:,.0f}", note))
-    return rows, flops / t["a"] / 1e9
+    # Seconds (b) takes per GFLOP of (a)'s work: times a peak in GFLOP/s, the most (a) could gain over (b).
+    b_per_gflop = t["b"] / (flops / 1e9) if "b" in t else None
+    return rows, flops / t["a"] / 1e9, b_per_gflop
 
 
 def main(argv=None) -> None:
@@ -325,7 +327,7 @@ def main(argv=None) -> None:
     for size in args.sizes.split(","):
         # The peak is measured beside each size: on a shared machine it drifts.
         peak = mm_peak(device, peak_n, peak_dtype)
-        rows, achieved = bench_size(size, batches, args, device)
+        rows, achieved, b_per_gflop = bench_size(size, batches, args, device)
         peak = max(peak, mm_peak(device, peak_n, peak_dtype))
         print(f"\n{size}: {SIZES[size]}")
         print(f"{'variant':36s} {'tokens/s':>12s}  notes")
@@ -333,6 +335,9 @@ def main(argv=None) -> None:
             print(f"{name:36s} {rate:>12s}  {note}")
         print(f"{'(d) torch.mm peak':36s} {'':>12s}  {peak:.1f} GFLOP/s")
         print(f"{'(d) (a) achieved / mm peak':36s} {achieved / peak:>12.0%}")
+        if b_per_gflop is not None:
+            # (a) cannot beat the mm peak, so this is the largest (a)/(b) ratio this machine allows.
+            print(f"{'    ceiling: (a) at 100% of peak':36s} {'':>12s}  = {b_per_gflop * peak:.2f}x (b)")
 
 
 if __name__ == "__main__":

@@ -204,7 +204,11 @@ def run_job(args, model: str, corpus: str, output: str) -> dict:
     sampler.join()
     wall = time.monotonic() - start
     if proc.returncode != 0:
-        raise SystemExit(f"embed job failed ({proc.returncode}): {err.strip().splitlines()[-1:]}")
+        # Ray's last line is usually advice; the cause is further up, so keep the whole log.
+        log = Path(tempfile.gettempdir()) / f"elmo-bench-embed-failed-{os.getpid()}.log"
+        log.write_text(out + "\n" + err)
+        tail = "\n".join(err.strip().splitlines()[-15:])
+        raise SystemExit(f"embed job failed ({proc.returncode}); full log in {log}; last lines:\n{tail}")
     match = SUMMARY_RE.search(out)
     tokens, seconds = int(match.group(1).replace(",", "")), float(match.group(2))
     return {
