@@ -7,8 +7,9 @@
 The plain loop is the floor a Ray job is measured against: one process reads the corpus twice,
 splits on whitespace, counts, builds the same vocabulary and writes tars of the same block format
 (no held-out hashing, no shuffle, no UTF-8 accounting). Each Ray run gets its own embedded cluster
-with exactly ``workers`` CPUs; the time excludes starting that cluster and its worker processes
-(reported separately as ``ray start s``).
+with exactly ``workers`` CPUs; the time is the shard job alone: it excludes starting that cluster
+and its worker processes and shutting it down afterwards (fixed costs per cluster, which a job
+submitted to a running cluster does not pay), reported separately as ``ray start s`` / ``ray stop s``.
 Targets (issue 4): 2 workers >= 1.6x the 1-worker job; the 1-worker job within 1.5x of the plain
 loop. Numbers from a shared machine are noisy; rerun on an idle one before drawing conclusions.
 """
@@ -103,11 +104,13 @@ def _warm_up() -> int:
     return 0
 
 
-def ray_job(path: Path, output: Path, workers: int) -> tuple[int, float]:
-    """Run the shard job on an embedded cluster of ``workers`` CPUs; (tokens, startup seconds).
+def ray_job(path: Path, output: Path, workers: int) -> tuple[int, float, float, float]:
+    """Run the shard job on an embedded cluster of ``workers`` CPUs; (tokens, job seconds, startup
+    seconds, shutdown seconds).
 
-    Startup (cluster start, worker processes, their imports) is a fixed cost per cluster, not per
-    token, so it is measured apart: one warm-up task per worker runs before the clock starts."""
+    Startup (cluster start, worker processes, their imports) and shutdown are fixed costs per
+    cluster, not per token, so they are measured apart: one warm-up task per worker runs before
+    the clock starts, and the clock stops when the job returns."""
     started = time.perf_counter()
     ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     ray.get([_warm_up.remote() for _ in range(workers)])
@@ -117,10 +120,15 @@ def ray_job(path: Path, output: Path, workers: int) -> tuple[int, float]:
             ShardConfig,
             overrides=[f"input=['{path}']", f"output='{output}'", f"workers={workers}", "progress=false"],
         )
+        started = time.perf_counter()
         manifest = run_shard(cfg)
+        seconds = time.perf_counter() - started
     finally:
+        stopping = time.perf_counter()
         ray.shutdown()
-    return manifest["totals"]["train"]["tokens"] + manifest["totals"]["heldout"]["tokens"], startup
+        shutdown = time.perf_counter() - stopping
+    tokens = manifest["totals"]["train"]["tokens"] + manifest["totals"]["heldout"]["tokens"]
+    return tokens, seconds, startup, shutdown
 
 
 def make_big(target_tokens: int, directory: Path) -> Path:
@@ -142,34 +150,33 @@ def measure(name: str, path: Path, work: Path) -> list[tuple]:
     tokens = plain_loop(path, out)
     plain_s = time.perf_counter() - t0
     shutil.rmtree(out)
-    rows.append((name, "plain loop", 1, tokens, plain_s, 0.0))
+    rows.append((name, "plain loop", 1, tokens, plain_s, None))
     for workers in (1, 2):
         out = work / f"ray{workers}"
-        t0 = time.perf_counter()
-        tokens, startup = ray_job(path, out, workers)
-        seconds = time.perf_counter() - t0 - startup
+        tokens, seconds, startup, shutdown = ray_job(path, out, workers)
         shutil.rmtree(out)
-        rows.append((name, "shard job", workers, tokens, seconds, startup))
+        rows.append((name, "shard job", workers, tokens, seconds, (startup, shutdown)))
     return rows
 
 
 def print_table(rows: list[tuple]) -> None:
     print(
         f"{'corpus':<14} {'method':<11} {'workers':>7} {'tokens':>11} {'seconds':>8} {'tokens/s':>10} "
-        f"{'vs 1 worker':>11} {'plain/job per core':>18} {'ray start s':>11}"
+        f"{'vs 1 worker':>11} {'plain/job per core':>18} {'ray start s':>11} {'ray stop s':>10}"
     )
     by_corpus: dict[str, dict] = {}
     for corpus, method, workers, tokens, seconds, _ in rows:
         by_corpus.setdefault(corpus, {})[(method, workers)] = tokens / seconds
-    for corpus, method, workers, tokens, seconds, startup in rows:
+    for corpus, method, workers, tokens, seconds, cluster in rows:
         rate = tokens / seconds
         rates = by_corpus[corpus]
-        speedup = f"{rate / rates[('shard job', 1)]:.2f}x" if method == "shard job" else ""
-        per_core = f"{rates[('plain loop', 1)] / (rate / workers):.2f}x" if method == "shard job" else ""
-        start = f"{startup:.1f}" if method == "shard job" else ""
+        job = method == "shard job"
+        speedup = f"{rate / rates[('shard job', 1)]:.2f}x" if job else ""
+        per_core = f"{rates[('plain loop', 1)] / (rate / workers):.2f}x" if job else ""
+        start, stop = (f"{cluster[0]:.1f}", f"{cluster[1]:.1f}") if job else ("", "")
         print(
             f"{corpus:<14} {method:<11} {workers:>7} {tokens:>11} {seconds:>8.2f} {rate:>10.0f} "
-            f"{speedup:>11} {per_core:>18} {start:>11}"
+            f"{speedup:>11} {per_core:>18} {start:>11} {stop:>10}"
         )
 
 

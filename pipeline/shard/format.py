@@ -119,21 +119,32 @@ def encode_block(sentences: Sequence[Sequence[str]], ids: Any, key: str) -> dict
 
 
 def encode_joined_block(lines: Sequence[str], ids: Any, lengths: Any, key: str) -> dict[str, Any]:
-    """:func:`encode_block` for sentences already joined into lines (the shard stage's fast path):
-    ``lines`` S strings of ``lengths[i]`` space-separated tokens; ``ids`` ``(sum(lengths),)``.
-    Checks only the array shapes; the caller guarantees the lines match ``lengths``."""
+    """:func:`encode_block` for sentences already joined into lines: ``lines`` S strings of
+    ``lengths[i]`` space-separated tokens; ``ids`` ``(sum(lengths),)``. Checks only the array
+    shapes; the caller guarantees the lines match ``lengths``."""
+    return encode_text_block(("\n".join(lines) + "\n").encode("utf-8"), ids, lengths, key)
+
+
+def encode_text_block(text: bytes, ids: Any, lengths: Any, key: str) -> dict[str, Any]:
+    """:func:`encode_block` from the finished ``sentences.txt`` bytes (the shard stage's fast path,
+    which keeps sentences as UTF-8 lines): ``text`` S lines, each ending in ``\\n``, of
+    ``lengths[i]`` space-separated tokens; ``ids`` ``(sum(lengths),)``. Checks only the array
+    shapes and the line count; the caller guarantees the lines match ``lengths``."""
     lengths = np.asarray(lengths, dtype=np.int32)
-    flat = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
-    if lengths.ndim != 1 or lengths.shape[0] != len(lines):
-        raise FormatError(f"block {key}: {len(lines)} sentences but lengths of shape {lengths.shape}")
+    flat = np.asarray(ids)
+    if flat.dtype != np.int32:  # int32 ids (the stage's) are used as they are, anything else via int64
+        flat = flat.astype(np.int64)
+    lines = text.count(b"\n")
+    if lengths.ndim != 1 or lengths.shape[0] != lines:
+        raise FormatError(f"block {key}: {lines} sentences but lengths of shape {lengths.shape}")
     if flat.ndim != 1 or flat.shape[0] != int(lengths.sum()):
         raise FormatError(f"block {key}: ids have shape {flat.shape}, expected ({int(lengths.sum())},)")
     if flat.size and (flat.min() < 0 or flat.max() > np.iinfo(np.int32).max):
         raise FormatError(f"block {key}: ids out of int32 range")
     return {
         "__key__": key,
-        SENTENCES_MEMBER: ("\n".join(lines) + "\n").encode("utf-8"),
-        IDS_MEMBER: _npy_bytes(flat.astype(np.int32)),
+        SENTENCES_MEMBER: text,
+        IDS_MEMBER: _npy_bytes(np.ascontiguousarray(flat, dtype=np.int32)),
         LENGTHS_MEMBER: _npy_bytes(lengths),
     }
 

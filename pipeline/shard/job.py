@@ -6,24 +6,35 @@ Flow (every step deterministic, so 1 or N workers give the same bytes):
 1. Inputs are resolved; an existing output is inspected (see :mod:`pipeline.shard.manifest`).
 2. Counting pass: the driver streams the inputs as chunks (:mod:`reader`); Ray tasks tokenize and
    count them (:func:`passes.count_chunk`); the driver sums the counts and builds the vocabulary,
-   writes ``vocab.txt`` / ``vocab_counts.tsv`` and the plan.
+   writes ``vocab.txt`` / ``vocab_counts.tsv`` and the plan. Each task's tokenized chunk (compact:
+   local vocabulary, int32 local ids, UTF-8 lines) stays in Ray's object store for the writing
+   pass; the driver holds only its ObjectRef.
 3. Layout (:mod:`layout`): which chunks feed which shard.
-4. Writing pass: the driver streams the inputs again; Ray tasks cut each chunk into per-shard
-   pieces (:func:`passes.encode_chunk`), and as soon as a shard's last chunk is submitted a writer
-   task takes its pieces straight from the object store, shuffles, blocks and writes the tar.
+4. Writing pass: Ray tasks map each kept chunk to vocabulary ids and cut it into per-shard pieces
+   (:func:`passes.encode_chunk`), without reading or tokenizing the input again. A shard that
+   lies inside one chunk is written by that task at once; the pieces of a shard that spans chunks
+   stay in the object store until its last chunk is submitted, and then a writer task takes them,
+   shuffles, blocks and writes the tar. Chunks that were not kept (a rerun that reuses the plan,
+   or a chunk under :data:`KEEP_MIN_BYTES`) are read and tokenized again, and checked against the
+   counting pass's summary.
 5. ``manifest.json`` is written last; it marks the output complete. The plan stays beside it, so
    that a rerun after losing the manifest or a shard still knows the shards are its own; it is
    the one file whose bytes depend on ``chunk_bytes``.
 
 At most ``2 * workers`` tasks are unfinished at any time, which bounds the memory in flight.
+Between the passes the kept chunks (about twice the input text for English: the text plus 4
+bytes of id per token) are in the object store, not in the driver, which holds one ObjectRef and
+one summary per chunk: Ray spills them to local disk when they outgrow the store (its default
+object spilling; tested with a 150 MiB store and 684 MiB spilled), so a corpus larger than memory
+needs that much free disk on the nodes instead. Each is released once its pieces are cut.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -56,35 +67,71 @@ from pipeline.shard.manifest import (
     plan_chunks,
     run_identity,
 )
-from pipeline.shard.passes import ChunkSummary, LineSettings, count_chunk, encode_chunk
+from pipeline.shard.passes import ChunkSummary, LineSettings, count_chunk, encode_chunk, retokenize
 from pipeline.shard.progress import Progress, summary
 from pipeline.shard.reader import iter_chunks, resolve_inputs
-from pipeline.shard.sentences import LineStats
-from pipeline.shard.vocabulary import Vocabulary, build_vocabulary
+from pipeline.shard.sentences import LineStats, Sentences
+from pipeline.shard.vocabulary import TokenCounts, Vocabulary, build_vocabulary
 from pipeline.shard.writer import ShardRecord, build_shard, describe_shard
+
+KEEP_MIN_BYTES = 100 * 1024
+"""A counting task's tokenized chunk is kept for the writing pass only from this size on. Ray
+returns smaller objects (under its ``max_direct_call_object_size``, 100 KiB by default) into the
+driver's own memory rather than the object store, where nothing would spill them: small chunks
+(a small ``chunk_bytes``, or chunks of mostly skipped lines) are tokenized again instead."""
 
 _index_cache: dict[str, dict[str, int]] = {}
 """Per worker process: vocabulary sha256 -> token index, so each worker builds the dict once."""
 
 
-@ray.remote
+@ray.remote(num_returns=2)
 def _count_task(chunk, settings):
-    return count_chunk(chunk, settings)
+    """-> ``(summary, counts, kept)`` for the driver, and the tokenized chunk when ``kept`` (else
+    None), which stays in the object store until the writing pass takes it."""
+    summary_, counts, sentences = count_chunk(chunk, settings)
+    keep = sentences.nbytes >= KEEP_MIN_BYTES
+    return (summary_, counts, keep), sentences if keep else None
+
+
+@dataclass(frozen=True)
+class _ShardOutput:
+    """Where and how this run writes its shards (the same for every shard)."""
+
+    output: str
+    seed: int
+    block_tokens: int
+    unk_id: int
+
+    def write(self, key: tuple[str, int], pieces) -> dict[tuple[str, int], ShardRecord]:
+        split, shard = key
+        name = shard_name(split, shard)
+        path = storage.join(self.output, name)
+        return {key: build_shard(path, name, pieces, split, shard, self.seed, self.block_tokens, self.unk_id)}
 
 
 @ray.remote
-def _encode_task(chunk, settings, vocab_box, vocab_sha, offsets, shards, shard_tokens, expected, keys):
+def _encode_task(
+    source, settings, vocab_box, vocab_sha, offsets, shards, shard_tokens, expected, out, own, shared
+):
+    """``source``: the counting pass's Sentences (Ray resolves the ref), or the Chunk read again.
+
+    Writes the shards in ``own`` (fed by this chunk alone) itself, and returns their records,
+    then the pieces of the ``shared`` shards for their writer tasks: a shard inside one chunk
+    costs no writer task and no piece objects (with the default chunk size, most shards)."""
     if vocab_sha not in _index_cache:
         _index_cache.clear()
         _index_cache[vocab_sha] = {t: i for i, t in enumerate(ray.get(vocab_box[0]))}
-    pieces = encode_chunk(chunk, settings, _index_cache[vocab_sha], offsets, shards, shard_tokens, expected)
-    out = tuple(pieces[key] for key in keys)
-    return out if len(out) > 1 else out[0]
+    sentences = source if isinstance(source, Sentences) else retokenize(source, settings, expected)
+    pieces = encode_chunk(sentences, _index_cache[vocab_sha], offsets, shards, shard_tokens)
+    records = {}
+    for key in own:
+        records.update(out.write(key, [pieces[key]]))
+    return (records, *(pieces[key] for key in shared)) if shared else records
 
 
 @ray.remote
-def _write_task(path, name, split, shard, seed, block_tokens, unk_id, *pieces):
-    return build_shard(path, name, pieces, split, shard, seed, block_tokens, unk_id)
+def _write_task(out, key, *pieces):
+    return out.write(key, pieces)
 
 
 @ray.remote
@@ -205,21 +252,27 @@ def _check_writable(output: str) -> None:
         raise ShardError(f"output {output} is not writable: {err}") from None
 
 
-def _count(paths, config, settings, window_size, progress) -> tuple[list[ChunkSummary], Counter]:
+def _count(paths, config, settings, window_size, progress) -> tuple[list[ChunkSummary], TokenCounts, dict]:
+    """The counting pass: chunk summaries (in order), training token counts, and chunk index ->
+    ObjectRef of the tokenized chunk, for the chunks that were kept."""
     summaries: dict[int, ChunkSummary] = {}
-    counts: Counter = Counter()
+    counts = TokenCounts()
+    kept: dict[int, ray.ObjectRef] = {}
 
-    def absorb(_, result):
-        summary_, chunk_counts = result
+    def absorb(sentences_ref, result):
+        summary_, chunk_counts, keep = result
         summaries[summary_.index] = summary_
-        counts.update(chunk_counts)
+        if keep:
+            kept[summary_.index] = sentences_ref
+        counts.add(*chunk_counts)
         progress.update(summary_.stats.lines, summary_.stats.train_tokens + summary_.stats.heldout_tokens)
 
     window = _Window(window_size, absorb)
     for chunk in iter_chunks(paths, config["chunk_bytes"], config["max_line_bytes"]):
-        window.add(_count_task.remote(chunk, settings), tag=chunk.index)
+        result_ref, sentences_ref = _count_task.remote(chunk, settings)
+        window.add(result_ref, tag=sentences_ref)
     window.drain()
-    return [summaries[i] for i in range(len(summaries))], counts
+    return [summaries[i] for i in range(len(summaries))], counts, kept
 
 
 def _check_counts(total: LineStats, config: dict) -> None:
@@ -284,59 +337,80 @@ def _reusable_shards(output, layouts, manifest, unk_id, window_size) -> dict[tup
     return found
 
 
-def _write(paths, output, config, settings, chunks, vocab, layouts, done, window_size, progress):
-    """The writing pass; returns the records of the shards it wrote."""
+def _sources(
+    paths, config, chunks: Sequence[ChunkSummary], feeding: set[int], kept: dict
+) -> Iterator[tuple[int, Any]]:
+    """``(chunk index, source)`` for the chunks in ``feeding``, in order: the source is the
+    counting pass's ObjectRef when it was kept (taken out of ``kept``, so the object store frees
+    it once its pieces are cut), else the chunk read again. Only inputs holding a chunk that was
+    not kept are read."""
+    for index in [i for i in kept if i not in feeding]:
+        del kept[index]  # feeds only shards already written
+    first: dict[int, int] = {}  # input -> index of its first chunk
+    for chunk in chunks:
+        first.setdefault(chunk.source, chunk.index)
+    by_source: dict[int, list[int]] = {}
+    for index in sorted(feeding):
+        by_source.setdefault(chunks[index].source, []).append(index)
+    for source, indices in sorted(by_source.items()):
+        if all(i in kept for i in indices):
+            yield from ((i, kept.pop(i)) for i in indices)
+            continue
+        reader = iter_chunks(
+            [paths[source]], config["chunk_bytes"], config["max_line_bytes"], first[source], source
+        )
+        for chunk in reader:
+            if chunk.index >= len(chunks) or chunks[chunk.index].source != source:
+                raise ShardError(f"input {source} changed between the counting and writing passes (it grew)")
+            if chunk.index in feeding:
+                yield chunk.index, kept.pop(chunk.index, chunk)
+
+
+def _write(paths, output, config, settings, chunks, vocab, layouts, done, kept, window_size, progress):
+    """The writing pass; returns the records of the shards it wrote. ``kept``: chunk index ->
+    ObjectRef of the counting pass's tokenized chunk (emptied as they are used)."""
     needed = {(split, s) for split in SPLITS for s in range(layouts[split].num_shards)} - set(done)
-    last_chunk = {}
-    for split in SPLITS:
-        for shard, feeding in enumerate(layouts[split].shard_chunks()):
-            last_chunk[(split, shard)] = feeding[-1]
+    feeders = {
+        (split, shard): chunk_list
+        for split in SPLITS
+        for shard, chunk_list in enumerate(layouts[split].shard_chunks())
+    }
     vocab_box = [ray.put(vocab.tokens)]  # boxed: tasks fetch it only when their index cache misses
-    unk_id = vocab.index[UNK]
+    out = _ShardOutput(output, config["seed"], config["block_tokens"], vocab.index[UNK])
     written: dict[tuple[str, int], ShardRecord] = {}
 
-    def finished(key, record: ShardRecord):
-        written[key] = record
-        progress.update(record.sentences, record.tokens)
+    def finished(_, records: dict[tuple[str, int], ShardRecord]):
+        written.update(records)
+        for record in records.values():
+            progress.update(record.sentences, record.tokens)
 
     window = _Window(window_size, finished)
     pending: dict[tuple[str, int], list] = {}
-    for chunk in iter_chunks(paths, config["chunk_bytes"], config["max_line_bytes"]):
-        keys = _shard_keys(layouts, chunk.index)
-        if not any(key in needed for key in keys):
-            continue
-        summary_ = chunks[chunk.index]
-        refs = _encode_task.options(num_returns=len(keys)).remote(
-            chunk,
+    feeding = {i for i in range(len(chunks)) if any(key in needed for key in _shard_keys(layouts, i))}
+    for index, source in _sources(paths, config, chunks, feeding, kept):
+        keys = [key for key in _shard_keys(layouts, index) if key in needed]
+        own = [key for key in keys if feeders[key] == [index]]
+        shared = [key for key in keys if key not in own]
+        refs = _encode_task.options(num_returns=1 + len(shared)).remote(
+            source,
             settings,
             vocab_box,
             vocab.sha256,
-            {split: layouts[split].offsets[chunk.index] for split in SPLITS},
-            {split: layouts[split].chunk_shards[chunk.index] for split in SPLITS},
+            {split: layouts[split].offsets[index] for split in SPLITS},
+            {split: layouts[split].chunk_shards[index] for split in SPLITS},
             config["shard_tokens"],
-            summary_.stats,
-            keys,
+            chunks[index].stats,
+            out,
+            own,
+            shared,
         )
+        del source  # the task holds the tokenized chunk now; freed when it finishes
         refs = refs if isinstance(refs, list) else [refs]
-        for key, ref in zip(keys, refs, strict=True):
-            if key in needed:
-                pending.setdefault(key, []).append(ref)
-        window.add(refs[0])
-        for key in keys:
-            if key in needed and last_chunk[key] == chunk.index:
-                split, shard = key
-                name = shard_name(split, shard)
-                ref = _write_task.remote(
-                    storage.join(output, name),
-                    name,
-                    split,
-                    shard,
-                    config["seed"],
-                    config["block_tokens"],
-                    unk_id,
-                    *pending.pop(key),
-                )
-                window.add(ref, tag=key)
+        window.add(refs[0], tag=index)
+        for key, ref in zip(shared, refs[1:], strict=True):
+            pending.setdefault(key, []).append(ref)
+            if feeders[key][-1] == index:  # the shard's last chunk: its pieces are all submitted
+                window.add(_write_task.remote(out, key, *pending.pop(key)), tag=key)
     window.drain()
     if pending or set(written) != needed:
         raise ShardError(
@@ -373,9 +447,10 @@ def run_shard(cfg: Any) -> dict:
         chunks = plan_chunks(plan, identity, config["chunk_bytes"]) if plan else None
         vocab = _read_vocabulary(output, plan["vocab_sha256"]) if chunks is not None else None
         distinct = plan.get("distinct_train_tokens", 0) if vocab is not None else 0
+        kept: dict = {}  # chunk index -> ObjectRef of its tokenized chunk (none on a rerun from the plan)
         if vocab is None:
             progress = Progress("shard: counting", config["progress"])
-            chunks, counts = _count(paths, config, settings, window_size, progress)
+            chunks, counts, kept = _count(paths, config, settings, window_size, progress)
             progress.close()
             total = LineStats()
             for chunk in chunks:
@@ -395,7 +470,9 @@ def run_shard(cfg: Any) -> dict:
         done = _reusable_shards(output, layouts, manifest, vocab.index[UNK], window_size)
         total_tokens = sum(layouts[s].total_tokens for s in SPLITS)
         progress = Progress("shard: writing", config["progress"])
-        written = _write(paths, output, config, settings, chunks, vocab, layouts, done, window_size, progress)
+        written = _write(
+            paths, output, config, settings, chunks, vocab, layouts, done, kept, window_size, progress
+        )
         progress.close()
     records = {**done, **written}
     shards = {split: [records[(split, s)] for s in range(layouts[split].num_shards)] for split in SPLITS}

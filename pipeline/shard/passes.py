@@ -1,17 +1,23 @@
-"""The two per-chunk computations of the shard stage, as pure functions (Ray tasks wrap them).
+"""The per-chunk computations of the shard stage, as pure functions (Ray tasks wrap them).
 
-1. :func:`count_chunk` (counting pass): tokenize a chunk, count the training split's tokens and
-   summarise it for the layout (tokens and last sentence length per split, line accounting).
-2. :func:`encode_chunk` (writing pass): tokenize it again, map tokens to ids and cut the
-   sentences into per-shard pieces. Tokenizing twice keeps memory bounded (nothing per sentence
-   survives a pass) at the price of a second tokenization, which is cheap for whitespace input.
+1. :func:`count_chunk` (counting pass): tokenize a chunk once, into the compact
+   :class:`~pipeline.shard.sentences.Sentences` (local vocabulary, local ids, UTF-8 lines); count
+   the training split's tokens and summarise the chunk for the layout (tokens and last sentence
+   length per split, line accounting).
+2. :func:`encode_chunk` (writing pass): map the chunk's local ids to vocabulary ids (one lookup
+   per distinct token, one gather) and cut the sentences into per-shard pieces.
+
+The writing pass gets the counting pass's :class:`Sentences` back rather than tokenizing again;
+where it was not kept (a rerun from the plan, a chunk too small to keep) :func:`retokenize` makes
+it again from the input and checks that the input still has what the counting pass saw.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+import numpy as np
 
 from pipeline.shard.errors import ShardError
 from pipeline.shard.format import SPLITS
@@ -20,7 +26,7 @@ from pipeline.shard.reader import Chunk
 from pipeline.shard.sentences import LineStats, Sentences, tokenize_lines
 from pipeline.shard.split import heldout_threshold
 from pipeline.shard.tokenizer import make_tokenizer
-from pipeline.shard.vocabulary import count_tokens
+from pipeline.shard.vocabulary import global_ids
 from pipeline.shard.writer import Piece, cut_pieces
 
 
@@ -79,34 +85,41 @@ def chunk_sentences(chunk: Chunk, settings: LineSettings) -> Sentences:
     )
 
 
-def count_chunk(chunk: Chunk, settings: LineSettings) -> tuple[ChunkSummary, Counter]:
-    """Counting pass over one chunk: its summary and its training tokens' counts."""
+def count_chunk(
+    chunk: Chunk, settings: LineSettings
+) -> tuple[ChunkSummary, tuple[list[str], np.ndarray], Sentences]:
+    """Counting pass over one chunk: its summary, its training tokens' counts (for
+    :meth:`~pipeline.shard.vocabulary.TokenCounts.add`) and its sentences."""
     sentences = chunk_sentences(chunk, settings)
-    last = {split: len(sentences.split(split)[-1]) if sentences.split(split) else 0 for split in SPLITS}
-    return ChunkSummary(chunk.index, chunk.source, sentences.stats, last), count_tokens(sentences.train)
+    last = {split: int(sentences.split(split).lengths[-1:].sum()) for split in SPLITS}
+    return ChunkSummary(chunk.index, chunk.source, sentences.stats, last), sentences.train_counts(), sentences
 
 
-def encode_chunk(
-    chunk: Chunk,
-    settings: LineSettings,
-    index: Mapping[str, int],
-    offsets: Mapping[str, int],
-    shards: Mapping[str, range],
-    shard_tokens: int,
-    expected: LineStats,
-) -> dict[tuple[str, int], Piece]:
-    """Writing pass over one chunk: ``(split, shard) -> piece`` for every shard it feeds.
-
-    ``offsets`` / ``shards``: per split, from the layout; ``expected``: the counting pass's
-    summary, to catch an input that changed between the passes.
-    """
+def retokenize(chunk: Chunk, settings: LineSettings, expected: LineStats) -> Sentences:
+    """The sentences of a chunk whose counting-pass result is gone, made again from the input;
+    ``expected``: the counting pass's summary, to catch an input that changed since."""
     sentences = chunk_sentences(chunk, settings)
     if sentences.stats != expected:
         raise ShardError(
             f"input {chunk.source} changed between the counting and writing passes (chunk {chunk.index})"
         )
+    return sentences
+
+
+def encode_chunk(
+    sentences: Sentences,
+    index: Mapping[str, int],
+    offsets: Mapping[str, int],
+    shards: Mapping[str, range],
+    shard_tokens: int,
+) -> dict[tuple[str, int], Piece]:
+    """Writing pass over one chunk: ``(split, shard) -> piece`` for every shard it feeds.
+
+    ``index``: token -> vocabulary id; ``offsets`` / ``shards``: per split, from the layout.
+    """
+    lut = global_ids(sentences.vocab, index)
     pieces = {}
     for split in SPLITS:
-        cut = cut_pieces(sentences.split(split), index, offsets[split], shard_tokens, shards[split])
+        cut = cut_pieces(sentences.split(split), lut, offsets[split], shard_tokens, shards[split])
         pieces.update({(split, shard): piece for shard, piece in zip(shards[split], cut, strict=True)})
     return pieces

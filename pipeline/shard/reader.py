@@ -105,11 +105,12 @@ def file_chunks(
 
 
 def iter_chunks(
-    paths: Sequence[str], chunk_bytes: int, max_line_bytes: int, first_index: int = 0
+    paths: Sequence[str], chunk_bytes: int, max_line_bytes: int, first_index: int = 0, first_source: int = 0
 ) -> Iterator[Chunk]:
-    """Chunks of all ``paths`` in order, numbered from ``first_index``."""
+    """Chunks of all ``paths`` in order, numbered from ``first_index``; ``paths[0]`` is input
+    number ``first_source`` (reading the inputs from the middle of the list)."""
     index = first_index
-    for source, path in enumerate(paths):
+    for source, path in enumerate(paths, first_source):
         with open_input(path) as stream:
             for data, overlong in file_chunks(stream, path, chunk_bytes, max_line_bytes):
                 yield Chunk(index=index, source=source, data=data, overlong=overlong)

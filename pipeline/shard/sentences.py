@@ -9,15 +9,23 @@ Each input line ends in exactly one of these states, and :class:`LineStats` coun
 
 Invalid UTF-8 is not a reason to drop a line: the bad bytes become U+FFFD and the line is counted
 in ``invalid_utf8`` (it is also in one of the states above).
+
+The kept sentences come out in a compact form (:class:`Sentences`): per split the UTF-8 lines as
+one bytes object and every token as an int32 index into the chunk's own vocabulary. It is about
+twice the size of the text (Python lists of token strings would be ten times), cheap to move
+through Ray's object store, and the writing pass turns it into vocabulary ids with one gather.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from pipeline.shard.split import is_heldout
+import numpy as np
+
+from pipeline.shard.split import heldout_rule
 from pipeline.shard.tokenizer import Tokenizer
+from pipeline.shard.vocabulary import local_counts, local_vocabulary
 
 
 @dataclass
@@ -49,16 +57,59 @@ class LineStats:
         return cls(**data)
 
 
-@dataclass
+@dataclass(frozen=True)
+class SplitSentences:
+    """One split's kept sentences of a chunk, in input order, in the compact form that the counting
+    pass hands to the writing pass (through Ray's object store) instead of tokenizing twice.
+
+    ``text``: UTF-8, each sentence's tokens joined by one space, sentences joined by ``\\n``
+    (no trailing newline): exactly the lines of a block's ``sentences.txt``.
+    ``ids``: int32 ``(T,)``: every token's index in the chunk's local vocabulary
+    (:attr:`Sentences.vocab`), sentences concatenated.
+    ``lengths``: int32 ``(S,)``: tokens per sentence; sums to ``T``.
+    """
+
+    text: bytes
+    ids: np.ndarray
+    lengths: np.ndarray
+
+    def lines(self) -> list[bytes]:
+        """The S sentences as UTF-8 lines (no newline)."""
+        return self.text.split(b"\n") if len(self.lengths) else []
+
+
+@dataclass(frozen=True)
 class Sentences:
-    """The sentences of one chunk: per split, the tokens of each kept sentence, in input order."""
+    """The tokenized sentences of one chunk.
 
-    train: list[list[str]] = field(default_factory=list)
-    heldout: list[list[str]] = field(default_factory=list)
-    stats: LineStats = field(default_factory=LineStats)
+    ``vocab``: the chunk's local vocabulary, its distinct tokens (both splits) in order of first
+    occurrence; ``ids`` of :class:`SplitSentences` index it. Local ids keep the writing pass to one
+    dictionary lookup per distinct token (:func:`pipeline.shard.vocabulary.global_ids`) and one
+    numpy gather, instead of one lookup per token.
+    """
 
-    def split(self, name: str) -> list[list[str]]:
+    vocab: list[str]
+    train: SplitSentences
+    heldout: SplitSentences
+    stats: LineStats
+
+    def split(self, name: str) -> SplitSentences:
         return self.train if name == "train" else self.heldout
+
+    def tokens(self, name: str) -> list[list[str]]:
+        """The token lists of one split's sentences (for tests and inspection; not a fast path)."""
+        part = self.split(name)
+        return [line.decode("utf-8").split(" ") for line in part.lines()]
+
+    def train_counts(self) -> tuple[list[str], np.ndarray]:
+        """The tokens of the training split and their occurrences, int64 ``(K,)``."""
+        return local_counts(self.vocab, self.train.ids)
+
+    @property
+    def nbytes(self) -> int:
+        """About the size of the arrays and text (what Ray stores for it), vocabulary excluded."""
+        parts = (self.train, self.heldout)
+        return sum(len(p.text) + p.ids.nbytes + p.lengths.nbytes for p in parts)
 
 
 def raw_lines(data: bytes) -> list[bytes]:
@@ -117,14 +168,13 @@ def tokenize_lines(
     puts every sentence in the held-out split (explicit held-out inputs); ``dropped_overlong``:
     overlong lines the reader already dropped (counted as lines and as overlong).
     """
-    out = Sentences()
-    stats = out.stats
     lines, invalid = decode_lines(data, max_line_bytes)
-    stats.lines = len(lines) + dropped_overlong
-    stats.invalid_utf8 = invalid
-    overlong, empty, longest = dropped_overlong, 0, 0
-    train, heldout = out.train, out.heldout
-    for text in lines:
+    held = (lambda sentence: True) if all_heldout else heldout_rule(heldout_threshold)
+    # per split: the joined sentences, all their tokens (flat) and the tokens per sentence
+    train: tuple[list[str], list[str], list[int]] = ([], [], [])
+    heldout: tuple[list[str], list[str], list[int]] = ([], [], [])
+    overlong, empty = dropped_overlong, 0
+    for text in lines:  # the stage's hottest loop: once per input line
         if text is None:
             overlong += 1
             continue
@@ -132,14 +182,28 @@ def tokenize_lines(
         if not tokens:
             empty += 1
             continue
-        if all_heldout or (heldout_threshold and is_heldout(" ".join(tokens), heldout_threshold)):
-            heldout.append(tokens)
-        else:
-            train.append(tokens)
-        if len(tokens) > longest:
-            longest = len(tokens)
-    stats.overlong, stats.empty, stats.max_sentence_tokens = overlong, empty, longest
-    stats.train_sentences, stats.heldout_sentences = len(train), len(heldout)
-    stats.train_tokens = sum(map(len, train))
-    stats.heldout_tokens = sum(map(len, heldout))
-    return out
+        sentence = " ".join(tokens)
+        joined, flat, lengths = heldout if held is not None and held(sentence) else train
+        joined.append(sentence)
+        flat.extend(tokens)
+        lengths.append(len(tokens))
+    vocab, ids = local_vocabulary(train[1] + heldout[1])
+    cut = len(train[1])
+    stats = LineStats(
+        lines=len(lines) + dropped_overlong,
+        empty=empty,
+        overlong=overlong,
+        invalid_utf8=invalid,
+        train_sentences=len(train[2]),
+        train_tokens=cut,
+        heldout_sentences=len(heldout[2]),
+        heldout_tokens=len(heldout[1]),
+        max_sentence_tokens=max(max(train[2], default=0), max(heldout[2], default=0)),
+    )
+    return Sentences(
+        vocab, _compact(train[0], ids[:cut], train[2]), _compact(heldout[0], ids[cut:], heldout[2]), stats
+    )
+
+
+def _compact(joined: list[str], ids: np.ndarray, lengths: list[int]) -> SplitSentences:
+    return SplitSentences("\n".join(joined).encode("utf-8"), ids, np.array(lengths, dtype=np.int32))

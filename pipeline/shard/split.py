@@ -9,6 +9,7 @@ the held-out set does not leak into training through repeated lines).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 HASH_BITS = 64
 _SCALE = 1 << HASH_BITS
@@ -33,3 +34,22 @@ def is_heldout(sentence: str, threshold: int) -> bool:
     if threshold >= _SCALE:
         return True
     return sentence_hash(sentence) < threshold
+
+
+def heldout_rule(threshold: int) -> Callable[[str], bool] | None:
+    """:func:`is_heldout` with ``threshold`` fixed, for testing many sentences: None when nothing is
+    held out (the caller skips hashing altogether).
+
+    The digest is compared as bytes rather than converted to an int: an 8-byte big-endian digest
+    orders exactly like its integer, and the shard stage calls this once per sentence."""
+    if threshold <= 0:
+        return None
+    if threshold >= _SCALE:
+        return lambda sentence: True
+    limit = threshold.to_bytes(HASH_BITS // 8, "big")
+    blake2b = hashlib.blake2b
+
+    def rule(sentence: str) -> bool:
+        return blake2b(sentence.encode("utf-8"), digest_size=HASH_BITS // 8).digest() < limit
+
+    return rule

@@ -14,11 +14,11 @@ is counted into that special and maps to its id.
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import chain, repeat
+from itertools import count as running
+from itertools import repeat
 
 import numpy as np
 
@@ -56,14 +56,6 @@ class Vocabulary:
         return hashlib.sha256(self.vocab_bytes).hexdigest()
 
 
-def count_tokens(sentences: Iterable[Sequence[str]]) -> Counter:
-    """Token -> occurrences over ``sentences``."""
-    counts: Counter = Counter()
-    for tokens in sentences:
-        counts.update(tokens)
-    return counts
-
-
 def build_vocabulary(
     counts: Mapping[str, int], num_sentences: int, min_count: int = 1, max_size: int = 0
 ) -> Vocabulary:
@@ -92,11 +84,75 @@ def build_vocabulary(
     return Vocabulary(tokens=tokens, counts=[special_counts[s] for s in SPECIALS] + [c for _, c in kept])
 
 
-def encode_ids(sentences: Sequence[Sequence[str]], index: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Vocabulary ids of ``sentences``: ``ids`` int32 ``(total_tokens,)`` (concatenated, unknown
-    tokens -> ``<UNK>``) and ``lengths`` int32 ``(len(sentences),)``."""
-    lengths = np.fromiter(map(len, sentences), dtype=np.int32, count=len(sentences))
-    # map() over C-level iterators: no Python frame per token
-    tokens = chain.from_iterable(sentences)
-    ids = np.fromiter(map(index.get, tokens, repeat(index[UNK])), dtype=np.int32, count=int(lengths.sum()))
-    return ids, lengths
+def local_vocabulary(tokens: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """A chunk's tokens ``(T,)`` -> its local vocabulary (distinct tokens in order of first
+    occurrence, ``(L,)``) and each token's index in it: int32 ``(T,)``."""
+    first: dict[str, int] = {}
+    # One dictionary operation per token, in C (map over setdefault): each token maps to the
+    # position of its first occurrence. Numpy then renumbers those positions 0..L-1.
+    positions = np.fromiter(map(first.setdefault, tokens, running()), dtype=np.int64, count=len(tokens))
+    renumber = np.zeros(len(tokens), dtype=np.int32)
+    renumber[np.fromiter(first.values(), dtype=np.int64, count=len(first))] = np.arange(
+        len(first), dtype=np.int32
+    )
+    return list(first), renumber[positions]
+
+
+def local_counts(vocab: Sequence[str], ids: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """Occurrences of local-vocabulary tokens among ``ids`` int ``(T,)``: the K distinct tokens
+    that occur (in local order) and their counts, int64 ``(K,)`` (for :meth:`TokenCounts.add`)."""
+    counts = np.bincount(ids, minlength=len(vocab))
+    present = np.flatnonzero(counts)
+    return [vocab[i] for i in present.tolist()], counts[present]
+
+
+class TokenCounts(Mapping[str, int]):
+    """Token -> count, summed over chunks: the driver's side of the counting pass.
+
+    Stored as token -> slot (a dict) and the counts per slot (an int64 array), so that adding a
+    chunk's counts is a few C-level passes (one lookup per token, one numpy scatter-add) rather
+    than a Python loop per distinct token: on a 2-core machine the driver's merge competes with
+    the workers for CPU.
+    """
+
+    def __init__(self) -> None:
+        self._slots: dict[str, int] = {}
+        self._counts = np.zeros(0, dtype=np.int64)
+
+    def add(self, tokens: Sequence[str], counts: np.ndarray) -> None:
+        """Add ``counts`` int ``(K,)`` of ``tokens`` ``(K,)``."""
+        slots = np.fromiter(map(self._slots.get, tokens, repeat(-1)), dtype=np.int64, count=len(tokens))
+        new = np.flatnonzero(slots < 0)
+        if new.size:
+            start = len(self._slots)
+            fresh = list(dict.fromkeys(tokens[i] for i in new.tolist()))  # a token twice: one slot
+            self._slots.update(zip(fresh, range(start, start + len(fresh)), strict=True))
+            slots[new] = np.fromiter(
+                map(self._slots.__getitem__, (tokens[i] for i in new.tolist())),
+                dtype=np.int64,
+                count=new.size,
+            )
+            if len(self._slots) > len(self._counts):
+                grown = np.zeros(max(2 * len(self._counts), len(self._slots)), dtype=np.int64)
+                grown[: len(self._counts)] = self._counts
+                self._counts = grown
+        np.add.at(self._counts, slots, np.asarray(counts, dtype=np.int64))
+
+    def __getitem__(self, token: str) -> int:
+        return int(self._counts[self._slots[token]])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._slots)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def items(self) -> Iterator[tuple[str, int]]:  # type: ignore[override]
+        """``(token, count)`` pairs without a lookup per token."""
+        return zip(self._slots, self._counts[: len(self._slots)].tolist(), strict=True)
+
+
+def global_ids(vocab: Sequence[str], index: Mapping[str, int]) -> np.ndarray:
+    """Vocabulary ids of local-vocabulary tokens: int32 ``(L,)``, unknown tokens -> ``<UNK>``.
+    Gathering it with a chunk's local ids gives the chunk's vocabulary ids."""
+    return np.fromiter(map(index.get, vocab, repeat(index[UNK])), dtype=np.int32, count=len(vocab))

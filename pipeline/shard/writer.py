@@ -10,7 +10,7 @@ while hashing it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -21,20 +21,20 @@ from pipeline.shard.format import (
     SPLITS,
     block_key,
     decode_block,
-    encode_joined_block,
+    encode_text_block,
     iter_tar_samples,
     tar_writer,
 )
 from pipeline.shard.layout import sentence_shards
-from pipeline.shard.vocabulary import encode_ids
+from pipeline.shard.sentences import SplitSentences
 
 
 @dataclass(frozen=True)
 class Piece:
-    """Sentences of one shard from one chunk: ``lines`` S strings (tokens joined by a space),
-    ``ids`` int32 ``(sum(lengths),)``, ``lengths`` int32 ``(S,)``."""
+    """Sentences of one shard from one chunk: ``lines`` S UTF-8 lines (tokens joined by a space),
+    ``ids`` int32 ``(sum(lengths),)`` vocabulary ids, ``lengths`` int32 ``(S,)``."""
 
-    lines: list[str]
+    lines: list[bytes]
     ids: np.ndarray
     lengths: np.ndarray
 
@@ -56,25 +56,28 @@ class ShardRecord:
 
 
 def cut_pieces(
-    sentences: Sequence[Sequence[str]],
-    index: Mapping[str, int],
+    sentences: SplitSentences,
+    lut: np.ndarray,
     offset: int,
     shard_tokens: int,
     shards: range,
 ) -> list[Piece]:
     """The pieces of one chunk's sentences (one split, input order) for each shard in ``shards``.
 
-    ``offset``: the split's tokens before this chunk (from the layout).
+    ``lut``: int32 ``(L,)``, the vocabulary id of each token of the chunk's local vocabulary
+    (:func:`pipeline.shard.vocabulary.global_ids`); ``offset``: the split's tokens before this
+    chunk (from the layout).
     """
-    ids, lengths = encode_ids(sentences, index)
+    lengths = sentences.lengths
     # the chunk's range ends at the split's last shard whenever any of its sentences would go past it
     owner = sentence_shards(lengths, offset, shard_tokens, shards.stop)
     bounds = np.searchsorted(owner, [shards.start, *[s + 1 for s in shards]])
     token_bounds = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
+    lines = sentences.lines()
     pieces = []
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-        lines = [" ".join(tokens) for tokens in sentences[lo:hi]]
-        pieces.append(Piece(lines, ids[token_bounds[lo] : token_bounds[hi]], lengths[lo:hi]))
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        ids = lut[sentences.ids[token_bounds[lo] : token_bounds[hi]]]
+        pieces.append(Piece(lines[lo:hi], ids, lengths[lo:hi]))
     return pieces
 
 
@@ -121,9 +124,9 @@ def shard_samples(
     lengths = lengths[order]
     token_bounds = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
     for b, (lo, hi) in enumerate(block_bounds(lengths, block_tokens)):
-        block_lines = [lines[i] for i in order[lo:hi].tolist()]
+        text = b"\n".join([lines[i] for i in order[lo:hi].tolist()]) + b"\n"
         block_ids = ids[token_bounds[lo] : token_bounds[hi]]
-        yield encode_joined_block(block_lines, block_ids, lengths[lo:hi], block_key(split, shard, b))
+        yield encode_text_block(text, block_ids, lengths[lo:hi], block_key(split, shard, b))
 
 
 class _HashingStream:

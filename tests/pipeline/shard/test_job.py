@@ -13,9 +13,11 @@ from jobs.shard import main as shard_main
 from pipeline import storage
 from pipeline.config import load_config
 from pipeline.shard import format as fmt
+from pipeline.shard import job as shard_job
 from pipeline.shard.config import ShardConfig
 from pipeline.shard.errors import ShardError
 from pipeline.shard.job import run_shard
+from pipeline.shard.reader import iter_chunks
 from pipeline.shard.split import heldout_threshold, is_heldout
 
 REPO = Path(__file__).resolve().parents[3]
@@ -158,6 +160,42 @@ def test_rerun_does_nothing_and_a_partial_output_is_completed(baseline, corpus, 
         ShardError, match="holds heldout-000000.tar but no readable manifest.json or shard_plan.json"
     ):
         run([corpus[0]], out, workers=2, chunk_bytes=50000)
+
+
+def test_writing_pass_reads_again_only_inputs_whose_chunks_were_not_kept(
+    ray_local, corpus, baseline, tmp_path, monkeypatch
+):
+    reads = []
+
+    def recording(paths, *args, **kwargs):
+        reads.append([str(p) for p in paths])
+        return iter_chunks(paths, *args, **kwargs)
+
+    monkeypatch.setattr(shard_job, "iter_chunks", recording)
+    held = tmp_path / "held.txt"
+    held.write_text("a small held-out input\nof two lines\n")
+    # the corpus is one chunk, kept in the object store; the held-out input's is too small to keep
+    run([corpus[0]], tmp_path / "mixed", heldout_input=[str(held)], chunk_bytes=1 << 20)
+    assert reads == [[str(corpus[0]), str(held)], [str(held)]]
+    reads.clear()
+    run([corpus[0]], tmp_path / "kept", chunk_bytes=1 << 20)
+    assert reads == [[str(corpus[0])]]  # nothing read twice
+    assert snapshot(tmp_path / "kept") == snapshot(baseline[0])
+    run([corpus[0]], tmp_path / "reread", heldout_input=[str(held)], chunk_bytes=30000)
+    assert snapshot(tmp_path / "reread") == snapshot(tmp_path / "mixed")
+
+
+def test_rerun_refuses_an_input_that_changed_since_the_counting_pass(ray_local, corpus, tmp_path):
+    source = tmp_path / "in.txt"
+    lines = corpus[1][:800]
+    source.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    run([source], out, chunk_bytes=20000)
+    (out / "manifest.json").unlink()
+    (out / "train-000000.tar").unlink()
+    source.write_text("\n".join([lines[0] + " more words", *lines[1:]]) + "\n")
+    with pytest.raises(ShardError, match="changed between the counting and writing passes"):
+        run([source], out, chunk_bytes=20000)
 
 
 def test_bad_input_lines_are_replaced_skipped_and_counted(ray_local, tmp_path):

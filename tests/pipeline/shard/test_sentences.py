@@ -1,3 +1,7 @@
+from collections import Counter
+
+import numpy as np
+
 from pipeline.shard.sentences import LineStats, tokenize_lines
 from pipeline.shard.split import heldout_threshold
 from pipeline.shard.tokenizer import make_tokenizer
@@ -19,12 +23,13 @@ def test_every_line_is_accounted_for():
         b"last line without newline"
     )
     out = _run(data)
-    assert out.train == [
+    assert out.tokens("train") == [
         ["the", "cat", "sat"],
         ["café", "ok"],
         ["bad", "\ufffd\ufffd", "bytes"],
         ["last", "line", "without", "newline"],
     ]
+    assert out.tokens("heldout") == [] and out.heldout.lines() == []
     s = out.stats
     assert (s.lines, s.empty, s.overlong, s.invalid_utf8) == (7, 2, 1, 1)
     assert s.lines == s.train_sentences + s.heldout_sentences + s.empty + s.overlong
@@ -33,8 +38,31 @@ def test_every_line_is_accounted_for():
 
 def test_reader_dropped_lines_and_explicit_heldout():
     out = _run(b"a b\nc\n", dropped_overlong=2, all_heldout=True)
-    assert out.train == [] and out.heldout == [["a", "b"], ["c"]]
+    assert out.tokens("train") == [] and out.tokens("heldout") == [["a", "b"], ["c"]]
     assert (out.stats.lines, out.stats.overlong, out.stats.heldout_tokens) == (4, 2, 3)
+
+
+def test_compact_form_holds_lines_local_ids_and_lengths():
+    data = "  the cat\tsat\nthe dog\n\ncafé the cat\n".encode()
+    out = _run(data, fraction=0.5)
+    both = out.tokens("train") + out.tokens("heldout")
+    assert sorted(both) == sorted([["the", "cat", "sat"], ["the", "dog"], ["café", "the", "cat"]])
+    assert out.tokens("train") and out.tokens("heldout")  # this data puts sentences in both
+    # the local vocabulary: distinct tokens by first occurrence, training split first
+    assert out.vocab == list(dict.fromkeys(tok for t in both for tok in t))
+    for split in ("train", "heldout"):
+        part = out.split(split)
+        tokens = out.tokens(split)
+        assert part.text == "\n".join(" ".join(t) for t in tokens).encode()
+        assert part.ids.dtype == np.int32 and part.lengths.dtype == np.int32
+        assert part.lengths.tolist() == [len(t) for t in tokens]
+        assert [out.vocab[i] for i in part.ids] == [tok for t in tokens for tok in t]
+    tokens, counts = out.train_counts()
+    expected = Counter(tok for t in out.tokens("train") for tok in t)
+    assert dict(zip(tokens, counts.tolist(), strict=True)) == dict(expected)
+    assert out.nbytes == sum(
+        len(p.text) + 4 * (len(p.ids) + len(p.lengths)) for p in (out.train, out.heldout)
+    )
 
 
 def test_stats_add_up():

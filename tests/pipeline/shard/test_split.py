@@ -1,6 +1,6 @@
 import hashlib
 
-from pipeline.shard.split import heldout_threshold, is_heldout, sentence_hash
+from pipeline.shard.split import heldout_rule, heldout_threshold, is_heldout, sentence_hash
 
 
 def test_hash_is_blake2b_of_the_text_not_pythons_salted_hash():
@@ -22,3 +22,15 @@ def test_fraction_is_respected_and_extremes():
     assert [is_heldout(s, threshold) for s in sentences[:500]] == [
         is_heldout(s, threshold) for s in sentences[:500]
     ]
+
+
+def test_the_fast_rule_agrees_with_the_hash_at_every_threshold():
+    sentences = [f"sentence number {i}" for i in range(3000)] + ["café ✓", ""]
+    hashes = sorted(sentence_hash(s) for s in sentences)
+    # thresholds at, just above and just below actual hash values: the byte comparison's edge cases
+    thresholds = [h + d for h in hashes[::97] for d in (-1, 0, 1)] + [heldout_threshold(0.3), 1]
+    for threshold in thresholds:
+        rule = heldout_rule(threshold)
+        assert [rule(s) for s in sentences] == [is_heldout(s, threshold) for s in sentences]
+    assert heldout_rule(heldout_threshold(0.0)) is None
+    assert all(map(heldout_rule(heldout_threshold(1.0)), sentences))

@@ -3,7 +3,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipeline.shard.vocabulary import build_vocabulary, count_tokens, encode_ids
+from pipeline.shard.vocabulary import (
+    TokenCounts,
+    build_vocabulary,
+    global_ids,
+    local_counts,
+    local_vocabulary,
+)
 
 
 def test_order_is_specials_then_count_then_utf8_bytes():
@@ -48,10 +54,43 @@ def test_vocab_files_and_hash():
     assert vocab.sha256 != build_vocabulary(Counter({"a": 2, "c": 1}), 1).sha256
 
 
-def test_count_and_encode_ids():
-    sentences = [["a", "b", "a"], ["zz"]]
-    assert count_tokens(sentences) == Counter({"a": 2, "b": 1, "zz": 1})
+def test_local_vocabulary_numbers_tokens_by_first_occurrence():
+    vocab, ids = local_vocabulary(["b", "a", "b", "c", "a", "b"])
+    assert vocab == ["b", "a", "c"]
+    assert ids.dtype == np.int32 and ids.tolist() == [0, 1, 0, 2, 1, 0]
+    assert [vocab[i] for i in ids] == ["b", "a", "b", "c", "a", "b"]
+    empty_vocab, empty_ids = local_vocabulary([])
+    assert empty_vocab == [] and empty_ids.shape == (0,) and empty_ids.dtype == np.int32
+
+
+def test_local_counts_skip_tokens_that_do_not_occur():
+    tokens, counts = local_counts(["b", "a", "c", "d"], np.array([0, 2, 0, 0, 3], dtype=np.int32))
+    assert tokens == ["b", "c", "d"] and counts.tolist() == [3, 1, 1]
+
+
+def test_global_ids_map_local_tokens_unknown_to_unk():
     vocab = build_vocabulary(Counter({"a": 2, "b": 1}), 2)
-    ids, lengths = encode_ids(sentences, vocab.index)
-    assert ids.dtype == np.int32 and ids.tolist() == [3, 4, 3, 2]
-    assert lengths.tolist() == [3, 1]
+    lut = global_ids(["zz", "b", "a", "<UNK>"], vocab.index)
+    assert lut.dtype == np.int32 and lut.tolist() == [2, 4, 3, 2]
+    # a chunk's vocabulary ids are one gather away from its local ids
+    local, ids = local_vocabulary(["a", "b", "a", "zz"])
+    assert global_ids(local, vocab.index)[ids].tolist() == [3, 4, 3, 2]
+
+
+def test_token_counts_sum_chunks_like_a_counter():
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(300)]
+    expected: Counter = Counter()
+    merged = TokenCounts()
+    for _ in range(20):  # chunks with overlapping, growing vocabularies (the array must grow)
+        chunk = [words[i] for i in rng.integers(0, 300, size=rng.integers(0, 200))]
+        expected.update(chunk)
+        merged.add(*local_counts(*local_vocabulary(chunk)))
+    assert dict(merged.items()) == dict(expected) and len(merged) == len(expected)
+    assert merged["w0"] == expected["w0"] and "nope" not in merged
+    merged.add(["x", "x", "w1"], np.array([2, 3, 1]))  # a repeated token adds up in one slot
+    assert merged["x"] == 5 and merged["w1"] == expected["w1"] + 1
+    assert (
+        build_vocabulary(merged, 7).tokens
+        == build_vocabulary(expected | {"x": 5, "w1": merged["w1"]}, 7).tokens
+    )

@@ -1,0 +1,51 @@
+import dataclasses
+
+import numpy as np
+import pytest
+
+from pipeline.shard.errors import ShardError
+from pipeline.shard.passes import LineSettings, count_chunk, encode_chunk, retokenize
+from pipeline.shard.reader import Chunk
+from pipeline.shard.vocabulary import build_vocabulary
+
+SETTINGS = LineSettings("whitespace", "en", False, 200, 0.3, main_sources=1)
+DATA = "".join(f"line {i} of the {'big ' * (i % 4)}corpus\n" for i in range(60)).encode() + b"\n  \n"
+
+
+def test_count_chunk_summarises_counts_and_keeps_the_sentences():
+    summary, (tokens, counts), sentences = count_chunk(Chunk(3, 0, DATA), SETTINGS)
+    assert (summary.index, summary.source) == (3, 0)
+    assert summary.stats == sentences.stats and summary.stats.lines == 62 and summary.stats.empty == 2
+    train = sentences.tokens("train")
+    assert dict(zip(tokens, counts.tolist(), strict=True)) == {
+        t: sum(s.count(t) for s in train) for s in train for t in s
+    }
+    for split in ("train", "heldout"):
+        assert summary.last_lengths[split] == len(sentences.tokens(split)[-1])
+        assert summary.tokens(split).tokens == int(sentences.split(split).lengths.sum())
+
+
+def test_writing_from_kept_or_retokenized_sentences_gives_the_same_pieces():
+    chunk = Chunk(0, 0, DATA)
+    summary, (tokens, counts), kept = count_chunk(chunk, SETTINGS)
+    vocab = build_vocabulary(dict(zip(tokens, counts.tolist(), strict=True)), summary.stats.train_sentences)
+    offsets, shards = {"train": 0, "heldout": 0}, {"train": range(0, 2), "heldout": range(0, 1)}
+    first = encode_chunk(kept, vocab.index, offsets, shards, 150)
+    again = encode_chunk(retokenize(chunk, SETTINGS, summary.stats), vocab.index, offsets, shards, 150)
+    assert sorted(first) == [("heldout", 0), ("train", 0), ("train", 1)]
+    for key, piece in first.items():
+        assert piece.lines == again[key].lines
+        assert np.array_equal(piece.ids, again[key].ids) and np.array_equal(piece.lengths, again[key].lengths)
+        index = vocab.index
+        assert piece.ids.tolist() == [
+            index.get(t, index["<UNK>"]) for line in piece.lines for t in line.decode().split()
+        ]
+
+
+def test_retokenize_refuses_an_input_that_changed():
+    summary, _, _ = count_chunk(Chunk(5, 1, DATA), SETTINGS)
+    changed = dataclasses.replace(summary.stats, train_tokens=summary.stats.train_tokens + 1)
+    with pytest.raises(
+        ShardError, match="input 1 changed between the counting and writing passes \\(chunk 5\\)"
+    ):
+        retokenize(Chunk(5, 1, DATA), SETTINGS, changed)
