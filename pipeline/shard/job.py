@@ -24,9 +24,12 @@ Flow (every step deterministic, so 1 or N workers give the same bytes):
 At most ``2 * workers`` tasks are unfinished at any time, which bounds the memory in flight.
 Between the passes the kept chunks (about twice the input text for English: the text plus 4
 bytes of id per token) are in the object store, not in the driver, which holds one ObjectRef and
-one summary per chunk: Ray spills them to local disk when they outgrow the store (its default
-object spilling; tested with a 150 MiB store and 684 MiB spilled), so a corpus larger than memory
-needs that much free disk on the nodes instead. Each is released once its pieces are cut.
+one summary per chunk. Ray also keeps each counting task's input chunk while its result is
+referenced (lineage, so that a result lost with a node can be recomputed), so the store holds
+about three times the input text. Ray spills objects to local disk when they outgrow the store
+(its default object spilling; tested with a 150 MiB store: 684 MiB spilled, same bytes out), so a
+corpus larger than memory needs that much free disk on the nodes instead. A chunk and its input
+are released once its pieces are cut.
 """
 
 from __future__ import annotations
