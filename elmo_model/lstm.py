@@ -13,13 +13,12 @@ keeps export -> load bit exact).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-
-from elmo_model.fused_cell import fused_cell_available, fused_cell_step
 
 # Column blocks: internal order (i, f, o, j) <-> TF order (i, j, f, o).
 TF_TO_INTERNAL = (0, 2, 3, 1)
@@ -83,6 +82,19 @@ class FusedLSTMLayer(nn.Module):
         """Input-to-gate products of every step at once: x (2, M, in) -> (2, M, 4C), biases included."""
         bias = (self.bias + self.forget_offset).unsqueeze(1)
         return torch.baddbmm(bias, x, self.w_ih)
+
+
+def _fused_cell_step(x: torch.Tensor):
+    """`fused_cell.fused_cell_step` when it can run on `x`'s device, else None.
+
+    Imported here, on first use with a CUDA tensor (or under Triton's CPU interpreter): importing
+    Triton takes a noticeable fraction of a second, which CPU-only processes never need to pay.
+    """
+    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        return None
+    from elmo_model import fused_cell
+
+    return fused_cell.fused_cell_step if fused_cell.fused_cell_available(x) else None
 
 
 def _clamp(x: torch.Tensor, clip: float | None, inplace: bool) -> torch.Tensor:
@@ -262,14 +274,14 @@ class StackedBiLSTM(nn.Module):
             out[..., p] = 1.0
             h0 = torch.cat([h_all[li], h_all[li].new_ones(2, batch, 1)], dim=-1).to(dtype)
             c = c_all[li]
-            fused = self.use_fused_cell and c.dtype == torch.float32 and fused_cell_available(xg)
+            fused = _fused_cell_step(xg) if self.use_fused_cell and c.dtype == torch.float32 else None
             for t, (start, k) in enumerate(zip(starts, active, strict=True)):
                 h_prev = h0[:, :k] if t == 0 else out[:, starts[t - 1] : starts[t - 1] + k]
                 gates = xg[:, start : start + k].baddbmm_(h_prev, w_hh)
                 h_out = out[:, start : start + k, :p]
-                if fused:
+                if fused is not None:
                     _clamp(
-                        torch.bmm(fused_cell_step(gates, c[:, :k], self.cell_clip), w_p, out=h_out),
+                        torch.bmm(fused(gates, c[:, :k], self.cell_clip), w_p, out=h_out),
                         self.proj_clip,
                         True,
                     )

@@ -31,3 +31,23 @@ def test_cpu_tensors_use_the_plain_cell_without_interpreter():
     from elmo_model.fused_cell import fused_cell_available
 
     assert not fused_cell_available(torch.zeros(2, 1, 4))
+
+
+def test_cpu_forward_never_imports_triton():
+    """Triton is imported on first CUDA use only: CPU processes (Ray workers) skip its import cost."""
+    code = (
+        "import sys, torch; from elmo_model import BiLM, batch_to_ids;"
+        "sys.path.insert(0, 'tests/elmo_model'); from elmo_reference import TINY_OPTIONS;"
+        "BiLM.from_options(TINY_OPTIONS).eval()(batch_to_ids([['a', 'b']]));"
+        "print('triton' in sys.modules)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=dict(env, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
