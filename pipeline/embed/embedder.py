@@ -154,8 +154,9 @@ def release_free_memory() -> None:
     """Hand freed heap pages back to the OS after a shard (glibc only; elsewhere nothing to do).
 
     Every shard allocates arrays of new sizes (length-bucketed batches, ragged outputs, the HDF5
-    buffer); glibc keeps the freed pages, so without this an actor's memory creeps up with the
-    number of shards it has done instead of staying at what one shard needs.
+    buffer) and glibc keeps freed pages in its arenas; trimming keeps an actor's footprint near what
+    one shard needs rather than the high-water mark of every shard so far. (Measured: the whole
+    job's peak grew 1.05-1.09x for 4x the input with it; the effect alone was within noise.)
     """
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
