@@ -85,8 +85,10 @@ def embed_stream(
             },
             batch_size=1,
             batch_format="numpy",
+            # More actors than shards would each load the model and then idle.
             compute=ActorPoolStrategy(
-                size=1 if stateful else workers, max_tasks_in_flight_per_actor=1 if stateful else 2
+                size=1 if stateful else min(workers, len(rows)),
+                max_tasks_in_flight_per_actor=1 if stateful else 2,
             ),
             num_cpus=cpus_per_worker,
             num_gpus=gpus_per_worker,
