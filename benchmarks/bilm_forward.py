@@ -48,8 +48,11 @@ def options_for(size: str) -> dict:
     return preset_options(size)
 
 
-def read_batches(corpus: Path, n_batches: int, batch_size: int) -> list[list[list[str]]]:
-    """The first n_batches * batch_size non-empty lines, tokenized (words and punctuation)."""
+def read_batches(
+    corpus: Path, n_batches: int, batch_size: int, lengths: tuple[int, int] | None = None
+) -> list[list[list[str]]]:
+    """The first n_batches * batch_size non-empty lines, tokenized (words and punctuation); with
+    ``lengths = (lo, hi)`` only sentences of lo..hi tokens."""
     if not corpus.exists():
         sys.exit(
             f"bilm_forward: corpus file {corpus} not found; pass --corpus PATH (a .txt or .txt.gz, one sentence per line)"
@@ -59,7 +62,7 @@ def read_batches(corpus: Path, n_batches: int, batch_size: int) -> list[list[lis
     with opener(corpus, "rt", encoding="utf-8") as f:
         for line in f:
             tokens = TOKEN.findall(line)
-            if tokens:
+            if tokens and (lengths is None or lengths[0] <= len(tokens) <= lengths[1]):
                 sentences.append(tokens)
             if len(sentences) == n_batches * batch_size:
                 break
@@ -306,6 +309,11 @@ def main(argv=None) -> None:
         action="store_true",
         help="CUDA: the unfused elementwise cell instead of the Triton kernel",
     )
+    parser.add_argument(
+        "--lengths",
+        default="",
+        help="LO-HI: only sentences of LO..HI tokens (e.g. 20-30), instead of the corpus's first lines",
+    )
     parser.add_argument("--quick", action="store_true", help="small size only, 1 batch, 1 round")
     args = parser.parse_args(argv)
     if args.quick:
@@ -315,7 +323,8 @@ def main(argv=None) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    batches = read_batches(args.corpus, args.batches, 64)
+    band = tuple(int(v) for v in args.lengths.split("-")) if args.lengths else None
+    batches = read_batches(args.corpus, args.batches, 64, band)
     n_tok = sum(len(s) for b in batches for s in b)
     peak_dtype = torch.bfloat16 if args.bf16 else torch.float32
     peak_n = 2048 if device.type == "cpu" else 8192
