@@ -24,7 +24,7 @@ from bilm_forward import DEFAULT_CORPUS, options_for, read_batches  # noqa: E402
 from elmo_reference import ReferenceSet  # noqa: E402
 
 from elmo_model import BiLM, batch_to_ids  # noqa: E402
-from elmo_model.fused_cell import fused_cell_available  # noqa: E402
+from elmo_model.lstm import fused_cell_for  # noqa: E402
 
 
 def stateful_error(
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     torch.backends.cudnn.allow_tf32 = False
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"{name}, torch {torch.__version__}")
-    print(f"fused cell available: {fused_cell_available(torch.zeros(1, device=device))}")
+    print(f"fused cell available: {fused_cell_for(torch.zeros(1, device=device)) is not None}")
     failed = False
     for name in ("bilm_tf", "allennlp"):
         reference = ReferenceSet(name)

@@ -9,73 +9,60 @@ launch. This kernel does all seven in one pass over the gates, so a step is thre
 The arithmetic is the TF LSTMCell of spec 4.5 in float32 whatever the gate dtype (bf16 under
 autocast): c = sigmoid(f) * c + sigmoid(i) * tanh(j), clipped; m = sigmoid(o) * tanh(c).
 `TRITON_INTERPRET=1` runs it on CPU tensors, which is how the tests check it without a GPU.
+This module needs Triton; `elmo_model.lstm.fused_cell_for` decides when to import and use it.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs: the unfused cell is used
-    triton = None
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+import triton
+import triton.language as tl
 
 
-def fused_cell_available(gates: torch.Tensor) -> bool:
-    """Whether `fused_cell_step` can run on `gates`' device (CUDA, or any device when interpreting)."""
-    return triton is not None and (gates.is_cuda or _INTERPRET)
+@triton.jit
+def _tanh(x):
+    # From exp(-2|x|) <= 1, so it never overflows; absolute error a few float32 ulps. (libdevice's
+    # tanh would be one instruction less but does not run under the CPU interpreter the tests use.)
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
 
 
-if triton is not None:
-
-    @triton.jit
-    def _tanh(x):
-        # From exp(-2|x|) <= 1, so it never overflows; absolute error a few float32 ulps. (libdevice's
-        # tanh would be one instruction less but does not run under the CPU interpreter the tests use.)
-        e = tl.exp(-2.0 * tl.abs(x))
-        t = (1.0 - e) / (1.0 + e)
-        return tl.where(x < 0, -t, t)
-
-    # Triton compiles a variant per divisibility class of each integer argument (multiple of 16,
-    # equal to 1, other). The running row count changes class from step to step, so it is not
-    # specialised; dim and the strides keep theirs (fixed per model), which lets loads vectorise.
-    @triton.jit(do_not_specialize=["rows"])
-    def _cell_kernel(
-        gates_ptr,
-        c_ptr,
-        rows,
-        dim,
-        gates_dir_stride,
-        gates_row_stride,
-        c_dir_stride,
-        c_row_stride,
-        cell_clip,
-        HAS_CLIP: tl.constexpr,
-        BLOCK: tl.constexpr,
-    ):
-        # One program per (direction, row) and block of BLOCK cells.
-        pid = tl.program_id(0)
-        direction = pid // rows
-        row = pid % rows
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        inside = cols < dim
-        g = gates_ptr + direction * gates_dir_stride + row * gates_row_stride
-        i = tl.sigmoid(tl.load(g + cols, mask=inside, other=0.0).to(tl.float32))
-        f = tl.sigmoid(tl.load(g + dim + cols, mask=inside, other=0.0).to(tl.float32))
-        o = tl.sigmoid(tl.load(g + 2 * dim + cols, mask=inside, other=0.0).to(tl.float32))
-        j = _tanh(tl.load(g + 3 * dim + cols, mask=inside, other=0.0).to(tl.float32))
-        c_at = c_ptr + direction * c_dir_stride + row * c_row_stride + cols
-        c = tl.load(c_at, mask=inside, other=0.0) * f + i * j
-        if HAS_CLIP:
-            c = tl.minimum(tl.maximum(c, -cell_clip), cell_clip)
-        tl.store(c_at, c, mask=inside)
-        # m = o * tanh(c) overwrites the j block, which the projection then reads.
-        tl.store(g + 3 * dim + cols, (o * _tanh(c)).to(gates_ptr.dtype.element_ty), mask=inside)
+# Triton compiles a variant per divisibility class of each integer argument (multiple of 16,
+# equal to 1, other). The running row count changes class from step to step, so it is not
+# specialised; dim and the strides keep theirs (fixed per model), which lets loads vectorise.
+@triton.jit(do_not_specialize=["rows"])
+def _cell_kernel(
+    gates_ptr,
+    c_ptr,
+    rows,
+    dim,
+    gates_dir_stride,
+    gates_row_stride,
+    c_dir_stride,
+    c_row_stride,
+    cell_clip,
+    HAS_CLIP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # One program per (direction, row) and block of BLOCK cells.
+    pid = tl.program_id(0)
+    direction = pid // rows
+    row = pid % rows
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = cols < dim
+    g = gates_ptr + direction * gates_dir_stride + row * gates_row_stride
+    i = tl.sigmoid(tl.load(g + cols, mask=inside, other=0.0).to(tl.float32))
+    f = tl.sigmoid(tl.load(g + dim + cols, mask=inside, other=0.0).to(tl.float32))
+    o = tl.sigmoid(tl.load(g + 2 * dim + cols, mask=inside, other=0.0).to(tl.float32))
+    j = _tanh(tl.load(g + 3 * dim + cols, mask=inside, other=0.0).to(tl.float32))
+    c_at = c_ptr + direction * c_dir_stride + row * c_row_stride + cols
+    c = tl.load(c_at, mask=inside, other=0.0) * f + i * j
+    if HAS_CLIP:
+        c = tl.minimum(tl.maximum(c, -cell_clip), cell_clip)
+    tl.store(c_at, c, mask=inside)
+    # m = o * tanh(c) overwrites the j block, which the projection then reads.
+    tl.store(g + 3 * dim + cols, (o * _tanh(c)).to(gates_ptr.dtype.element_ty), mask=inside)
 
 
 def fused_cell_step(gates: torch.Tensor, c: torch.Tensor, cell_clip: float | None) -> torch.Tensor:

@@ -12,8 +12,10 @@ keeps export -> load bit exact).
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -84,17 +86,21 @@ class FusedLSTMLayer(nn.Module):
         return torch.baddbmm(bias, x, self.w_ih)
 
 
-def _fused_cell_step(x: torch.Tensor):
-    """`fused_cell.fused_cell_step` when it can run on `x`'s device, else None.
+def fused_cell_for(x: torch.Tensor) -> Callable | None:
+    """`elmo_model.fused_cell.fused_cell_step` when it can run on `x`: a CUDA tensor, or any tensor
+    under Triton's CPU interpreter (``TRITON_INTERPRET=1``), with Triton installed; else None.
 
-    Imported here, on first use with a CUDA tensor (or under Triton's CPU interpreter): importing
-    Triton takes a noticeable fraction of a second, which CPU-only processes never need to pay.
+    Imported here, on first such use: importing Triton takes a noticeable fraction of a second,
+    which CPU-only processes never need to pay.
     """
-    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+    if (
+        not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+        or importlib.util.find_spec("triton") is None
+    ):
         return None
     from elmo_model import fused_cell
 
-    return fused_cell.fused_cell_step if fused_cell.fused_cell_available(x) else None
+    return fused_cell.fused_cell_step
 
 
 def _clamp(x: torch.Tensor, clip: float | None, inplace: bool) -> torch.Tensor:
@@ -271,7 +277,7 @@ class StackedBiLSTM(nn.Module):
             out[..., p] = 1.0
             h0 = torch.cat([h_all[li], h_all[li].new_ones(2, batch, 1)], dim=-1).to(dtype)
             c = c_all[li]
-            fused = _fused_cell_step(xg) if self.use_fused_cell and c.dtype == torch.float32 else None
+            fused = fused_cell_for(xg) if self.use_fused_cell and c.dtype == torch.float32 else None
             dense = not xg.is_cuda
             if dense:
                 # CPU: MKL's batched products run faster into dense blocks than into slices of the

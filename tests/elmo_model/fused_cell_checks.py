@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from elmo_reference import ReferenceSet, assert_matches_reference, run_stateful  # noqa: E402
 
 from elmo_model import BiLM, batch_to_ids  # noqa: E402
-from elmo_model.fused_cell import fused_cell_available, fused_cell_step  # noqa: E402
+from elmo_model.fused_cell import fused_cell_step  # noqa: E402
+from elmo_model.lstm import fused_cell_for  # noqa: E402
 
 
 def reference_step(gates: torch.Tensor, c: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,7 +38,7 @@ def check_step() -> None:
         before_gates, before_c = big_gates.clone(), big_c.clone()
         gates, c = big_gates[:, 2 : 2 + rows], big_c[:, :rows]
         want_c, want_m = reference_step(gates.clone(), c.clone(), 3.0)
-        assert fused_cell_available(gates)
+        assert fused_cell_for(gates) is fused_cell_step
         m = fused_cell_step(gates, c, 3.0)
         assert m.dtype == dtype and m.shape == (2, rows, dim)
         err_c = (c.double() - want_c).abs().max().item()
