@@ -171,8 +171,12 @@ class BiLM(nn.Module):
         outs, final = self.lstm(inputs, mask, state)
         if self.stateful:
             self._write_state(final)
-        backward = reverse_within_lengths(outs[:, 1], index, 2)
-        contextual = torch.cat([outs[:, 0], backward], dim=-1)  # (N, B, T, 2P)
-        layer0 = torch.cat([tokens, tokens], dim=-1).unsqueeze(0)
-        layers = torch.cat([layer0.to(contextual.dtype), contextual]).transpose(0, 1).contiguous()
+        # Written into one (B, N+1, T, 2P) tensor: concatenating and transposing would copy each
+        # layer's output three more times.
+        p = tokens.shape[-1]
+        layers = outs.new_empty(batch, outs.shape[0] + 1, steps, 2 * p)
+        layers[:, 0, :, :p] = tokens
+        layers[:, 0, :, p:] = tokens
+        layers[:, 1:, :, :p] = outs[:, 0].transpose(0, 1)
+        layers[:, 1:, :, p:] = reverse_within_lengths(outs[:, 1], index, 2).transpose(0, 1)
         return BiLMOutput(layers=layers, mask=mask)

