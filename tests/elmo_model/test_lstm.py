@@ -76,6 +76,30 @@ def test_matches_per_row_reference_with_padding_and_state(grad, skip):
     assert torch.equal(final.c[:, :, 1], state.c[:, :, 1]) and outs[:, :, 1].abs().sum() == 0
 
 
+@pytest.mark.parametrize("split_rows", [0, 3, 100])
+def test_repeated_tokens_and_any_direction_split_match_the_reference(split_rows):
+    """The no-grad path's two shortcuts: layer 0's input products once per distinct token vector,
+    and directions finishing alone once fewer than SPLIT_ROWS rows run (0: never, 100: always)."""
+    lstm = make_lstm().eval()
+    lstm.SPLIT_ROWS = split_rows
+    lengths = [6, 0, 3, 6, 1, 4, 5, 6]
+    mask = torch.arange(7) < torch.tensor(lengths).unsqueeze(1)
+    vocabulary = torch.randn(3, P)
+    inputs = vocabulary[torch.randint(0, 3, (2, len(lengths), 7))] * mask.unsqueeze(-1)
+    assert lstm._distinct_input_products(lstm.layers[0], inputs[:, mask]) is not None
+    state = LSTMState(torch.randn(N, 2, len(lengths), C), torch.randn(N, 2, len(lengths), P))
+    with torch.no_grad():
+        outs, final = lstm(inputs, mask, state)
+        ref_outs, ref_final = reference_stack(lstm, inputs, lengths, state)
+    assert torch.allclose(outs, ref_outs, atol=1e-6)
+    assert torch.allclose(final.c, ref_final.c, atol=1e-6) and torch.allclose(final.h, ref_final.h, atol=1e-6)
+
+
+def test_distinct_products_only_when_rows_repeat():
+    lstm = make_lstm()
+    assert lstm._distinct_input_products(lstm.layers[0], torch.randn(2, 10, P)) is None
+
+
 def test_carrying_state_equals_one_long_run():
     """Truncated BPTT usage: two windows with carried state give the same outputs as one window."""
     lstm = make_lstm()
