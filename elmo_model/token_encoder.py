@@ -107,7 +107,9 @@ class TokenEncoder(nn.Module):
         pooled = []
         for start in range(0, max(n_tokens, 1), self.CONV_CHUNK):
             chunk = windows[start : start + self.CONV_CHUNK]
-            y = torch.mm(chunk.reshape(-1, widest * d_c), weight).view(chunk.shape[0], n_chars, weight.shape[1])
+            y = torch.mm(chunk.reshape(-1, widest * d_c), weight).view(
+                chunk.shape[0], n_chars, weight.shape[1]
+            )
             columns = torch.split(y, [count for _, count in self.options.filters], dim=-1)
             pooled.append(
                 torch.cat(

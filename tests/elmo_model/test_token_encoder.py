@@ -38,7 +38,9 @@ def test_matches_one_conv1d_per_width_values_and_gradients(activation, n_tokens)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
     probe = torch.randn_like(ours)
     ours_grads = torch.autograd.grad((ours * probe).sum(), [chars, *encoder.parameters()], allow_unused=True)
-    theirs_grads = torch.autograd.grad((theirs * probe).sum(), [chars, *encoder.parameters()], allow_unused=True)
+    theirs_grads = torch.autograd.grad(
+        (theirs * probe).sum(), [chars, *encoder.parameters()], allow_unused=True
+    )
     for a, b in zip(ours_grads, theirs_grads, strict=True):
         if a is None or b is None:
             assert a is None and b is None
@@ -57,12 +59,15 @@ def test_narrow_filters_never_see_the_zero_padding_past_the_token():
         # All-negative chars: any window that reached the zeros past char 50 would pool a larger value.
         pooled = encoder.max_pooled_convolutions(chars)
     expected = torch.cat(
-        [torch.full((2, count), -1.0 * width * chars.shape[-1]) for width, count in encoder.options.filters], -1
+        [torch.full((2, count), -1.0 * width * chars.shape[-1]) for width, count in encoder.options.filters],
+        -1,
     ).double()
     torch.testing.assert_close(pooled, expected, rtol=0, atol=0)
 
 
 def test_no_tokens():
     encoder = make_encoder("relu")
-    pooled = encoder.max_pooled_convolutions(torch.empty(0, 50, encoder.options.char_embed_dim, dtype=torch.float64))
+    pooled = encoder.max_pooled_convolutions(
+        torch.empty(0, 50, encoder.options.char_embed_dim, dtype=torch.float64)
+    )
     assert pooled.shape == (0, encoder.options.n_filters)
