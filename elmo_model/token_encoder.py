@@ -104,9 +104,11 @@ class TokenEncoder(nn.Module):
         weight = torch.cat(blocks, dim=1)  # (W * d_c, F), row j * d_c + channel
         windows = F.pad(chars, (0, 0, 0, widest - 1)).unfold(1, widest, 1)  # (U, 50, d_c, W)
         windows = windows.transpose(2, 3).reshape(n_tokens, n_chars, widest * d_c)
+        # Chunks keep a CPU's caches warm; a GPU wants one large product instead of many launches.
+        step = self.CONV_CHUNK if chars.device.type == "cpu" else max(n_tokens, 1)
         pooled = []
-        for start in range(0, max(n_tokens, 1), self.CONV_CHUNK):
-            chunk = windows[start : start + self.CONV_CHUNK]
+        for start in range(0, max(n_tokens, 1), step):
+            chunk = windows[start : start + step]
             y = torch.mm(chunk.reshape(-1, widest * d_c), weight).view(
                 chunk.shape[0], n_chars, weight.shape[1]
             )
