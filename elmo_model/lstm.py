@@ -194,7 +194,8 @@ class StackedBiLSTM(nn.Module):
         prefix = torch.arange(steps, device=mask.device) < lengths.unsqueeze(1)
         if not torch.equal(prefix, mask):
             raise ValueError("LSTM mask must mark a prefix of each row (padding on the right only)")
-        if state is None:
+        zero_start = state is None
+        if zero_start:
             state = self.zero_state(batch)
         elif state.c.shape != (self.n_layers, 2, batch, self.dim) or state.h.shape != (
             self.n_layers,
@@ -211,7 +212,7 @@ class StackedBiLSTM(nn.Module):
         )
         if needs_grad:
             return self._forward_autograd(inputs, mask, lengths, state)
-        return self._forward_inplace(inputs, lengths, state)
+        return self._forward_inplace(inputs, lengths, state, zero_start)
 
     def _layer_input(self, x: torch.Tensor) -> torch.Tensor:
         # Spec 7.3: DropoutWrapper(input_keep_prob) around every layer, fresh mask per element.
@@ -277,11 +278,13 @@ class StackedBiLSTM(nn.Module):
         starts: list[int],
         active: list[int],
         first: bool,
+        zero_start: bool = False,
     ) -> torch.Tensor:
         """One layer over the packed layout of `_forward_inplace`.
 
         layer_in (2, M, in), h_init (2, B, P) the sorted rows' initial h, c (2, B, C) their initial
-        c, updated in place to each row's final c -> packed [h | 1] (2, M, P + 1).
+        c, updated in place to each row's final c -> packed [h | 1] (2, M, P + 1). `zero_start`: h_init
+        is known to be zeros (a stateless call), so step 0 needs no recurrent product.
         """
         rows, dim, p = layer_in.shape[1], layer.dim, self.projection_dim
         dense = not layer_in.is_cuda
@@ -333,7 +336,8 @@ class StackedBiLSTM(nn.Module):
                     torch.index_select(products, 0, step_index, out=gates.view(n * k, -1))
                 else:
                     torch.add(xg[d, start : start + k], bias[d], out=gates)
-                gates.baddbmm_(h_prev[..., :p], w_hh[d])
+                if t > 0 or not zero_start:
+                    gates.baddbmm_(h_prev[..., :p], w_hh[d])
                 h_step = h_buffer[: n * k * p].view(n, k, p)
             else:
                 gates, h_step = xg[d, start : start + k].baddbmm_(h_prev, w_hh[d]), h_out
@@ -361,7 +365,7 @@ class StackedBiLSTM(nn.Module):
         return out
 
     def _forward_inplace(
-        self, inputs: torch.Tensor, lengths: torch.Tensor, state: LSTMState
+        self, inputs: torch.Tensor, lengths: torch.Tensor, state: LSTMState, zero_start: bool = False
     ) -> tuple[torch.Tensor, LSTMState]:
         """No-autograd path over a packed layout (like PackedSequence).
 
@@ -391,7 +395,9 @@ class StackedBiLSTM(nn.Module):
         outs = None  # (N, 2, B, T, P), in the layers' output dtype (bf16 under autocast)
         for li, layer in enumerate(self.layers):
             layer_in = self._layer_input(x)
-            out = self._run_layer(layer, layer_in, h_all[li], c_all[li], starts, active, first=li == 0)
+            out = self._run_layer(
+                layer, layer_in, h_all[li], c_all[li], starts, active, first=li == 0, zero_start=zero_start
+            )
             y = out[..., :p]
             h_all[li] = torch.where(finished, y[:, last], h_all[li])
             if self.use_skip_connections and li > 0:

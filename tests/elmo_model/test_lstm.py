@@ -77,9 +77,11 @@ def test_matches_per_row_reference_with_padding_and_state(grad, skip):
 
 
 @pytest.mark.parametrize("split_rows", [0, 3, 100])
-def test_repeated_tokens_and_any_direction_split_match_the_reference(split_rows):
-    """The no-grad path's two shortcuts: layer 0's input products once per distinct token vector,
-    and directions finishing alone once fewer than SPLIT_ROWS rows run (0: never, 100: always)."""
+@pytest.mark.parametrize("stateless", [False, True])
+def test_repeated_tokens_and_any_direction_split_match_the_reference(split_rows, stateless):
+    """The no-grad path's shortcuts: layer 0's input products once per distinct token vector,
+    directions finishing alone once fewer than SPLIT_ROWS rows run (0: never, 100: always), and no
+    recurrent product at step 0 of a stateless call."""
     lstm = make_lstm().eval()
     lstm.SPLIT_ROWS = split_rows
     lengths = [6, 0, 3, 6, 1, 4, 5, 6]
@@ -88,8 +90,10 @@ def test_repeated_tokens_and_any_direction_split_match_the_reference(split_rows)
     inputs = vocabulary[torch.randint(0, 3, (2, len(lengths), 7))] * mask.unsqueeze(-1)
     assert lstm._distinct_input_products(lstm.layers[0], inputs[:, mask]) is not None
     state = LSTMState(torch.randn(N, 2, len(lengths), C), torch.randn(N, 2, len(lengths), P))
+    if stateless:
+        state = LSTMState(torch.zeros_like(state.c), torch.zeros_like(state.h))
     with torch.no_grad():
-        outs, final = lstm(inputs, mask, state)
+        outs, final = lstm(inputs, mask, None if stateless else state)
         ref_outs, ref_final = reference_stack(lstm, inputs, lengths, state)
     assert torch.allclose(outs, ref_outs, atol=1e-6)
     assert torch.allclose(final.c, ref_final.c, atol=1e-6) and torch.allclose(final.h, ref_final.h, atol=1e-6)
