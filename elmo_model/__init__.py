@@ -8,6 +8,7 @@ from elmo_model.options import BiLMOptions, OptionsError
 from elmo_model.scalar_mix import ScalarMix
 from elmo_model.token_cache import TokenCache
 from elmo_model.token_encoder import TokenEncoder
+from elmo_model.training_lm import TrainingLM
 from elmo_model.weights import WeightsError, load_weights, save_weights
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "StackedBiLSTM",
     "TokenCache",
     "TokenEncoder",
+    "TrainingLM",
     "WeightsError",
     "batch_to_ids",
     "load_weights",

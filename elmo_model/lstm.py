@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from elmo_model.distinct_rows import distinct_rows
+from elmo_model.recurrence import dropout_input, layer_window
 
 # Column blocks: internal order (i, f, o, j) <-> TF order (i, j, f, o).
 TF_TO_INTERNAL = (0, 2, 3, 1)
@@ -214,9 +215,41 @@ class StackedBiLSTM(nn.Module):
             return self._forward_autograd(inputs, mask, lengths, state)
         return self._forward_inplace(inputs, lengths, state, zero_start)
 
+    def forward_window(
+        self, inputs: torch.Tensor, state: LSTMState, dropout: float = 0.0
+    ) -> tuple[torch.Tensor, LSTMState]:
+        """The training path: a padding-free window, differentiable, each layer one autograd op.
+
+        inputs (2, B, U, in) [0] forward stream, [1] backward stream, every position real; state
+        c (N, 2, B, C), h (N, 2, B, P) -> top (2, B, U, P) (the last layer, residual applied) and the
+        final state. ``dropout`` hits every layer's input (spec 7.3); the caller passes 0 outside
+        training. No host synchronisation, so a CUDA graph can capture it.
+        """
+        kernels = self.use_fused_cell and fused_cell_for(inputs) is not None
+        x, finals_c, finals_h = inputs, [], []
+        for li, layer in enumerate(self.layers):
+            layer_in = dropout_input(x, dropout)
+            out, c, h = layer_window(
+                layer_in,
+                state.h[li],
+                state.c[li],
+                layer.w_ih,
+                layer.w_hh,
+                layer.bias + layer.forget_offset,
+                layer.w_p,
+                self.cell_clip,
+                self.proj_clip,
+                kernels,
+            )
+            if self.use_skip_connections and li > 0:
+                out = out + layer_in
+            finals_c.append(c)
+            finals_h.append(h)
+            x = out
+        return x, LSTMState(torch.stack(finals_c), torch.stack(finals_h))
+
     def _layer_input(self, x: torch.Tensor) -> torch.Tensor:
-        # Spec 7.3: DropoutWrapper(input_keep_prob) around every layer, fresh mask per element.
-        return F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
+        return dropout_input(x, self.dropout if self.training else 0.0)
 
     def _workspace_view(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         """A (2, M, 4C)-sized view of the reused gate buffer; it only grows.

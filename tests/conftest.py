@@ -27,6 +27,18 @@ AWS_VARS_CLEARED = ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_MAX_ATTEMPTS", "AWS
 """Ambient variables that would change which credentials or retries the tests use."""
 
 
+@pytest.fixture
+def single_thread():
+    """One torch thread: the test models are tiny, and one thread avoids stalls when other processes
+    share the cores."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @dataclass(frozen=True)
 class S3Server:
     """What tests need to know about the session's S3 server."""

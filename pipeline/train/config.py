@@ -93,6 +93,7 @@ class TrainConfig:
     threads_per_worker: CPU threads (and Ray CPUs) per worker.
     use_gpu: ``auto``, ``true`` or ``false``.
     bf16: bf16 autocast on GPU.
+    cuda_graph: replay the training step as a CUDA graph on GPUs.
     max_steps: stop after this many steps; 0 = n_epochs epochs.
     n_epochs: epochs that set the run length when max_steps is 0.
     batch_size: rows per worker.
@@ -133,6 +134,9 @@ class TrainConfig:
     """``auto`` (GPUs when the cluster has them), ``true`` or ``false``."""
     bf16: bool = True
     """bf16 autocast on GPU (CPU always trains in float32)."""
+    cuda_graph: bool = True
+    """On GPUs, capture the whole training step in a CUDA graph after a few eager steps and replay
+    it (one launch per step instead of hundreds); false runs every step eagerly."""
     max_steps: int = 0
     """Stop after this many steps; 0 = ``n_epochs`` epochs of the manifest's training tokens."""
     n_epochs: int = 10

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from elmo_model import TrainingLM
 from pipeline.train.data import LMBatch
 from pipeline.train.objective import SharedSoftmax, direction_losses_full
 
@@ -45,15 +46,16 @@ class HeldoutSums:
 
 
 def heldout_sums(
-    lm: torch.nn.Module,
+    lm: TrainingLM,
     softmax: SharedSoftmax,
     batches: Iterable[LMBatch],
     device: torch.device,
     max_batches: int = 0,
     autocast_dtype: torch.dtype | None = None,
 ) -> HeldoutSums:
-    """Score held-out batches with ``lm`` (a ``TrainingLM``: char ids (2, B, 1, 50), c, h ->
-    top (2, B, 1, P), c, h), carrying its state. ``max_batches`` = 0 scores them all.
+    """Score held-out batches with ``lm`` (a ``TrainingLM``, through its ``score_window``: char ids
+    (2, B, 1, 50), c, h -> top (2, B, 1, P), c, h), carrying its state. ``max_batches`` = 0 scores
+    them all.
 
     ``lm`` is put in eval mode for the pass and restored to its previous mode after.
     """
@@ -71,7 +73,7 @@ def heldout_sums(
                 if max_batches and count >= max_batches:
                     break
                 with autocast:
-                    top, c, h = lm(batch.char_ids.to(device), c, h)
+                    top, c, h = lm.score_window(batch.char_ids.to(device), c, h)
                 losses = direction_losses_full(top, batch.targets.to(device), softmax).double().cpu()
                 sums += torch.stack([losses[0], losses[1], losses.mean()])
                 count += 1

@@ -1,11 +1,13 @@
 """The training objective: one softmax shared by both directions, sampled or full (spec 7.4).
 
 Shapes: V vocabulary, P projection size, N scored positions of one direction (B * U), S negatives,
-R softmax rows a step touches (the union of its targets and negatives over both directions).
+K = 2 (N + S) softmax rows a step reads (repeats included).
 
-The sampled softmax does not differentiate through the (V, P) softmax matrix: it copies the R rows
-a step touches into leaf tensors (``SoftmaxRows``), so the gradient is (R, P + 1) rows and the
-exchange between workers (``softmax_exchange``) scales with R, not V.
+The sampled softmax does not differentiate through the (V, P) softmax matrix: it copies the K rows
+a step reads into leaf tensors (``SoftmaxRows``), so the gradient is (K, P + 1) rows, summed per
+distinct row and exchanged between workers in proportion to K, not V (``softmax_exchange``).
+Every shape is fixed by the batch shape and the number of negatives, so a CUDA graph can capture
+the whole step.
 """
 
 from __future__ import annotations
@@ -52,20 +54,32 @@ def log_uniform_log_prob(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class NegativeSample:
-    """S unique negatives drawn with the log-uniform sampler: ``ids`` (S,) long, and ``tries``, the
-    number of draws it took to collect them (sets the expected counts of spec 7.4)."""
+    """Unique negatives drawn with the log-uniform sampler, for one direction or D at once.
+
+    ``ids`` (S,) or (D, S) long: the negatives; ``tries`` an int or a (D,) long tensor: the number
+    of draws it took to collect each row's S distinct ids (it sets the expected counts of spec 7.4).
+    """
 
     ids: torch.Tensor
-    tries: int
+    tries: int | torch.Tensor
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> NegativeSample:
+        tries = self.tries
+        if isinstance(tries, torch.Tensor):
+            tries = tries.to(device, non_blocking=non_blocking)
+        return NegativeSample(self.ids.to(device, non_blocking=non_blocking), tries)
 
     def log_expected_count(self, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-        """log of the expected number of times each of ``ids`` (...) was drawn; (...) float32.
+        """log of the expected number of times each of ``ids`` was drawn: (...) or, with D rows of
+        negatives, (D, ...) -> the same shape, float32. No host synchronisation.
 
         TF: p * tries when no draw was a duplicate, else -expm1(tries * log1p(-p))."""
         log_p = log_uniform_log_prob(ids, vocab_size)
-        if self.tries == self.ids.shape[0]:
-            return (log_p + math.log(self.tries)).float()
-        return torch.log(-torch.expm1(self.tries * torch.log1p(-torch.exp(log_p)))).float()
+        tries = torch.as_tensor(self.tries, dtype=torch.float64, device=ids.device)
+        tries = tries.reshape(tries.shape + (1,) * (ids.dim() - tries.dim()))
+        without_duplicates = log_p + torch.log(tries)
+        with_duplicates = torch.log(-torch.expm1(tries * torch.log1p(-torch.exp(log_p))))
+        return torch.where(tries == self.ids.shape[-1], without_duplicates, with_duplicates).float()
 
 
 def sample_log_uniform(num: int, vocab_size: int, generator: torch.Generator) -> NegativeSample:
@@ -93,35 +107,76 @@ def sample_log_uniform(num: int, vocab_size: int, generator: torch.Generator) ->
     return NegativeSample(ids=draws[first_sorted], tries=int(first_sorted[-1]) + 1)
 
 
+def sample_negatives(num: int, vocab_size: int, generator: torch.Generator) -> NegativeSample:
+    """One `sample_log_uniform` draw per direction: ids (2, S), tries (2,), on the CPU."""
+    draws = [sample_log_uniform(num, vocab_size, generator) for _ in range(2)]
+    return NegativeSample(
+        ids=torch.stack([d.ids for d in draws]), tries=torch.tensor([d.tries for d in draws])
+    )
+
+
 # ---- losses ----------------------------------------------------------------------------------
 
 
-def sampled_softmax_loss(
+class _MixedLogits(torch.autograd.Function):
+    """h (D, N, P) @ w (D, S, P)^T with low-precision operands, float32 logits out (D, N, S).
+
+    cuBLAS accumulates in float32 and rounds the logits once to the operands' dtype; everything
+    after the product is float32 (as large-model trainers compute their vocabulary logits).
+    ``torch.bmm(out_dtype=float32)`` would skip that rounding, but it is new in torch 2.8 and a
+    bf16 benchmark at batch 2048 (2.7 GB of logits) that used it diverged where float32 did not,
+    so the plain product is used. Gradients: bf16 products, returned in the operands' dtypes.
+    """
+
+    @staticmethod
+    def forward(ctx, h, w, dtype):
+        h16, w16 = h.to(dtype), w.to(dtype)
+        ctx.save_for_backward(h16, w16)
+        ctx.dtypes = (h.dtype, w.dtype)
+        return torch.bmm(h16, w16.transpose(1, 2)).float()
+
+    @staticmethod
+    def backward(ctx, d_logits):
+        h16, w16 = ctx.saved_tensors
+        d16 = d_logits.to(h16.dtype)
+        d_h = torch.bmm(d16, w16).to(ctx.dtypes[0])
+        d_w = torch.bmm(d16.transpose(1, 2), h16).to(ctx.dtypes[1])
+        return d_h, d_w, None
+
+
+def sampled_softmax_losses(
     hidden: torch.Tensor,
     targets: torch.Tensor,
-    true_weight: torch.Tensor,
-    true_bias: torch.Tensor,
-    sampled_weight: torch.Tensor,
-    sampled_bias: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
     negatives: NegativeSample,
     vocab_size: int,
+    logits_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Mean sampled-softmax cross-entropy of one direction (``tf.nn.sampled_softmax_loss``, spec 7.4).
+    """Mean sampled-softmax cross-entropy of each direction (``tf.nn.sampled_softmax_loss``, spec 7.4).
 
-    hidden (N, P); targets (N,) vocabulary ids; true_weight (N, P) / true_bias (N,) the softmax rows
-    of the targets; sampled_weight (S, P) / sampled_bias (S,) the rows of ``negatives.ids`` (S,).
-    Logits get log(expected count) subtracted; a negative equal to a position's target gets
-    -FLT_MAX. Returns a float32 scalar.
+    hidden (D, N, P); targets (D, N) vocabulary ids; weight (D, N + S, P) / bias (D, N + S) the
+    softmax rows of each direction's targets followed by those of its negatives ``negatives.ids``
+    (D, S). Logits get log(expected count) subtracted; a negative equal to a position's target gets
+    -FLT_MAX. ``logits_dtype``: run the (N, S) logit product with operands in that dtype (bf16
+    training); everything after the product is float32. Returns (D,) float32. Static shapes and
+    no host synchronisation, so a CUDA graph can capture it.
     """
-    hidden = hidden.float()
-    log_q_true = negatives.log_expected_count(targets, vocab_size).to(hidden.device)
-    log_q_sampled = negatives.log_expected_count(negatives.ids, vocab_size).to(hidden.device)
-    true_logits = (hidden * true_weight.float()).sum(-1) + true_bias.float() - log_q_true
-    sampled_logits = hidden @ sampled_weight.float().t() + sampled_bias.float() - log_q_sampled
-    hits = targets.unsqueeze(1) == negatives.ids.to(targets.device).unsqueeze(0)
+    n = targets.shape[1]
+    h = hidden.float()
+    w, b = weight.float(), bias.float()
+    log_q_true = negatives.log_expected_count(targets, vocab_size)
+    log_q_sampled = negatives.log_expected_count(negatives.ids, vocab_size)
+    true_logits = (h * w[:, :n]).sum(-1) + b[:, :n] - log_q_true
+    if logits_dtype is None:
+        sampled_logits = torch.bmm(h, w[:, n:].transpose(1, 2))
+    else:
+        sampled_logits = _MixedLogits.apply(hidden, weight[:, n:], logits_dtype)
+    sampled_logits = sampled_logits + (b[:, n:] - log_q_sampled).unsqueeze(1)
+    hits = targets.unsqueeze(2) == negatives.ids.unsqueeze(1)
     sampled_logits = sampled_logits.masked_fill(hits, NEG_INF_LOGIT)
-    logits = torch.cat([true_logits.unsqueeze(1), sampled_logits], dim=1)
-    return (torch.logsumexp(logits, dim=1) - true_logits).mean()
+    log_normaliser = torch.logaddexp(true_logits, torch.logsumexp(sampled_logits, dim=2))
+    return (log_normaliser - true_logits).mean(dim=1)
 
 
 def full_softmax_loss(
@@ -137,9 +192,12 @@ def full_softmax_loss(
 
 @dataclass
 class SoftmaxRows:
-    """The R softmax rows one step touches, as leaf tensors whose ``.grad`` are the row gradients.
+    """The softmax rows one step reads, as leaf tensors whose ``.grad`` are the row gradients.
 
-    ids (R,) sorted unique vocabulary ids; weight (R, P) and bias (R,) copies of those rows.
+    ids (K,) vocabulary ids, one per (direction, target or negative) with repeats, in the order
+    [targets of direction 0, its negatives, targets of direction 1, its negatives]; weight (K, P)
+    and bias (K,) copies of those rows. K is fixed by the batch shape and the negatives, so the
+    step keeps static shapes; repeats are summed after backward (``softmax_exchange.merge_rows``).
     """
 
     ids: torch.Tensor
@@ -148,19 +206,15 @@ class SoftmaxRows:
 
     @classmethod
     def gather(cls, softmax: SharedSoftmax, ids: torch.Tensor) -> SoftmaxRows:
-        ids = torch.unique(ids.to(softmax.weight.device))
+        ids = ids.to(softmax.weight.device)
         return cls(
             ids=ids,
             weight=softmax.weight.detach().index_select(0, ids).requires_grad_(True),
             bias=softmax.bias.detach().index_select(0, ids).requires_grad_(True),
         )
 
-    def local(self, ids: torch.Tensor) -> torch.Tensor:
-        """Positions in this row set of vocabulary ``ids`` (...) (all must be present)."""
-        return torch.searchsorted(self.ids, ids.to(self.ids.device))
-
     def grad(self) -> torch.Tensor:
-        """(R, P + 1): [weight grad | bias grad] after backward (zeros for rows with no gradient)."""
+        """(K, P + 1): [weight grad | bias grad] after backward (zeros for rows with no gradient)."""
         w = self.weight.grad if self.weight.grad is not None else torch.zeros_like(self.weight)
         b = self.bias.grad if self.bias.grad is not None else torch.zeros_like(self.bias)
         return torch.cat([w, b.unsqueeze(1)], dim=1)
@@ -180,39 +234,32 @@ def bidirectional_loss(
     hidden: torch.Tensor,
     targets: torch.Tensor,
     softmax: SharedSoftmax,
-    negatives: int | None,
-    generator: torch.Generator | None = None,
+    negatives: NegativeSample | None,
+    logits_dtype: torch.dtype | None = None,
 ) -> StepLoss:
     """The biLM training loss (spec 7.4).
 
     hidden (2, B, U, P) top-layer outputs of the forward [0] and backward [1] LM; targets (2, B, U)
-    vocabulary ids. ``negatives`` = S for the sampled softmax (each direction draws its own S unique
-    negatives from ``generator``), None for the full softmax.
+    vocabulary ids. ``negatives``: each direction's S unique negatives (ids (2, S) and tries (2,),
+    from `sample_negatives`, on the hidden states' device) for the sampled softmax, None for the
+    full softmax. ``logits_dtype``: see `sampled_softmax_losses`.
     """
     if negatives is None:
         per_direction = direction_losses_full(hidden, targets, softmax)
         return StepLoss(per_direction.mean(), per_direction.detach(), None)
     flat_h = hidden.reshape(2, -1, hidden.shape[-1])
     flat_t = targets.reshape(2, -1)
-    vocab_size = softmax.vocab_size
-    samples = [sample_log_uniform(negatives, vocab_size, generator) for _ in range(2)]
-    rows = SoftmaxRows.gather(softmax, torch.cat([flat_t.reshape(-1).cpu(), samples[0].ids, samples[1].ids]))
-    losses = []
-    for d in range(2):
-        true_at, sampled_at = rows.local(flat_t[d]), rows.local(samples[d].ids)
-        losses.append(
-            sampled_softmax_loss(
-                flat_h[d],
-                flat_t[d],
-                rows.weight[true_at],
-                rows.bias[true_at],
-                rows.weight[sampled_at],
-                rows.bias[sampled_at],
-                samples[d],
-                vocab_size,
-            )
-        )
-    per_direction = torch.stack(losses)
+    n, s = flat_t.shape[1], negatives.ids.shape[1]
+    rows = SoftmaxRows.gather(softmax, torch.cat([flat_t, negatives.ids], dim=1).reshape(-1))
+    per_direction = sampled_softmax_losses(
+        flat_h,
+        flat_t,
+        rows.weight.view(2, n + s, -1),
+        rows.bias.view(2, n + s),
+        negatives,
+        softmax.vocab_size,
+        logits_dtype,
+    )
     return StepLoss(per_direction.mean(), per_direction.detach(), rows)
 
 

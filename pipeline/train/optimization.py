@@ -7,6 +7,7 @@ the global norm of every gradient together (the sparse softmax rows included) to
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -16,27 +17,87 @@ SCHEDULES = ("constant", "linear", "cosine")
 OPTIMIZERS = ("adagrad", "adam")
 
 
-def build_optimizer(cfg, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-    """The optimizer of ``cfg`` (an OptimizerConfig) over ``params``.
+def build_optimizer(cfg, params: Iterable[nn.Parameter], device: torch.device) -> torch.optim.Optimizer:
+    """The optimizer of ``cfg`` (an OptimizerConfig) over ``params``, in torch's fused form.
 
-    Adagrad takes sparse softmax gradients (zero-gradient rows are untouched, as in dense Adagrad);
-    eps is tiny because TF's Adagrad has none and the accumulator starts at 1.0 anyway.
+    The fused kernels update every tensor in one pass, read the learning rate from a device tensor
+    (see `bind_lr`), and take the clipping scale and the skip flag as device tensors
+    (``grad_scale`` / ``found_inf``, see `apply_update`), so a step needs no host synchronisation
+    and a CUDA graph can capture it. Adagrad: eps is tiny because TF's Adagrad has none and the
+    accumulator starts at 1.0 anyway; the sampled softmax's rows are updated by `adagrad_rows_`.
     """
     name = str(cfg.name)
     if name == "adagrad":
-        return torch.optim.Adagrad(
+        return Adagrad(
             params,
             lr=float(cfg.lr),
             initial_accumulator_value=float(cfg.initial_accumulator),
             eps=1e-10,
-            foreach=False,
+            fused=True,
         )
     if name == "adam":
         betas = tuple(float(b) for b in cfg.adam_betas)
         if len(betas) != 2:
             raise ValueError(f"optimizer.adam_betas must be two numbers, got {list(cfg.adam_betas)}")
-        return torch.optim.Adam(params, lr=float(cfg.lr), betas=betas, eps=float(cfg.adam_eps))
+        return torch.optim.Adam(
+            params,
+            lr=float(cfg.lr),
+            betas=betas,
+            eps=float(cfg.adam_eps),
+            fused=True,
+            capturable=device.type == "cuda",
+        )
     raise ValueError(f"optimizer.name must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+
+
+class Adagrad(torch.optim.Adagrad):
+    """torch's fused Adagrad (the same state and ``state_dict``), whose step on CUDA runs
+    `pipeline.train.adagrad_kernel` per tensor: torch's fused kernel is CPU-only before torch 2.8,
+    and its unfused steps read the step count on the host, which a CUDA graph cannot capture.
+    Reads ``grad_scale`` / ``found_inf`` (see `apply_update`) and the bound learning rate tensor."""
+
+    def step(self, closure=None):
+        params = [p for group in self.param_groups for p in group["params"]]
+        # the kernel also runs on CPU tensors under Triton's interpreter, which is how tests check it
+        if not params or not (params[0].is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+            return super().step(closure)
+        from pipeline.train.adagrad_kernel import adagrad_dense_
+
+        found_inf = (
+            self.found_inf
+            if getattr(self, "found_inf", None) is not None
+            else torch.zeros((), device=params[0].device)
+        )
+        scale = (
+            self.grad_scale if getattr(self, "grad_scale", None) is not None else torch.ones_like(found_inf)
+        )
+        steps = []
+        with torch.no_grad():
+            for group in self.param_groups:
+                if group["lr_decay"] or group["weight_decay"] or group["maximize"]:
+                    raise ValueError("Adagrad on CUDA supports lr_decay = weight_decay = 0, maximize = False")
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = self.state[p]
+                    adagrad_dense_(p, p.grad, state["sum"], group["lr"], group["eps"], scale, found_inf)
+                    steps.append(state["step"])
+            if steps:
+                torch._foreach_add_(steps, 1.0)
+                torch._foreach_sub_(steps, [found_inf] * len(steps))
+        return None
+
+
+def bind_lr(optimizer: torch.optim.Optimizer, lr: torch.Tensor) -> None:
+    """Make every group read its learning rate from the 0-dim float32 tensor ``lr`` (on the
+    parameters' device), and keep the fused kernels after a ``load_state_dict`` of a checkpoint
+    written by a non-fused optimizer. Call again after every ``load_state_dict``."""
+    for group in optimizer.param_groups:
+        lr.fill_(float(group["lr"]))
+        group["lr"] = lr
+        group["fused"], group["foreach"] = True, None
+        if "capturable" in group:
+            group["capturable"] = lr.device.type == "cuda"
 
 
 def takes_sparse_gradients(optimizer: torch.optim.Optimizer) -> bool:
@@ -59,18 +120,59 @@ def lr_factor(step: int, total_steps: int, schedule: str, warmup_steps: int, fin
     return final_fraction + (1.0 - final_fraction) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-
-
-def clip_global_norm(grads: Sequence[torch.Tensor], max_norm: float) -> float:
-    """Scale dense tensors ``grads`` in place so their joint L2 norm is at most ``max_norm``
-    (TF clip_by_global_norm: g * clip / max(norm, clip)); returns the norm before clipping."""
-    if not grads:
-        return 0.0
+def global_norm(grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The joint L2 norm of ``grads`` as a 0-dim float32 tensor (no host synchronisation)."""
     norms = torch._foreach_norm([g.float() for g in grads])
-    total = float(torch.linalg.vector_norm(torch.stack([n.to(grads[0].device) for n in norms])))
-    if math.isfinite(total) and total > max_norm > 0:
-        torch._foreach_mul_(list(grads), max_norm / total)
-    return total
+    return torch.linalg.vector_norm(torch.stack([n.to(grads[0].device) for n in norms]))
+
+
+def clip_scale(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """The divisor that clips gradients of joint norm ``norm`` to ``max_norm`` (TF
+    clip_by_global_norm: g * clip / max(norm, clip)); 1 when ``max_norm`` <= 0 (no clipping)."""
+    if max_norm <= 0:
+        return torch.ones_like(norm)
+    return (norm / max_norm).clamp_min(1.0)
+
+
+def adagrad_rows_(
+    optimizer: Adagrad,
+    param: nn.Parameter,
+    ids: torch.Tensor,
+    grads: torch.Tensor,
+    grad_scale: torch.Tensor,
+    found_inf: torch.Tensor,
+) -> None:
+    """Sparse Adagrad on rows ``ids`` (K,) of ``param`` (V, ...) with gradients ``grads`` (K, ...).
+
+    torch's sparse Adagrad arithmetic (sum[ids] += g^2; p[ids] -= lr * g / (sqrt(sum[ids]) + eps))
+    with g = grads / grad_scale, and nothing changed when ``found_inf`` is 1. ``ids`` must be
+    distinct except for slots whose gradient is zero (they add zeros). The state lives in the
+    optimizer (``sum`` and ``step`` of ``param``), so checkpoints hold it.
+    """
+    group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
+    state = optimizer.state[param]
+    with torch.no_grad():
+        g = torch.where(found_inf.bool(), 0.0, grads / grad_scale)
+        state["sum"].index_add_(0, ids, g * g)
+        std = state["sum"].index_select(0, ids).sqrt_().add_(group["eps"])
+        param.index_add_(0, ids, (g / std) * -group["lr"])
+        state["step"] += 1.0 - found_inf
+
+
+def apply_update(optimizer: torch.optim.Optimizer, grad_scale: torch.Tensor, found_inf: torch.Tensor) -> None:
+    """The fused optimizer step over every parameter holding a gradient, each gradient divided by
+    ``grad_scale`` and nothing changed when ``found_inf`` (0-dim float32) is 1."""
+    optimizer.grad_scale, optimizer.found_inf = grad_scale, found_inf
+    try:
+        optimizer.step()
+    finally:
+        optimizer.grad_scale = optimizer.found_inf = None
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set the learning rate: in place in the bound device tensor (see `bind_lr`), else the float."""
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr

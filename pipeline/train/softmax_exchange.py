@@ -1,12 +1,16 @@
-"""Exchanging the softmax gradient between workers in proportion to the rows a step touches.
+"""Summing the softmax row gradients of a step, and exchanging them between workers in proportion
+to the rows a step reads.
 
 The softmax is most of the parameters (406M of 500M in the original model), but a sampled-softmax
-step only touches R rows (its targets and negatives), R << V. The softmax is kept out of DDP; each
-rank all-gathers its (row ids, row gradients) and sums them per row (spec 7.5: sparse gradients
-are concatenated, divided by the number of towers and summed per unique row). The result equals a
-dense all-reduce mean of the (V, P + 1) gradient, at a cost of world * R_max rows instead of V.
+step only reads K rows (its targets and negatives, repeats included), K << V. The softmax is kept
+out of DDP; each rank all-gathers its K (row id, row gradient) pairs and the result is summed per
+row (spec 7.5: sparse gradients are concatenated, divided by the number of towers and summed per
+unique row). That equals a dense all-reduce mean of the (V, P + 1) gradient, at a cost of
+world x K rows instead of V.
 
-Byte counts are what one rank receives from the collectives of one step.
+Every shape here is fixed by K and the world size: the number of distinct rows is never read on
+the host, so a CUDA graph can capture the step. Byte counts are what one rank receives from the
+collectives of one step.
 """
 
 from __future__ import annotations
@@ -19,63 +23,69 @@ import torch.distributed as dist
 
 @dataclass
 class RowGradient:
-    """A sparse softmax gradient: ids (U,) sorted unique vocabulary ids, values (U, P + 1) = [dW | db]."""
+    """A sparse softmax gradient in K fixed slots.
+
+    ids (K,) long, values (K, P + 1) = [dW | db], valid (K,) bool: the slots that hold a touched
+    row. Ids are distinct among valid slots; the others carry zero values (id 0 after
+    `merge_rows`, whose valid slots come first, in increasing id order), so indexing with every
+    slot (an index_add of zeros) is harmless.
+    """
 
     ids: torch.Tensor
     values: torch.Tensor
+    valid: torch.Tensor
 
-    def to_sparse(self, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sparse COO gradients for weight (V, P) and bias (V,)."""
-        index = self.ids.unsqueeze(0)
-        dim = self.values.shape[1] - 1
-        weight = torch.sparse_coo_tensor(index, self.values[:, :dim], (vocab_size, dim), is_coalesced=True)
-        bias = torch.sparse_coo_tensor(index, self.values[:, dim], (vocab_size,), is_coalesced=True)
-        return weight, bias
+    def count(self) -> torch.Tensor:
+        """Distinct rows, a 0-dim long tensor on the gradient's device."""
+        return self.valid.sum()
 
     def to_dense(self, vocab_size: int) -> torch.Tensor:
         """(V, P + 1) dense gradient."""
-        out = self.values.new_zeros(vocab_size, self.values.shape[1])
-        out.index_copy_(0, self.ids, self.values)
-        return out
+        return self.values.new_zeros(vocab_size, self.values.shape[1]).index_add_(0, self.ids, self.values)
+
+
+def merge_rows(ids: torch.Tensor, values: torch.Tensor, vocab_size: int) -> RowGradient:
+    """Sum the gradients of equal ids: ids (K,) in [0, V] (V marks an empty slot), values (K, D)."""
+    sorted_ids, order = torch.sort(ids)
+    first = torch.ones_like(sorted_ids, dtype=torch.bool)
+    first[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    slot = torch.cumsum(first, 0) - 1  # each sorted entry's slot: the number of distinct ids before it
+    merged = values.new_zeros(values.shape).index_add_(0, slot, values.index_select(0, order))
+    # every entry of a group writes the same id into its slot, so the order of the writes is moot
+    slot_ids = torch.full_like(ids, vocab_size).scatter_(0, slot, sorted_ids)
+    valid = slot_ids < vocab_size
+    return RowGradient(torch.where(valid, slot_ids, 0), torch.where(valid.unsqueeze(1), merged, 0.0), valid)
 
 
 def _world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def exchange_rows(ids: torch.Tensor, values: torch.Tensor) -> tuple[RowGradient, int]:
-    """Mean over ranks of every rank's sparse row gradient.
+def _all_gather(output: torch.Tensor, tensor: torch.Tensor) -> None:
+    """Every rank's ``tensor`` concatenated into ``output`` (``all_gather_single`` where this torch
+    has it; older releases call it ``all_gather_into_tensor``)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, tensor)
 
-    ids (R,) unique ids of this rank's rows, values (R, D) their gradients (R may differ per rank).
-    Returns the union of all ranks' rows with the summed gradients divided by the world size, and
-    the bytes this rank received (the lengths, then world * R_max padded ids and rows).
+
+def exchange_rows(ids: torch.Tensor, values: torch.Tensor, vocab_size: int) -> tuple[RowGradient, int]:
+    """Mean over ranks of every rank's row gradients, summed per row.
+
+    ids (K,) this rank's row ids (repeats allowed), values (K, D) their gradients; K is the same on
+    every rank. Returns the merged rows in world x K slots (K on one rank) and the bytes this rank
+    received.
     """
     world = _world()
     if world == 1:
-        order = torch.argsort(ids)
-        return RowGradient(ids[order], values[order]), 0
-    device = values.device
-    count = torch.tensor([ids.shape[0]], dtype=torch.long, device=device)
-    counts = [torch.zeros_like(count) for _ in range(world)]
-    dist.all_gather(counts, count)
-    counts_list = [int(c) for c in counts]
-    r_max = max(counts_list)
-    padded_ids = torch.zeros(r_max, dtype=torch.long, device=device)
-    padded_ids[: ids.shape[0]] = ids.to(device)
-    padded_values = values.new_zeros(r_max, values.shape[1])
-    padded_values[: values.shape[0]] = values
-    all_ids = [torch.empty_like(padded_ids) for _ in range(world)]
-    all_values = [torch.empty_like(padded_values) for _ in range(world)]
-    dist.all_gather(all_ids, padded_ids)
-    dist.all_gather(all_values, padded_values)
-    cat_ids = torch.cat([rank_ids[:n] for rank_ids, n in zip(all_ids, counts_list, strict=True)])
-    cat_values = torch.cat([rank_values[:n] for rank_values, n in zip(all_values, counts_list, strict=True)])
-    union, inverse = torch.unique(cat_ids, return_inverse=True)
-    summed = values.new_zeros(union.shape[0], values.shape[1]).index_add_(0, inverse, cat_values)
-    received = world * (
-        count.element_size() + r_max * (padded_ids.element_size() + values.shape[1] * values.element_size())
-    )
-    return RowGradient(union, summed / world), received
+        return merge_rows(ids, values, vocab_size), 0
+    all_ids = ids.new_empty(world * ids.shape[0])
+    all_values = values.new_empty(world * values.shape[0], values.shape[1])
+    _all_gather(all_ids, ids.contiguous())
+    _all_gather(all_values, values.contiguous())
+    merged = merge_rows(all_ids, all_values, vocab_size)
+    merged.values.div_(world)
+    received = world * ids.shape[0] * (ids.element_size() + values.shape[1] * values.element_size())
+    return merged, received
 
 
 def dense_allreduce_mean(grad: torch.Tensor) -> int:

@@ -2,56 +2,50 @@
 
 ``StepRunner`` owns everything a step touches and nothing about data, checkpoints or logging, so
 the trainer and ``benchmarks/train_step.py`` run the very same step.
+
+The step never synchronises with the host: its shapes are fixed (B x U positions, a spelling
+buffer of K rows, 2 (B U + S) softmax rows), the negatives are drawn and the distinct spellings
+found on the host before the device needs them, the softmax rows are summed and exchanged in fixed
+slots, and clipping and the skip of a non-finite step are device tensors that the fused optimizer
+reads. Its results (losses, gradient norm, ...) stay on the device until the caller reads them. So
+on a GPU the host runs ahead of the device, and the whole step can be one CUDA graph
+(``cuda_graph``): forward, backward, exchange and update replayed with one launch.
 """
 
 from __future__ import annotations
 
-import math
+import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn import functional as F
 
-from elmo_model import BiLM
-from elmo_model.lstm import LSTMState
+from elmo_model import BiLM, TrainingLM
+from pipeline.train.cuda_graph import WARMUP_DDP, WARMUP_SINGLE, GraphedStep
 from pipeline.train.data import LMBatch
 from pipeline.train.metrics import train_flops_per_token
-from pipeline.train.objective import SharedSoftmax, SoftmaxRows, bidirectional_loss
+from pipeline.train.objective import SharedSoftmax, SoftmaxRows, bidirectional_loss, sample_negatives
 from pipeline.train.optimization import (
+    adagrad_rows_,
+    apply_update,
+    bind_lr,
     build_optimizer,
-    clip_global_norm,
+    clip_scale,
+    global_norm,
     lr_factor,
     set_lr,
     takes_sparse_gradients,
 )
 from pipeline.train.softmax_exchange import RowGradient, dense_allreduce_mean, exchange_rows
+from pipeline.train.step_inputs import StepInputs, padded_capacity, step_inputs
 
-
-class TrainingLM(nn.Module):
-    """A BiLM's training forward: both streams through the token encoder and LSTM stack.
-
-    char_ids (2, B, U, 50) [0] forward stream, [1] reversed stream; c (N, 2, B, C), h (N, 2, B, P)
-    the carried state (None = zeros) -> top (2, B, U, P) (dropout applied in training, spec 7.3),
-    and the new c, h. Dropout on every layer's input comes from ``bilm.lstm.dropout``.
-    """
-
-    def __init__(self, bilm: BiLM, dropout: float):
-        super().__init__()
-        self.bilm = bilm
-        self.dropout = dropout
-        bilm.lstm.dropout = dropout
-
-    def forward(self, char_ids: torch.Tensor, c: torch.Tensor | None, h: torch.Tensor | None):
-        _, batch, steps, chars = char_ids.shape
-        tokens = self.bilm.token_encoder(char_ids.reshape(2 * batch, steps, chars)).view(2, batch, steps, -1)
-        mask = torch.ones(batch, steps, dtype=torch.bool, device=char_ids.device)
-        state = LSTMState(c, h) if c is not None else None
-        outs, final = self.bilm.lstm(tokens, mask, state)
-        top = F.dropout(outs[-1], self.dropout, training=self.training)
-        return top, final.c, final.h
+PHASES = ("forward", "backward", "exchange", "update")
+"""The parts of a step that `PhaseTimer` separates: forward (encoder, LSTM, loss), backward, the
+gradient exchange (the softmax rows, and DDP's all-reduce where it did not overlap the backward),
+and the update (norm, clip, optimizer)."""
 
 
 def world() -> tuple[int, int]:
@@ -67,19 +61,71 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+@dataclass
+class StepResult:
+    """One step's results, on the device (reading them synchronises; read them when logging).
+
+    losses (2,) [fwd, bwd] averaged over ranks; grad_norm (): the norm before clipping; skipped ():
+    1.0 when the losses or gradients were not finite and nothing was updated; rows (): softmax rows
+    the step touched on all ranks. lr, exchange_bytes (softmax gradient bytes this rank received)
+    and dense_bytes (what a dense ring all-reduce of the softmax gradient would have received) are
+    known on the host.
+    """
+
+    losses: torch.Tensor
+    grad_norm: torch.Tensor
+    skipped: torch.Tensor
+    rows: torch.Tensor
+    lr: float
+    exchange_bytes: int
+    dense_bytes: int
+
+
+class PhaseTimer:
+    """Marks the end of each of `PHASES` inside a step: CUDA events on a GPU (recorded inside a
+    CUDA graph too, as external events, so attach the timer before the graph is captured), the
+    host clock on a CPU. `durations` gives seconds per phase of the last step run; on a GPU read it
+    after synchronising. ``available`` is False where this torch cannot record events in a graph.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: dict[str, Any] = {}
+        self.available = True
+
+    def mark(self, name: str) -> None:
+        if not self.cuda:
+            self.marks[name] = time.perf_counter()
+            return
+        try:
+            event = torch.cuda.Event(enable_timing=True, external=True)
+        except TypeError:  # a torch without external events
+            self.available = False
+            return
+        event.record()
+        self.marks[name] = event
+
+    def durations(self) -> dict[str, float] | None:
+        names = ("start", *PHASES)
+        if not self.available or any(n not in self.marks for n in names):
+            return None
+        pairs = list(zip(names, names[1:], strict=False))
+        if self.cuda:
+            return {b: self.marks[a].elapsed_time(self.marks[b]) / 1e3 for a, b in pairs}
+        return {b: self.marks[b] - self.marks[a] for a, b in pairs}
+
+
 class StepRunner:
     """The trainable state of one rank. ``cfg``: a TrainConfig; ``options``: inference options.json dict.
 
     Every rank seeds the initialisation with ``cfg.seed`` (identical weights), then reseeds its
     dropout and its negatives sampler with its rank. Call ``distribute()`` once any state is
     restored: it wraps the encoder + LSTM in DDP and makes rank 0's softmax everyone's.
+    ``c`` (N, 2, B, C) and ``h`` (N, 2, B, P) are the LSTM state carried from window to window.
     """
 
     def __init__(self, cfg: Any, options: dict, vocab_size: int, device: torch.device):
         self.cfg, self.options, self.vocab_size, self.device = cfg, options, vocab_size, device
-        # the softmax gradients are sparse tensors we build ourselves (sorted unique rows): opt out of
-        # the per-tensor invariant checks explicitly, which is also what silences torch's warning
-        torch.sparse.check_sparse_tensor_invariants.disable()
         self.rank, self.world = world()
         self.autocast_dtype = torch.bfloat16 if device.type == "cuda" and cfg.bf16 else None
         seed = int(cfg.seed)
@@ -87,23 +133,70 @@ class StepRunner:
         self.bilm = BiLM.from_options({**options, "dropout": float(cfg.dropout)})
         self.softmax = SharedSoftmax(vocab_size, int(options["lstm"]["projection_dim"])).to(device)
         self.lm = TrainingLM(self.bilm, float(cfg.dropout)).to(device)
-        self.optimizer = build_optimizer(cfg.optimizer, [*self.lm.parameters(), *self.softmax.parameters()])
-        self.sparse_optimizer = takes_sparse_gradients(self.optimizer)
+        self.optimizer = build_optimizer(
+            cfg.optimizer, [*self.lm.parameters(), *self.softmax.parameters()], device
+        )
+        self.lr = torch.zeros((), dtype=torch.float32, device=device)
+        bind_lr(self.optimizer, self.lr)
         self.negatives = int(cfg.softmax.negatives) if cfg.softmax.sampled else None
+        self.sparse_rows = self.negatives is not None and takes_sparse_gradients(self.optimizer)
         self.generator = torch.Generator().manual_seed(seed * 1000 + self.rank)
         torch.manual_seed(seed * 1000 + 7919 + self.rank)  # dropout masks differ per rank
-        self.c: torch.Tensor | None = None
-        self.h: torch.Tensor | None = None
+        lstm = self.bilm.lstm
+        batch = int(cfg.batch_size)
+        self.c = torch.zeros(lstm.n_layers, 2, batch, lstm.dim, device=device)
+        self.h = torch.zeros(lstm.n_layers, 2, batch, lstm.projection_dim, device=device)
+        self.nonfinite = torch.zeros((), device=device)
+        """Steps skipped for a non-finite loss or gradient, counted on the device."""
         self.step = 0
         self.model: nn.Module = self.lm
+        self.timer: PhaseTimer | None = None
+        self.inputs: StepInputs | None = None
+        self.capacity = 0
+        self.graph = (
+            GraphedStep(self._run, WARMUP_DDP if self.world > 1 else WARMUP_SINGLE)
+            if device.type == "cuda" and cfg.cuda_graph
+            else None
+        )
+        self._dense_softmax_grads: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._vocab_rows = torch.tensor(vocab_size, device=device)  # made here: no copy inside a capture
+        width = int(options["lstm"]["projection_dim"]) + 1
+        self.dense_bytes = 2 * (self.world - 1) * vocab_size * width * 4 // self.world
+        """Softmax gradient bytes a rank receives per step from a dense ring all-reduce."""
+        rows = 2 * (batch * int(cfg.unroll_steps) + (self.negatives or 0))
+        sparse_bytes = self.world * rows * (8 + width * 4) if self.world > 1 else 0
+        # the rows exchange moves world x K rows with their repeats: with a small vocabulary and
+        # many ranks the dense all-reduce is cheaper, and then it is used instead
+        self.sparse_exchange = (
+            self.negatives is not None
+            and bool(cfg.softmax.sparse_exchange)
+            and sparse_bytes < self.dense_bytes
+        ) or self.world == 1
+        self.exchange_bytes = sparse_bytes if self.sparse_exchange else self.dense_bytes
+        """Softmax gradient bytes this rank receives per step."""
 
     def distribute(self) -> None:
         if self.world == 1:
             return
         ids = [self.device] if self.device.type == "cuda" else None
-        self.model = nn.parallel.DistributedDataParallel(self.lm, device_ids=ids)
+        # PyTorch's recipe for capturing DDP's backward: construct it on a side stream
+        stream = self.graph.stream if self.graph is not None else None
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            self.model = nn.parallel.DistributedDataParallel(self.lm, device_ids=ids)
         for tensor in (self.softmax.weight.data, self.softmax.bias.data):
             dist.broadcast(tensor, src=0)
+
+    def load_optimizer_state(self, state: dict) -> None:
+        """Restore an optimizer ``state_dict`` (also one written by the non-fused optimizer)."""
+        self.optimizer.load_state_dict(state)
+        bind_lr(self.optimizer, self.lr)
+
+    def optimizer_state(self) -> dict:
+        """The optimizer's ``state_dict`` with its learning rate as a number (portable)."""
+        state = self.optimizer.state_dict()
+        for group in state["param_groups"]:
+            group["lr"] = float(group["lr"])
+        return state
 
     def flops_per_step(self, batch_size: int, unroll_steps: int) -> int:
         """Model FLOPs of one rank's step (forward + backward, both directions)."""
@@ -113,72 +206,127 @@ class StepRunner:
     def autocast(self):
         if self.autocast_dtype is None:
             return nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+        # no weight-cast cache: a CUDA graph must re-run the casts on every replay
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype, cache_enabled=False)
 
-    def train_step(self, batch: LMBatch, total_steps: int) -> dict:
+    def nonfinite_steps(self) -> int:
+        """Steps skipped so far for a non-finite loss or gradient (synchronises with the device)."""
+        return int(self.nonfinite.item())
+
+    # -- one step ------------------------------------------------------------------------------
+    def train_step(self, batch: LMBatch, total_steps: int) -> StepResult:
         """Forward, backward, softmax gradient exchange, clipping and the update for one batch.
 
-        Returns ``finite`` (False: nothing was updated), ``losses`` [fwd, bwd] averaged over ranks,
-        ``grad_norm`` (before clipping), ``lr``, ``rows`` (softmax rows touched by the step on all
-        ranks), ``exchange_bytes`` (softmax gradient bytes this rank received) and ``dense_bytes``
-        (what a dense ring all-reduce of the softmax gradient would have received).
+        Returns without waiting for the device; a non-finite step changes nothing and counts in
+        ``nonfinite``.
         """
-        cfg = self.cfg
-        char_ids, targets = batch.char_ids.to(self.device), batch.targets.to(self.device)
-        opt = cfg.optimizer
-        set_lr(
-            self.optimizer,
-            float(opt.lr)
-            * lr_factor(
-                self.step, total_steps, str(opt.schedule), int(opt.warmup_steps), float(opt.final_lr_fraction)
-            ),
+        opt = self.cfg.optimizer
+        lr = float(opt.lr) * lr_factor(
+            self.step, total_steps, str(opt.schedule), int(opt.warmup_steps), float(opt.final_lr_fraction)
         )
+        set_lr(self.optimizer, lr)
+        negatives = (
+            sample_negatives(self.negatives, self.vocab_size, self.generator) if self.negatives else None
+        )
+        if self.graph is None:
+            host = step_inputs(batch, negatives)
+            self.inputs = host.pin_memory().to(self.device) if self.device.type == "cuda" else host
+            out = self._run()
+        else:
+            out = self._graph_step(batch, negatives)
+        self.step += 1
+        return StepResult(
+            losses=out["losses"],
+            grad_norm=out["grad_norm"],
+            skipped=out["skipped"],
+            rows=out["rows"],
+            lr=lr,
+            exchange_bytes=self.exchange_bytes,
+            dense_bytes=self.dense_bytes,
+        )
+
+    def _graph_step(self, batch: LMBatch, negatives) -> dict[str, torch.Tensor]:
+        host = step_inputs(batch, negatives)
+        distinct = host.chars.shape[0]
+        if distinct > self.capacity:
+            # a larger spelling buffer: the graph reads fixed addresses, so it is captured again
+            self.capacity = padded_capacity(distinct, host.positions.numel())
+            self.inputs = StepInputs(
+                chars=torch.zeros(self.capacity, host.chars.shape[1], dtype=torch.long, device=self.device),
+                positions=torch.empty_like(host.positions, device=self.device),
+                targets=torch.empty_like(host.targets, device=self.device),
+                negatives=None if negatives is None else negatives.to(self.device),
+            )
+            self.graph.reset()
+        self.inputs.copy_(host.pin_memory())
+        return self.graph()
+
+    def _run(self) -> dict[str, torch.Tensor]:
+        """The step on the device, from ``self.inputs``: no host synchronisation (see the module doc)."""
+        inputs, timer = self.inputs, self.timer
+        mark = timer.mark if timer is not None else (lambda name: None)
+        mark("start")
         self.optimizer.zero_grad(set_to_none=True)
         with self.autocast():
-            top, c, h = self.model(char_ids, self.c, self.h)
-        self.c, self.h = c.detach(), h.detach()
-        step_loss = bidirectional_loss(top, targets, self.softmax, self.negatives, self.generator)
+            top, c, h = self.model(inputs.chars, inputs.positions, self.c, self.h)
+        step_loss = bidirectional_loss(
+            top, inputs.targets, self.softmax, inputs.negatives, self.autocast_dtype
+        )
+        mark("forward")
         # bilm-tf differentiates total_loss * unroll_steps: a sum over time, a mean over rows
-        (step_loss.loss * targets.shape[-1]).backward()
-        rows, exchanged = self._exchange_softmax(step_loss.rows)
+        (step_loss.loss * inputs.targets.shape[-1]).backward()
+        mark("backward")
+        rows = self._exchange_softmax(step_loss.rows)
+        losses = all_reduce_sum(step_loss.per_direction.float().clone()) / self.world
+        mark("exchange")
         grads = [p.grad for p in self.lm.parameters() if p.grad is not None]
         grads += [self.softmax.weight.grad, self.softmax.bias.grad] if rows is None else [rows.values]
-        grad_norm = clip_global_norm(grads, float(cfg.clip_norm))
+        norm = global_norm(grads)
+        skipped = (~(torch.isfinite(norm) & torch.isfinite(losses).all())).float()
+        with torch.no_grad():  # a skipped step leaves the carried state as it was, too
+            self.c.copy_(torch.where(skipped.bool(), self.c, c))
+            self.h.copy_(torch.where(skipped.bool(), self.h, h))
+        scale = clip_scale(norm, float(self.cfg.clip_norm))
         if rows is not None:
-            self._set_softmax_grads(rows)
-        # on the device: NCCL reduces only CUDA tensors
-        losses = all_reduce_sum(step_loss.per_direction.float().clone()).cpu() / self.world
-        if not bool(torch.isfinite(losses).all()) or not math.isfinite(grad_norm):
-            return {"finite": False, "losses": losses.tolist()}
-        self.optimizer.step()
-        self.step += 1
-        width = self.softmax.weight.shape[1] + 1
-        return {
-            "finite": True,
-            "losses": losses.tolist(),
-            "grad_norm": grad_norm,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "rows": int(rows.ids.shape[0]) if rows is not None else self.vocab_size,
-            "exchange_bytes": exchanged,
-            "dense_bytes": 2 * (self.world - 1) * self.vocab_size * width * 4 // self.world,
-        }
+            self._softmax_rows_update(rows, scale, skipped)
+        apply_update(self.optimizer, scale, skipped)
+        self.nonfinite += skipped
+        mark("update")
+        count = rows.count() if rows is not None else self._vocab_rows
+        return {"losses": losses, "grad_norm": norm, "skipped": skipped, "rows": count}
 
-    def _exchange_softmax(self, rows: SoftmaxRows | None) -> tuple[RowGradient | None, int]:
-        """Average the softmax gradient over ranks: touched rows only (sparse), or the dense matrix."""
-        if rows is None:  # full softmax: every row has a gradient, held by the module itself
-            return None, sum(
-                dense_allreduce_mean(g) for g in (self.softmax.weight.grad, self.softmax.bias.grad)
-            )
+    def _exchange_softmax(self, rows: SoftmaxRows | None) -> RowGradient | None:
+        """The softmax gradient averaged over ranks: summed rows (sampled), or the dense matrix in
+        place in the module's ``.grad`` (full softmax; returns None)."""
+        if rows is None:
+            for grad in (self.softmax.weight.grad, self.softmax.bias.grad):
+                dense_allreduce_mean(grad)
+            return None
         grad = rows.grad()
-        if self.cfg.softmax.sparse_exchange:
-            return exchange_rows(rows.ids, grad)
-        dense = RowGradient(rows.ids, grad).to_dense(self.vocab_size)
-        received = dense_allreduce_mean(dense)
-        touched = dense.abs().sum(dim=1).nonzero().squeeze(1)
-        return RowGradient(touched, dense[touched]), received
+        if self.sparse_exchange:
+            return exchange_rows(rows.ids, grad, self.vocab_size)[0]
+        dense = RowGradient(rows.ids, grad, torch.ones_like(rows.ids, dtype=torch.bool)).to_dense(
+            self.vocab_size
+        )
+        dense_allreduce_mean(dense)
+        # every row is a slot; the untouched ones carry zeros, which the updates leave alone
+        ids = torch.arange(self.vocab_size, device=dense.device)
+        return RowGradient(ids, dense, dense.ne(0).any(dim=1))
 
-    def _set_softmax_grads(self, rows: RowGradient) -> None:
-        weight, bias = rows.to_sparse(self.vocab_size)
-        if not self.sparse_optimizer:
-            weight, bias = weight.to_dense(), bias.to_dense()
+    def _softmax_rows_update(self, rows: RowGradient, scale: torch.Tensor, skipped: torch.Tensor) -> None:
+        """Adagrad: update the touched rows only. Adam: hand it a dense gradient (its moments move
+        every row, as dense Adam does)."""
+        dim = self.softmax.weight.shape[1]
+        if self.sparse_rows:
+            adagrad_rows_(self.optimizer, self.softmax.weight, rows.ids, rows.values[:, :dim], scale, skipped)
+            adagrad_rows_(self.optimizer, self.softmax.bias, rows.ids, rows.values[:, dim], scale, skipped)
+            return
+        if self._dense_softmax_grads is None:
+            self._dense_softmax_grads = (
+                torch.zeros_like(self.softmax.weight),
+                torch.zeros_like(self.softmax.bias),
+            )
+        weight, bias = self._dense_softmax_grads
+        weight.zero_().index_add_(0, rows.ids, rows.values[:, :dim])
+        bias.zero_().index_add_(0, rows.ids, rows.values[:, dim])
         self.softmax.weight.grad, self.softmax.bias.grad = weight, bias

@@ -363,12 +363,18 @@ class WorkerRun:
             raise ckpt.CheckpointError(f"checkpoint {path} holds a different model than the config asks for")
         runner.bilm.load_state_dict(payload["bilm"])
         runner.softmax.load_state_dict(payload["softmax"])
-        runner.optimizer.load_state_dict(payload["optimizer"])
+        runner.load_optimizer_state(payload["optimizer"])
         runner.step = int(payload["step"])
         mine = ckpt.load_rank(path, self.rank, self.world)
         self.batches.load_state_dict(mine["data"])
         if mine["c"] is not None:
-            runner.c, runner.h = mine["c"].to(self.device), mine["h"].to(self.device)
+            if mine["c"].shape != runner.c.shape or mine["h"].shape != runner.h.shape:
+                raise ckpt.CheckpointError(
+                    f"checkpoint {path} holds LSTM states of shape {tuple(mine['c'].shape)} for "
+                    f"{tuple(runner.c.shape)}; was batch_size changed?"
+                )
+            runner.c.copy_(mine["c"])
+            runner.h.copy_(mine["h"])
         ckpt.restore_rng_states(mine["rng"], runner.generator)
         self.resumed_from = runner.step
 
@@ -405,8 +411,8 @@ class WorkerRun:
             self.rank,
             {
                 "data": self.batches.state_dict(),
-                "c": runner.c.cpu() if runner.c is not None else None,
-                "h": runner.h.cpu() if runner.h is not None else None,
+                "c": runner.c.cpu(),
+                "h": runner.h.cpu(),
                 "rng": ckpt.rng_states(runner.generator),
             },
         )
@@ -417,7 +423,7 @@ class WorkerRun:
                     "options": self.plan.options,
                     "bilm": runner.bilm.state_dict(),
                     "softmax": runner.softmax.state_dict(),
-                    "optimizer": runner.optimizer.state_dict(),
+                    "optimizer": runner.optimizer_state(),
                     "step": runner.step,
                     "config": to_dict(self.cfg),
                     "vocab": self.vocab_bytes,
@@ -477,26 +483,34 @@ class WorkerRun:
             self.log.append(
                 {"kind": "event", "step": self.step, "event": "resume", "from_step": self.resumed_from}
             )
+        # The step never waits for the device; the loop does, only where it reads results (a log
+        # line, an evaluation, a checkpoint), so the host prepares the next batches meanwhile.
         compute, steps_timed, start = 0.0, 0, time.perf_counter()
+        window = start
         status = {"kind": "status", "step": self.step, "status": "done"}
         while self.step < plan.total_steps:
-            t0 = time.perf_counter()
             out = self.runner.train_step(next(self.batches), plan.total_steps)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            compute += time.perf_counter() - t0
             steps_timed += 1
-            if not out["finite"]:
+            last = self.step == plan.total_steps
+            log_now = self.step % int(cfg.log_every) == 0 or last
+            eval_now = bool(cfg.eval_every) and self.step % int(cfg.eval_every) == 0 and not last
+            checkpoint_now = self.step % int(cfg.checkpoint_every) == 0 or last
+            if not (log_now or eval_now or checkpoint_now):
+                continue
+            skipped = self.runner.nonfinite_steps()  # waits for the device
+            compute += time.perf_counter() - window
+            if skipped:
                 status = {
                     "kind": "status",
                     "step": self.step,
                     "status": "nan",
-                    "message": f"non-finite loss {out['losses']} at step {self.step + 1}; stopped, the last good "
-                    f"checkpoint is {ckpt.latest_checkpoint(plan.run_dir) or 'none'}",
+                    "message": f"non-finite loss or gradient in {skipped} of the steps up to step {self.step} "
+                    f"(nothing was updated in those); stopped, the last good checkpoint is "
+                    f"{ckpt.latest_checkpoint(plan.run_dir) or 'none'}",
                 }
                 break
-            if self.step % int(cfg.log_every) == 0 or self.step == plan.total_steps:
-                fwd, bwd = out["losses"]
+            if log_now:
+                fwd, bwd = out.losses.tolist()
                 tokens = 2 * int(cfg.batch_size) * int(cfg.unroll_steps) * self.world * steps_timed
                 self._emit(
                     {
@@ -507,22 +521,23 @@ class WorkerRun:
                         "train/perplexity": perplexity(0.5 * (fwd + bwd)),
                         "train/perplexity_fwd": perplexity(fwd),
                         "train/perplexity_bwd": perplexity(bwd),
-                        "train/lr": out["lr"],
-                        "train/grad_norm": out["grad_norm"],
+                        "train/lr": out.lr,
+                        "train/grad_norm": float(out.grad_norm),
                         "train/tokens_per_s": tokens / compute,
                         "train/mfu": self.flops_per_step * steps_timed / compute / self.peak_flops,
-                        "train/softmax_rows": out["rows"],
-                        "train/softmax_exchange_bytes": out["exchange_bytes"],
-                        "train/softmax_dense_bytes": out["dense_bytes"],
+                        "train/softmax_rows": int(out.rows),
+                        "train/softmax_exchange_bytes": out.exchange_bytes,
+                        "train/softmax_dense_bytes": out.dense_bytes,
                         "time": time.perf_counter() - start,
                     },
                     sink,
                 )
                 compute, steps_timed = 0.0, 0
-            if cfg.eval_every and self.step % int(cfg.eval_every) == 0 and self.step < plan.total_steps:
+            if eval_now:
                 self._emit({"kind": "eval", "step": self.step, **self.evaluate()}, sink)
-            if self.step % int(cfg.checkpoint_every) == 0 or self.step == plan.total_steps:
+            if checkpoint_now:
                 self.save_checkpoint()
+            window = time.perf_counter()  # evaluation and checkpoints are not training time
         status["step"] = self.step
         if status["status"] == "done":
             final = {"kind": "eval", "step": self.step, **self.evaluate()}

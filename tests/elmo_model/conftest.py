@@ -27,9 +27,6 @@ def tiny_model() -> BiLM:
 
 
 @pytest.fixture(autouse=True)
-def single_thread():
-    """The test models are tiny: one thread avoids stalls when other processes share the cores."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(single_thread):
+    """Every test here runs with one torch thread (``single_thread`` in tests/conftest.py)."""
     yield
-    torch.set_num_threads(previous)

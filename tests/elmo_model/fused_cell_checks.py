@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from elmo_reference import ReferenceSet, assert_matches_reference, run_stateful  # noqa: E402
 
 from elmo_model import BiLM, batch_to_ids  # noqa: E402
-from elmo_model.fused_cell import fused_cell_step  # noqa: E402
-from elmo_model.lstm import fused_cell_for  # noqa: E402
+from elmo_model.fused_cell import cell_backward, cell_forward, fused_cell_step  # noqa: E402
+from elmo_model.lstm import LSTMState, StackedBiLSTM, fused_cell_for  # noqa: E402
 
 
 def reference_step(gates: torch.Tensor, c: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,6 +53,74 @@ def check_step() -> None:
         print(f"step {dtype}: max error c {err_c:.1e} m {err_m:.1e}")
 
 
+def check_forward_out_of_place() -> None:
+    """The training form: gates are read, not written; c and m go to their own strided buffers."""
+    torch.manual_seed(1)
+    dim, rows = 19, 4
+    gates = torch.randn(2, rows, 3, 4 * dim)[:, :, 1] * 3  # strided rows
+    c_in = torch.randn(2, rows, 2, dim)[:, :, 0] * 4
+    c_out = torch.full((2, rows, 5, dim), 7.0)[:, :, 2]
+    m_out = torch.full((2, rows, dim), 7.0)
+    before = gates.clone(), c_in.clone()
+    cell_forward(gates, c_in, c_out, m_out, 3.0)
+    want_c, want_m = reference_step(gates, c_in, 3.0)
+    assert torch.equal(gates, before[0]) and torch.equal(c_in, before[1])
+    err = max((c_out.double() - want_c).abs().max().item(), (m_out.double() - want_m).abs().max().item())
+    assert err < 1e-5, err
+    print(f"forward out of place: max error {err:.1e}")
+
+
+def check_backward() -> None:
+    """cell_backward against autograd through the float64 cell, with and without the clip and a
+    gradient of c, for float32 and bf16 gates; dc_prev may overwrite dc."""
+    torch.manual_seed(2)
+    dim, rows = 23, 6
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        for clip in (None, 1.5):
+            for with_dc in (False, True):
+                gates = (torch.randn(2, rows, 4 * dim) * 2).to(dtype)
+                c_prev = torch.randn(2, rows, dim) * 2
+                dm = torch.randn(2, rows, dim).to(dtype)
+                dc = torch.randn(2, rows, dim) if with_dc else None
+                g64 = gates.double().requires_grad_()
+                c64 = c_prev.double().requires_grad_()
+                i, f, o, j = g64.chunk(4, dim=-1)
+                c = torch.sigmoid(f) * c64 + torch.sigmoid(i) * torch.tanh(j)
+                if clip is not None:
+                    c = c.clamp(-clip, clip)
+                m = torch.sigmoid(o) * torch.tanh(c)
+                loss = (m * dm.double()).sum() + ((c * dc.double()).sum() if with_dc else 0)
+                want_g, want_c = torch.autograd.grad(loss, [g64, c64])
+                dgates = torch.full_like(gates, 9.0)
+                dc_prev = dc if with_dc else torch.full_like(c_prev, 9.0)
+                cell_backward(gates, c_prev, dc, dm, dgates, dc_prev, clip)
+                err_g = ((dgates.double() - want_g).norm() / want_g.norm()).item()
+                err_c = ((dc_prev.double() - want_c).norm() / want_c.norm()).item()
+                assert err_g < tol and err_c < tol, (dtype, clip, with_dc, err_g, err_c)
+                print(
+                    f"backward {dtype} clip {clip} dc {with_dc}: relative error dgates {err_g:.1e} dc {err_c:.1e}"
+                )
+
+
+def check_window() -> None:
+    """The training layer op with the kernels equals it with the torch cell: values and gradients."""
+    torch.manual_seed(3)
+    lstm = StackedBiLSTM(2, 8, 16, 8, cell_clip=1.0, proj_clip=1.0, use_skip_connections=True)
+    inputs = torch.randn(2, 3, 6, 8, requires_grad=True)
+    state = LSTMState(torch.randn(2, 2, 3, 16), torch.randn(2, 2, 3, 8))
+    results = []
+    for fused in (True, False):
+        lstm.use_fused_cell = fused
+        top, final = lstm.forward_window(inputs, state)
+        loss = (top * torch.linspace(-1, 1, top.numel()).view_as(top)).sum() + final.c.sum()
+        results.append((top, final.c, *torch.autograd.grad(loss, [inputs, *lstm.parameters()])))
+    err = max(
+        (a - b).abs().max().item() / (b.abs().max().item() + 1e-12) for a, b in zip(*results, strict=True)
+    )
+    assert err < 1e-5, err
+    print(f"training window: kernels vs torch cell, max relative error {err:.1e}")
+
+
 def check_model_paths() -> None:
     """The fused and unfused no-grad paths agree, and both fixture sets reproduce through the fused one."""
     for name in ("bilm_tf", "allennlp"):
@@ -72,5 +140,8 @@ def check_model_paths() -> None:
 if __name__ == "__main__":
     assert BiLM is not None
     check_step()
+    check_forward_out_of_place()
+    check_backward()
+    check_window()
     check_model_paths()
     print("fused cell checks passed")

@@ -11,7 +11,8 @@ from pipeline.train.objective import (
     direction_losses_full,
     log_uniform_log_prob,
     sample_log_uniform,
-    sampled_softmax_loss,
+    sample_negatives,
+    sampled_softmax_losses,
 )
 
 
@@ -46,29 +47,62 @@ def test_expected_counts_follow_tf():
     torch.testing.assert_close(
         with_duplicates.log_expected_count(ids, 100), torch.log(-torch.expm1(7 * torch.log1p(-p))).float()
     )
+    # one row per direction: each row uses its own number of tries
+    both = NegativeSample(ids=torch.tensor([[1, 2, 3], [4, 5, 6]]), tries=torch.tensor([3, 7]))
+    got = both.log_expected_count(torch.stack([ids, ids]), 100)
+    torch.testing.assert_close(got[0], no_duplicates.log_expected_count(ids, 100))
+    torch.testing.assert_close(got[1], with_duplicates.log_expected_count(ids, 100))
+
+
+def test_sample_negatives_draws_each_direction_like_two_single_draws():
+    both = sample_negatives(40, 1000, torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(3)
+    single = [sample_log_uniform(40, 1000, gen) for _ in range(2)]
+    assert both.ids.shape == (2, 40) and both.tries.shape == (2,)
+    for d in range(2):
+        assert torch.equal(both.ids[d], single[d].ids) and int(both.tries[d]) == single[d].tries
 
 
 def test_sampled_softmax_matches_explicit_logits_and_masks_accidental_hits():
     torch.manual_seed(0)
     vocab, dim = 20, 4
     w, b = torch.randn(vocab, dim), torch.randn(vocab)
-    h = torch.randn(3, dim)
-    targets = torch.tensor([2, 7, 11])
-    negatives = NegativeSample(ids=torch.tensor([0, 7, 3]), tries=5)  # 7 is an accidental hit for row 1
-    loss = sampled_softmax_loss(
-        h, targets, w[targets], b[targets], w[negatives.ids], b[negatives.ids], negatives, vocab
-    )
-    log_q = lambda ids: negatives.log_expected_count(ids, vocab)  # noqa: E731
+    h = torch.randn(1, 3, dim)
+    targets = torch.tensor([[2, 7, 11]])
+    # 7 is an accidental hit for row 1
+    negatives = NegativeSample(ids=torch.tensor([[0, 7, 3]]), tries=torch.tensor([5]))
+    rows = torch.cat([targets, negatives.ids], dim=1)
+    loss = sampled_softmax_losses(h, targets, w[rows], b[rows], negatives, vocab)
+    single = NegativeSample(ids=negatives.ids[0], tries=5)
+    log_q = lambda ids: single.log_expected_count(ids, vocab)  # noqa: E731
     expected = []
     for i in range(3):
-        true = h[i] @ w[targets[i]] + b[targets[i]] - log_q(targets[i : i + 1])[0]
+        true = h[0, i] @ w[targets[0, i]] + b[targets[0, i]] - log_q(targets[0, i : i + 1])[0]
         sampled = [
-            h[i] @ w[k] + b[k] - log_q(torch.tensor([k]))[0]
-            for k in negatives.ids.tolist()
-            if k != int(targets[i])
+            h[0, i] @ w[k] + b[k] - log_q(torch.tensor([k]))[0]
+            for k in single.ids.tolist()
+            if k != int(targets[0, i])
         ]
         expected.append(torch.logsumexp(torch.stack([true, *sampled]), 0) - true)
-    assert float(loss) == pytest.approx(float(torch.stack(expected).mean()), rel=1e-5)
+    assert loss.shape == (1,)
+    assert float(loss[0]) == pytest.approx(float(torch.stack(expected).mean()), rel=1e-5)
+
+
+def test_low_precision_logits_stay_close_to_float32():
+    torch.manual_seed(4)
+    vocab, dim = 300, 16
+    w, b = torch.randn(vocab, dim) * 0.3, torch.randn(vocab) * 0.1
+    h = torch.randn(2, 10, dim, requires_grad=True)
+    targets = torch.randint(0, vocab, (2, 10))
+    negatives = sample_negatives(50, vocab, torch.Generator().manual_seed(0))
+    rows = torch.cat([targets, negatives.ids], dim=1)
+    exact = sampled_softmax_losses(h, targets, w[rows], b[rows], negatives, vocab)
+    bf16 = sampled_softmax_losses(h, targets, w[rows], b[rows], negatives, vocab, torch.bfloat16)
+    assert bf16.dtype == torch.float32
+    torch.testing.assert_close(bf16, exact, rtol=1e-2, atol=1e-2)
+    (grad_exact,) = torch.autograd.grad(exact.sum(), h)
+    (grad_bf16,) = torch.autograd.grad(bf16.sum(), h)
+    assert float((grad_bf16 - grad_exact).norm() / grad_exact.norm()) < 2e-2
 
 
 def test_sampled_gradient_touches_only_target_and_negative_rows():
@@ -76,13 +110,15 @@ def test_sampled_gradient_touches_only_target_and_negative_rows():
     softmax = SharedSoftmax(500, 8)
     hidden = torch.randn(2, 3, 4, 8, requires_grad=True)
     targets = torch.randint(3, 60, (2, 3, 4))
-    out = bidirectional_loss(hidden, targets, softmax, 16, torch.Generator().manual_seed(0))
+    negatives = sample_negatives(16, 500, torch.Generator().manual_seed(0))
+    out = bidirectional_loss(hidden, targets, softmax, negatives)
     out.loss.backward()
     assert softmax.weight.grad is None  # the rows are separate leaves
     grad = out.rows.grad()
-    assert grad.shape == (out.rows.ids.shape[0], 9)
-    assert out.rows.ids.shape[0] <= 24 + 32
-    assert bool(torch.isin(targets.unique(), out.rows.ids).all())
+    # one row per (direction, target or negative), repeats included: a static shape
+    assert grad.shape == (2 * (12 + 16), 9)
+    expected_ids = torch.cat([targets.reshape(2, -1), negatives.ids], dim=1).reshape(-1)
+    assert torch.equal(out.rows.ids, expected_ids)
     assert hidden.grad is not None and float(hidden.grad.abs().sum()) > 0
     torch.testing.assert_close(out.loss.detach(), out.per_direction.mean())
 
@@ -111,7 +147,9 @@ def test_sampled_loss_with_all_other_classes_as_negatives_approaches_full_softma
     hidden = torch.randn(2, 4, 5, 6) * 3
     targets = torch.randint(0, 50, (2, 4, 5))
     full = bidirectional_loss(hidden, targets, softmax, None).loss
-    sampled = bidirectional_loss(hidden, targets, softmax, 49, torch.Generator().manual_seed(0)).loss
+    sampled = bidirectional_loss(
+        hidden, targets, softmax, sample_negatives(49, 50, torch.Generator().manual_seed(0))
+    ).loss
     assert abs(float(sampled) - float(full)) < 0.35 * float(full)
 
 

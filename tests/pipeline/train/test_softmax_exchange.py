@@ -1,4 +1,4 @@
-"""The sparse softmax exchange against a dense all-reduce, on two gloo processes."""
+"""Summing and exchanging softmax row gradients, against a dense all-reduce on two gloo processes."""
 
 import os
 import socket
@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from pipeline.train.softmax_exchange import RowGradient, dense_allreduce_mean, exchange_rows
+from pipeline.train.softmax_exchange import dense_allreduce_mean, exchange_rows, merge_rows
 
 
 def _free_port() -> int:
@@ -18,9 +18,14 @@ def _free_port() -> int:
 
 
 def _rank_rows(rank: int, rows: int, vocab: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` ids with repeats (drawn from a small range) and their gradients."""
     gen = torch.Generator().manual_seed(100 + rank)
-    ids = torch.randperm(vocab, generator=gen)[:rows]
+    ids = torch.randint(0, min(vocab, rows), (rows,), generator=gen) * (vocab // min(vocab, rows))
     return ids, torch.randn(rows, dim, generator=gen)
+
+
+def _dense(ids, values, vocab):
+    return torch.zeros(vocab, values.shape[1]).index_add_(0, ids, values)
 
 
 def _worker(rank: int, world: int, port: int, cases: list, out_dir: str) -> None:
@@ -30,19 +35,14 @@ def _worker(rank: int, world: int, port: int, cases: list, out_dir: str) -> None
     try:
         out = []
         for rows, vocab, dim in cases:
-            ids, values = _rank_rows(rank, rows + 7 * rank, vocab, dim)
-            sparse, received = exchange_rows(ids, values)
-            dense = RowGradient(*_sorted(ids, values)).to_dense(vocab)
+            ids, values = _rank_rows(rank, rows, vocab, dim)
+            sparse, received = exchange_rows(ids, values, vocab)
+            dense = _dense(ids, values, vocab)
             dense_bytes = dense_allreduce_mean(dense)
-            out.append((sparse.to_dense(vocab), dense, received, dense_bytes, sparse.ids))
+            out.append((sparse.to_dense(vocab), dense, received, dense_bytes, sparse.ids, sparse.valid))
         torch.save(out, os.path.join(out_dir, f"rank-{rank}.pt"))
     finally:
         dist.destroy_process_group()
-
-
-def _sorted(ids, values):
-    order = torch.argsort(ids)
-    return ids[order], values[order]
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +60,13 @@ def exchanged(tmp_path_factory):
 def test_sparse_exchange_equals_dense_allreduce(exchanged):
     results, cases = exchanged
     for rank in range(2):
-        for sparse_dense, dense, _, _, ids in results[rank]:
-            torch.testing.assert_close(sparse_dense, dense, rtol=1e-6, atol=1e-7)
-            assert bool((ids[1:] > ids[:-1]).all())
+        for (rows, _, _), (sparse_dense, dense, _, _, ids, valid) in zip(cases, results[rank], strict=True):
+            torch.testing.assert_close(sparse_dense, dense, rtol=1e-6, atol=1e-6)
+            assert ids.shape == (2 * rows,)  # fixed slots: world x K
+            count = int(valid.sum())
+            assert bool(valid[:count].all()) and not bool(valid[count:].any())
+            assert bool((ids[1:count] > ids[: count - 1]).all())
+            assert count == int((dense.abs().sum(dim=1) > 0).sum())
     # both ranks hold the same averaged gradient
     for a, b in zip(results[0], results[1], strict=True):
         torch.testing.assert_close(a[0], b[0])
@@ -72,21 +76,24 @@ def test_exchanged_bytes_scale_with_rows_not_vocabulary(exchanged):
     results, _ = exchanged
     small, double, big_vocab = results[0]
     assert big_vocab[2] == small[2]  # 100x the vocabulary, same rows: same bytes
-    assert 1.8 < double[2] / small[2] < 2.1  # twice the rows: about twice the bytes
+    assert double[2] == 2 * small[2]  # twice the rows: twice the bytes
     assert big_vocab[3] > 100 * big_vocab[2]  # a dense all-reduce moves the whole matrix
 
 
-def test_single_process_exchange_is_identity():
-    ids, values = torch.tensor([5, 1, 3]), torch.randn(3, 4)
-    out, received = exchange_rows(ids, values)
+def test_single_process_exchange_sums_repeats_in_fixed_slots():
+    ids, values = torch.tensor([5, 1, 5, 3, 1]), torch.arange(10.0).view(5, 2)
+    out, received = exchange_rows(ids, values, 8)
     assert received == 0
-    assert out.ids.tolist() == [1, 3, 5]
-    torch.testing.assert_close(out.values, values[[1, 2, 0]])
+    assert out.ids.shape == (5,) and int(out.count()) == 3
+    assert out.ids[:3].tolist() == [1, 3, 5] and out.valid.tolist() == [True, True, True, False, False]
+    torch.testing.assert_close(
+        out.values[:3], torch.tensor([[2.0 + 8, 3.0 + 9], [6.0, 7.0], [0.0 + 4, 1.0 + 5]])
+    )
+    assert float(out.values[3:].abs().sum()) == 0 and out.ids[3:].tolist() == [0, 0]
+    torch.testing.assert_close(out.to_dense(8), _dense(ids, values, 8))
 
 
-def test_row_gradient_to_sparse_matches_dense():
-    grad = RowGradient(torch.tensor([0, 4]), torch.arange(8.0).view(2, 4))
-    weight, bias = grad.to_sparse(6)
-    dense = grad.to_dense(6)
-    torch.testing.assert_close(weight.to_dense(), dense[:, :3])
-    torch.testing.assert_close(bias.to_dense(), dense[:, 3])
+def test_merge_marks_the_vocabulary_size_as_an_empty_slot():
+    out = merge_rows(torch.tensor([4, 4, 2]), torch.ones(3, 1), vocab_size=4)
+    assert out.ids.tolist() == [2, 0, 0] and out.valid.tolist() == [True, False, False]
+    assert out.values[:, 0].tolist() == [1.0, 0.0, 0.0]

@@ -114,7 +114,8 @@ def test_train_perplexity_falls_and_heldout_beats_half_the_unigram(trained):
     for r in train:
         assert r["train/tokens_per_s"] > 0 and 0 < r["train/mfu"] < 1.5
         assert r["train/perplexity"] == pytest.approx(np.exp(r["train/loss"]), rel=1e-6)
-        assert r["train/softmax_exchange_bytes"] < r["train/softmax_dense_bytes"]
+        # the rows exchange or, when it would move more (a small vocabulary), the dense all-reduce
+        assert 0 < r["train/softmax_exchange_bytes"] <= r["train/softmax_dense_bytes"]
     evals = [r for r in rows if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [50, 100, STEPS]
     assert evals[-1]["eval/perplexity"] < evals[0]["eval/perplexity"]

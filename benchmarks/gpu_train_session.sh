@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Every GPU measurement of issue 12 (GPU training) in one go, for a short lease on a CUDA machine:
+#   bash benchmarks/gpu_train_session.sh OUTDIR            # on the GPU machine, under 8 minutes
+#   DEVICE=cpu bash benchmarks/gpu_train_session.sh OUTDIR  # a dry run of the script on a CPU
+# Needs the project's Python dependencies importable. Each step has its own time limit so a slow
+# one cannot starve the rest; logs go to OUTDIR, the tables to OUTDIR/summary.txt.
+#   1. correctness: the fixture sets on the GPU (gpu_check.py), the training path's kernels and
+#      CUDA graph against their references (gpu_train_check.py)
+#   2. benchmarks/train_step.py --device cuda: small and original, bf16 and float32, batch 128 up,
+#      with a profiler kernel summary of original bf16 at batch 128
+#   3. a real run through Ray Train: shard the sample corpus, 300 steps of small on 1 GPU (NCCL,
+#      bf16), a rerun to 400 steps that resumes, the export loaded on the CPU; 300 steps in float32
+#      with the same seed for the held-out perplexity comparison
+set -u
+out=${1:?usage: gpu_train_session.sh OUTDIR}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+device=${DEVICE:-cuda}
+steps=${STEPS:-300}            # the dry run uses a few steps
+resume_steps=$((steps + (steps + 2) / 3))
+extra=${EXTRA:-}               # more train overrides (the dry run: a small batch)
+part=${PART:-all}              # bench (1-2 and 4), run (3), or all: for leases too short for all
+deadline=$((SECONDS + ${BUDGET:-540}))  # every step ends by then, whatever its own limit
+work=$(mktemp -d /tmp/elmo-gpu-XXXXXX)
+logs=$work/logs
+mkdir -p "$logs"
+step() {  # step NAME SECONDS CMD...: run with a limit, log to logs/NAME.txt, never stop the session
+    local name=$1 limit=$2; shift 2
+    local left=$((deadline - SECONDS))
+    [ "$limit" -gt "$left" ] && limit=$left
+    if [ "$limit" -lt 10 ]; then echo "=== $name skipped: out of time" | tee -a "$out/summary.txt"; return; fi
+    echo "=== $name ($(date +%T), limit ${limit}s): $*"
+    timeout "$limit" "$@" >"$logs/$name.txt" 2>"$logs/$name.err"
+    local rc=$?
+    echo "=== $name exit $rc ($(date +%T))"
+    tail -n 30 "$logs/$name.txt"
+    tail -n 5 "$logs/$name.err"
+    { echo "== $name (exit $rc)"; cat "$logs/$name.txt"; tail -n 5 "$logs/$name.err"; } >>"$out/summary.txt"
+}
+if [ "$device" = cuda ]; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
+    gpu="use_gpu=true"
+    bench=(--device cuda --json "$logs/train_step.json" --profile "$logs/profile" --steps 10 --warmup 5)
+    sizes=(--batch-sizes 128,256,512,1024,2048)
+    small_sizes=(--batch-sizes 128,1024)
+else
+    gpu="use_gpu=false threads_per_worker=2"
+    bench=(--device cpu --steps 1 --warmup 1 --workers 1)
+    sizes=()
+    small_sizes=()
+fi
+$py -c "import torch, ray; print('torch', torch.__version__, 'ray', ray.__version__)"
+
+# 1. correctness
+if [ "$part" != run ]; then
+    [ "$device" = cuda ] && step gpu_check 45 $py benchmarks/gpu_check.py
+    step train_check 60 $py benchmarks/gpu_train_check.py --device "$device"
+fi
+
+# 2. the step benchmark of original (its profile decides what to speed up next)
+if [ "$part" != run ]; then
+    if [ "$device" = cuda ]; then
+        step bench_original 150 $py benchmarks/train_step.py "${bench[@]}" --presets original "${sizes[@]}"
+    else
+        step bench_cpu 120 $py benchmarks/train_step.py "${bench[@]}"
+    fi
+fi
+
+# 3. the Ray Train run
+if [ "$part" != bench ]; then
+train() {  # train NAME LIMIT STEPS [key=value ...]
+    local name=$1 limit=$2 steps=$3; shift 3
+    step "$name" "$limit" $py -m jobs.cli train --shards "$work/shards" --output "$work/$name" --preset small \
+        --workers 1 $gpu --max-steps "$steps" wandb.mode=disabled log_every=100 seed=0 $extra "$@"
+}
+step shard 40 $py -m jobs.cli shard --input pipeline/data/kjv-sample.txt.gz --output "$work/shards"
+train run_bf16 70 "$steps"
+cp "$work/run_bf16/metrics.jsonl" "$logs/run_bf16.metrics.jsonl" 2>/dev/null
+train run_bf16 50 "$resume_steps"   # the same output: resumes from the last checkpoint
+cp "$work/run_bf16/metrics.jsonl" "$logs/run_bf16_resumed.metrics.jsonl" 2>/dev/null
+train run_f32 70 "$steps" bf16=false
+cp "$work/run_f32/metrics.jsonl" "$logs/run_f32.metrics.jsonl" 2>/dev/null
+step export_check 45 $py benchmarks/gpu_train_check.py --device "$device" --export "$work/run_bf16/export" --skip-step-checks
+fi
+
+# 2. continued: small
+if [ "$device" = cuda ] && [ "$part" != run ]; then
+    step bench_small 45 $py benchmarks/train_step.py --device cuda --json "$logs/train_step_small.json" \
+        --presets small "${small_sizes[@]}" --modes graph --steps 10 --warmup 5
+fi
+
+{
+    echo "== held-out perplexity at the end of each run (eval rows)"
+    for f in "$logs"/run_*.metrics.jsonl; do
+        echo "$(basename "$f"): $(grep '"kind": "eval"' "$f" | tail -n 1)"
+        echo "  $(grep -c '"event": "resume"' "$f") resume event(s); train rows at steps $(grep -o '"kind": "train", "step": [0-9]*' "$f" | grep -o '[0-9]*$' | tr '\n' ' ')"
+    done
+} >>"$out/summary.txt"
+gzip -f "$logs"/profile/*.json 2>/dev/null
+tar czf "$out/logs.tar.gz" -C "$work" logs
+rm -rf "$work"
+echo "=== done ($(date +%T))"
