@@ -84,15 +84,24 @@ def exchange_rows(ids: torch.Tensor, values: torch.Tensor, vocab_size: int) -> t
     _all_gather(all_values, values.contiguous())
     merged = merge_rows(all_ids, all_values, vocab_size)
     merged.values.div_(world)
-    received = world * ids.shape[0] * (ids.element_size() + values.shape[1] * values.element_size())
-    return merged, received
+    return merged, rows_exchange_bytes(world, ids.shape[0], values.shape[1])
+
+
+def rows_exchange_bytes(world: int, rows: int, width: int) -> int:
+    """Bytes a rank receives when every rank all-gathers ``rows`` (int64 id, ``width`` float32) pairs."""
+    return world * rows * (8 + 4 * width) if world > 1 else 0
+
+
+def dense_exchange_bytes(world: int, numel: int) -> int:
+    """Bytes a rank receives in a ring all-reduce of ``numel`` float32 values."""
+    return 2 * (world - 1) * numel * 4 // world
 
 
 def dense_allreduce_mean(grad: torch.Tensor) -> int:
-    """All-reduce mean of a dense gradient in place; returns the bytes a rank receives in a ring all-reduce."""
+    """All-reduce mean of a float32 gradient in place; returns the bytes a rank receives (ring)."""
     world = _world()
     if world == 1:
         return 0
     dist.all_reduce(grad)
     grad.div_(world)
-    return int(2 * (world - 1) * grad.numel() * grad.element_size() // world)
+    return dense_exchange_bytes(world, grad.numel())

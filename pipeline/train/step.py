@@ -39,7 +39,13 @@ from pipeline.train.optimization import (
     set_lr,
     takes_sparse_gradients,
 )
-from pipeline.train.softmax_exchange import RowGradient, dense_allreduce_mean, exchange_rows
+from pipeline.train.softmax_exchange import (
+    RowGradient,
+    dense_allreduce_mean,
+    dense_exchange_bytes,
+    exchange_rows,
+    rows_exchange_bytes,
+)
 from pipeline.train.step_inputs import StepInputs, padded_capacity, step_inputs
 
 PHASES = ("forward", "backward", "exchange", "update")
@@ -161,10 +167,10 @@ class StepRunner:
         self._dense_softmax_grads: tuple[torch.Tensor, torch.Tensor] | None = None
         self._vocab_rows = torch.tensor(vocab_size, device=device)  # made here: no copy inside a capture
         width = int(options["lstm"]["projection_dim"]) + 1
-        self.dense_bytes = 2 * (self.world - 1) * vocab_size * width * 4 // self.world
+        self.dense_bytes = dense_exchange_bytes(self.world, vocab_size * width)
         """Softmax gradient bytes a rank receives per step from a dense ring all-reduce."""
         rows = 2 * (batch * int(cfg.unroll_steps) + (self.negatives or 0))
-        sparse_bytes = self.world * rows * (8 + width * 4) if self.world > 1 else 0
+        sparse_bytes = rows_exchange_bytes(self.world, rows, width)
         # the rows exchange moves world x K rows with their repeats: with a small vocabulary and
         # many ranks the dense all-reduce is cheaper, and then it is used instead
         self.sparse_exchange = (
