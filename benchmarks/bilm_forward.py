@@ -32,6 +32,7 @@ from torch.nn import functional as F
 
 from elmo_model import BiLM, batch_to_ids, token_mask
 from elmo_model.bilm import reverse_index, reverse_within_lengths
+from elmo_model.flops import encoder_flops, first_input_flops, lstm_flops
 from elmo_model.options import BiLMOptions
 from pipeline.model_config import preset_options
 
@@ -168,23 +169,6 @@ class TorchLSTMStacks(nn.Module):
 
 
 # ---- FLOPs and timing -------------------------------------------------------------------------
-def encoder_flops(o: BiLMOptions) -> int:
-    cnn = sum(2 * (50 - w + 1) * w * o.char_embed_dim * n for w, n in o.filters)
-    f = o.n_filters
-    return cnn + o.n_highway * 2 * f * 2 * f + 2 * f * o.projection_dim
-
-
-def lstm_flops(o: BiLMOptions) -> int:
-    """Per position, both directions, every layer."""
-    per_layer = 2 * (2 * o.projection_dim) * 4 * o.dim + 2 * o.dim * o.projection_dim
-    return 2 * o.n_layers * per_layer
-
-
-def first_input_flops(o: BiLMOptions) -> int:
-    """Per distinct token, both directions: layer 0's input products (its inputs are token vectors)."""
-    return 2 * 2 * o.projection_dim * 4 * o.dim
-
-
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -239,7 +223,8 @@ def bench_size(size: str, batches, args, device: torch.device) -> list[tuple[str
     n_tokens = sum(len(s) for b in batches for s in b)
     n_positions = n_tokens + 2 * sum(len(b) for b in batches)
     n_unique = sum(int(torch.unique(x[token_mask(x)], dim=0).shape[0]) for x in ids)
-    lstm_work = n_positions * (lstm_flops(o) - first_input_flops(o)) + n_unique * first_input_flops(o)
+    # both directions; layer 0's input products once per distinct token
+    lstm_work = 2 * (n_positions * (lstm_flops(o) - first_input_flops(o)) + n_unique * first_input_flops(o))
     flops = n_unique * encoder_flops(o) + lstm_work
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
 

@@ -47,8 +47,8 @@ from pipeline.train.config import TrainConfig  # noqa: E402
 from pipeline.train.data import LMBatch  # noqa: E402
 from pipeline.train.metrics import measure_matmul_peak  # noqa: E402
 from pipeline.train.objective import sample_negatives  # noqa: E402
-from pipeline.train.step import PHASES, PhaseTimer, StepRunner  # noqa: E402
 from pipeline.train.step_inputs import step_inputs  # noqa: E402
+from pipeline.train.trainer import PHASES, PhaseTimer, StepRunner  # noqa: E402
 
 
 def synthetic_batches(cache: CharCache, count: int, batch: int, unroll: int, seed: int) -> list[LMBatch]:

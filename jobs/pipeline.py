@@ -31,10 +31,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pipeline.end_to_end import run_pipeline, summary
     from pipeline.pipeline_config import PipelineConfig
     from pipeline.shard.errors import ShardError
-    from pipeline.shard.format import FormatError
+    from pipeline.shard_format import FormatError
     from pipeline.storage import StorageError
     from pipeline.train.checkpoint import CheckpointError
-    from pipeline.train.trainer import TrainError
+    from pipeline.train.launch import TrainError
 
     def body() -> int:
         cfg = load_config(

@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     from pipeline.shard.errors import ShardError
-    from pipeline.shard.format import FormatError
+    from pipeline.shard_format import FormatError
     from pipeline.storage import StorageError
 
     return run_main(body, known_errors=(ShardError, StorageError, FormatError))

@@ -62,10 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # torch and Ray only once the arguments parse
         from elmo_model import OptionsError
         from pipeline.ray_runtime import ray_session
-        from pipeline.shard.format import FormatError
+        from pipeline.shard_format import FormatError
         from pipeline.train.checkpoint import CheckpointError
         from pipeline.train.config import TrainConfig
-        from pipeline.train.trainer import TrainError, prepare_run, run_training
+        from pipeline.train.launch import TrainError, prepare_run, run_training
 
         cfg = resolve(args, TrainConfig, FLAGS, preset=args.preset)
         try:

@@ -85,7 +85,7 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
     """Run every stage; returns ``{"config", "shard", "train", "embed"}`` (StageReports + config)."""
     from pipeline.embed.runner import run_embed
     from pipeline.shard.job import run_shard
-    from pipeline.train.trainer import run_training
+    from pipeline.train.launch import run_training
 
     cfg = derive_stage_configs(cfg)
     reports: dict[str, Any] = {"config": cfg}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.shard.format import FormatError
+from pipeline.shard_format import FormatError
 from pipeline.storage import StorageError
 
 

@@ -18,9 +18,8 @@ import io
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
-from pipeline import storage
+from pipeline import shard_format, storage
 from pipeline.embed.errors import EmbedError
-from pipeline.shard import format as shard_format
 
 READ_CHUNK = 4 * 1024 * 1024
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip")

@@ -48,18 +48,6 @@ from pipeline.config import to_dict
 from pipeline.ray_runtime import ray_session
 from pipeline.shard.config import check_config
 from pipeline.shard.errors import ShardError
-from pipeline.shard.format import (
-    COUNTS_FILE,
-    MANIFEST_FILE,
-    SPLITS,
-    UNK,
-    VOCAB_FILE,
-    FormatError,
-    parse_manifest,
-    read_counts,
-    read_vocab,
-    shard_name,
-)
 from pipeline.shard.layout import SplitLayout, layout_split
 from pipeline.shard.manifest import (
     PLAN_FILE,
@@ -76,6 +64,18 @@ from pipeline.shard.reader import iter_chunks, resolve_inputs
 from pipeline.shard.sentences import LineStats, Sentences
 from pipeline.shard.vocabulary import TokenCounts, Vocabulary, build_vocabulary
 from pipeline.shard.writer import ShardRecord, build_shard, describe_shard
+from pipeline.shard_format import (
+    COUNTS_FILE,
+    MANIFEST_FILE,
+    SPLITS,
+    UNK,
+    VOCAB_FILE,
+    FormatError,
+    parse_manifest,
+    read_counts,
+    read_vocab,
+    shard_name,
+)
 
 KEEP_MIN_BYTES = 100 * 1024
 """A counting task's tokenized chunk is kept for the writing pass only from this size on. Ray

@@ -20,11 +20,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.shard.config import RUNTIME_KEYS
-from pipeline.shard.format import COUNTS_FILE, SPLITS, VOCAB_FILE
 from pipeline.shard.passes import ChunkSummary
 from pipeline.shard.sentences import LineStats
 from pipeline.shard.vocabulary import Vocabulary
 from pipeline.shard.writer import ShardRecord
+from pipeline.shard_format import COUNTS_FILE, SPLITS, VOCAB_FILE
 
 FORMAT_VERSION = 1
 PLAN_FILE = "shard_plan.json"

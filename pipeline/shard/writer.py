@@ -17,7 +17,9 @@ from typing import BinaryIO
 import numpy as np
 
 from pipeline import storage
-from pipeline.shard.format import (
+from pipeline.shard.layout import sentence_shards
+from pipeline.shard.sentences import SplitSentences
+from pipeline.shard_format import (
     SPLITS,
     block_key,
     decode_block,
@@ -25,8 +27,6 @@ from pipeline.shard.format import (
     iter_tar_samples,
     tar_writer,
 )
-from pipeline.shard.layout import sentence_shards
-from pipeline.shard.sentences import SplitSentences
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,21 @@
 """Training checkpoints in the run directory (local or ``s3://``), through pipeline.storage.
 
+A checkpoint holds the ``state_dict()`` of every stateful part of a run, by name: the parts every
+rank holds alike (model, softmax, optimizer) once, the parts each rank holds for itself (its data
+stream position, carried LSTM state, RNG states) once per rank. `Checkpointer` decides when to save
+(every N steps and at the last step), writes, prunes and restores them.
+
 Layout: ``RUN/checkpoints/step-000001250/`` holds
-- ``model.pt`` (rank 0): options, model and softmax weights, optimizer state, step, config;
-- ``rank-00000.pt`` ... (every rank): its data position, LSTM states and RNG states;
+- ``model.pt`` (rank 0): the shared parts, the step, and the run's options, config and vocabulary;
+- ``rank-00000.pt`` ... (every rank): its own parts;
 - ``COMPLETE`` (rank 0, last, after every rank's file is written): ``{"step", "world_size"}``.
 
 A checkpoint counts only once ``COMPLETE`` exists, so a run killed while writing one resumes from
-the previous one. Ray's own checkpoint storage is not used: the run directory must hold the
-checkpoints whether it is local or on S3 (through the one storage layer), and a rerun with the same
-name must find them without Ray's experiment state.
+the previous one. Files hold only tensors and plain containers and are read with
+``torch.load(weights_only=True)``: loading a checkpoint never runs code from it. Ray's own
+checkpoint storage is not used: the run directory must hold the checkpoints whether it is local or
+on S3 (through the one storage layer), and a rerun with the same name must find them without Ray's
+experiment state.
 """
 
 from __future__ import annotations
@@ -18,13 +25,16 @@ import json
 import os
 import random
 import re
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from pipeline import storage
+from pipeline.train.distributed import barrier
 
+FORMAT = 2
+"""Checkpoint layout version (1: RNG states pickled as numpy and Python objects)."""
 CHECKPOINTS = "checkpoints"
 MODEL_FILE = "model.pt"
 COMPLETE_FILE = "COMPLETE"
@@ -73,10 +83,13 @@ def _to_bytes(payload: Any) -> bytes:
 
 def _from_bytes(data: bytes, where: str) -> Any:
     try:
-        # our own files: they hold numpy / python RNG states, which the weights-only loader refuses
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unpickling failure means an unusable file
-        raise CheckpointError(f"checkpoint file {where} cannot be read: {str(err).splitlines()[0]}") from None
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(
+            f"checkpoint file {where} cannot be read as tensors and plain data ({reason}); "
+            "it is damaged, not a checkpoint of this program, or tampered with"
+        ) from None
 
 
 def save_model(path: str, payload: dict) -> None:
@@ -147,24 +160,110 @@ def prune(run_dir: str, keep: int) -> list[str]:
     return deleted
 
 
-# ---- RNG states ------------------------------------------------------------------------------
+# ---- the parts a run saves ---------------------------------------------------------------------
 
 
-def rng_states(generator: torch.Generator) -> dict:
-    """Every RNG a rank draws from: torch (CPU, CUDA), numpy, python, and the negatives sampler's."""
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": np.random.get_state(),
-        "python": random.getstate(),
-        "sampler": generator.get_state(),
-    }
+class Stateful(Protocol):
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> Any: ...
 
 
-def restore_rng_states(states: dict, generator: torch.Generator) -> None:
-    torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-    np.random.set_state(states["numpy"])
-    random.setstate(states["python"])
-    generator.set_state(states["sampler"])
+class RNGStates:
+    """Every RNG a rank draws from, as one checkpoint part: torch (CPU, CUDA), numpy, python, and
+    the negatives sampler's ``generator``. Stored as tensors and plain containers."""
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+
+    def state_dict(self) -> dict:
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        version, internal, gauss_next = random.getstate()
+        return {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": {
+                "name": name,
+                "keys": torch.from_numpy(keys.astype(np.int64)),
+                "pos": int(pos),
+                "has_gauss": int(has_gauss),
+                "cached_gaussian": float(cached),
+            },
+            "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
+            "sampler": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        torch.set_rng_state(state["torch"])
+        if state["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+        n = state["numpy"]
+        keys = n["keys"].numpy().astype(np.uint32)
+        np.random.set_state((n["name"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+        p = state["python"]
+        random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
+        self.generator.set_state(state["sampler"])
+
+
+class Checkpointer:
+    """Saves and restores a run's parts (``state_dict()`` of each) in ``run_dir``.
+
+    ``shared``: parts every rank holds alike, written by rank 0; ``own``: parts each rank writes for
+    itself; ``meta``: facts rank 0 writes beside the shared parts (the model's options, which a
+    restore checks, the config, the vocabulary for export). Saves every ``every`` steps and at the
+    last step, keeping the newest ``keep`` checkpoints.
+    """
+
+    def __init__(
+        self,
+        run_dir: str,
+        rank: int,
+        world_size: int,
+        every: int,
+        keep: int,
+        shared: dict[str, Stateful],
+        own: dict[str, Stateful],
+        meta: dict[str, Any],
+    ):
+        self.run_dir, self.rank, self.world_size = run_dir, rank, world_size
+        self.every, self.keep = every, keep
+        self.shared, self.own, self.meta = shared, own, meta
+
+    def due(self, step: int, last_step: bool) -> bool:
+        return last_step or step % self.every == 0
+
+    def save(self, step: int, last_step: bool = False) -> bool:
+        """Save the checkpoint of ``step`` if one is due; every rank calls it alike (it waits for
+        all ranks before marking the checkpoint complete). Returns whether it saved."""
+        if not self.due(step, last_step):
+            return False
+        path = checkpoint_path(self.run_dir, step)
+        save_rank(path, self.rank, {name: part.state_dict() for name, part in self.own.items()})
+        if self.rank == 0:
+            shared = {name: part.state_dict() for name, part in self.shared.items()}
+            save_model(path, {**self.meta, **shared, "step": step, "format": FORMAT})
+        barrier()
+        if self.rank == 0:
+            mark_complete(path, step, self.world_size)
+            prune(self.run_dir, self.keep)
+        return True
+
+    def restore(self) -> int | None:
+        """Load every part from the newest complete checkpoint; returns its step (None: no checkpoint)."""
+        path = latest_checkpoint(self.run_dir)
+        if path is None:
+            return None
+        payload = load_model(path)
+        if payload.get("format") != FORMAT:
+            raise CheckpointError(
+                f"checkpoint {path} was written in another format ({payload.get('format', 1)}, this program "
+                f"reads {FORMAT}); start a new run directory or export it with the version that wrote it"
+            )
+        if payload["options"] != self.meta["options"]:
+            raise CheckpointError(f"checkpoint {path} holds a different model than the config asks for")
+        for name, part in self.shared.items():
+            part.load_state_dict(payload[name])
+        mine = load_rank(path, self.rank, self.world_size)
+        for name, part in self.own.items():
+            part.load_state_dict(mine[name])
+        return int(payload["step"])

@@ -3,7 +3,7 @@
 Pieces, from the shard up:
 
 - :func:`read_shard_sentences` loads the sentences of one shard that a rank reads (IO shell over
-  ``pipeline.shard.format.read_shard``); :func:`wrap_sentences` lays them out in reading order,
+  ``pipeline.shard_format.read_shard``); :func:`wrap_sentences` lays them out in reading order,
   each wrapped as ``[<S>] + w + [</S>]`` (reversed stream: ``[</S>] + reversed(w) + [<S>]``).
 - :class:`SentenceSource` is one direction's endless (training) or one-pass (test) sentence
   generator for one rank, with a small resumable position.
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.shard import format as shard_format
+from pipeline import shard_format
 from pipeline.train.char_cache import CharCache
 
 BOS_ID, EOS_ID, UNK_ID = (

@@ -10,14 +10,16 @@ their ``HeldoutSums`` add up.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from elmo_model import TrainingLM
 from pipeline.train.data import LMBatch
+from pipeline.train.distributed import all_reduce_sum
 from pipeline.train.objective import SharedSoftmax, direction_losses_full
 
 EVAL_UNROLL_STEPS = 1
@@ -80,3 +82,33 @@ def heldout_sums(
     finally:
         lm.train(was_training)
     return HeldoutSums(sums, count)
+
+
+class Evaluator:
+    """Held-out perplexity of a run, on every rank's part of the split, summed over ranks: every
+    ``eval_every`` steps (0: only at the end), and once at the end of the run.
+
+    ``cfg``: the TrainConfig; ``batches``: opens one pass of this rank's held-out batches
+    (``open_lm_batches(..., "heldout", ..., test=True)`` with ``cfg.eval_batch_size`` rows).
+    """
+
+    def __init__(
+        self, cfg: Any, batches: Callable[[], Iterable[LMBatch]], unigram_perplexity: float, world: int
+    ):
+        self.cfg, self.batches, self.unigram, self.world = cfg, batches, unigram_perplexity, world
+
+    def due(self, step: int, last_step: bool) -> bool:
+        """An evaluation inside the run (the end-of-run one is `run`'s caller's)."""
+        return bool(self.cfg.eval_every) and step % int(self.cfg.eval_every) == 0 and not last_step
+
+    def run(self, lm: TrainingLM, softmax: SharedSoftmax, device: torch.device, autocast_dtype) -> dict:
+        """``eval/perplexity{,_fwd,_bwd}``, ``eval/unigram_perplexity``, ``eval/batches`` (all ranks)."""
+        cfg = self.cfg
+        max_batches = -(-int(cfg.eval_max_batches) // self.world) if cfg.eval_max_batches else 0
+        sums = heldout_sums(lm, softmax, self.batches(), device, max_batches, autocast_dtype)
+        counts = torch.cat([sums.losses, torch.tensor([float(sums.batches)], dtype=torch.float64)])
+        total = all_reduce_sum(counts.to(device)).cpu()  # NCCL reduces only CUDA tensors
+        result = HeldoutSums(total[:3], int(total[3])).perplexities()
+        result["eval/unigram_perplexity"] = self.unigram
+        result["eval/batches"] = int(total[3])
+        return result

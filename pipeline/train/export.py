@@ -19,6 +19,8 @@ from pipeline import storage
 from pipeline.train import checkpoint as ckpt
 from pipeline.train.objective import SharedSoftmax
 
+EXPORT_DIR = "export"
+"""The export's directory inside a run directory."""
 OPTIONS_FILE = "options.json"
 WEIGHTS_FILE = "weights.hdf5"
 SOFTMAX_FILE = "softmax.hdf5"

@@ -1,4 +1,4 @@
-"""Training metrics: FLOP counts and MFU, and the sinks (metrics.jsonl, wandb, the perplexity plot).
+"""Training metrics: the matmul peak behind MFU (the FLOPs are elmo_model.flops), and the sinks (metrics.jsonl, wandb, the perplexity plot).
 
 ``ray.train.report`` is the third sink; the training loop calls it (every rank must).
 Only rank 0 owns a ``MetricsLog``.
@@ -17,44 +17,14 @@ from typing import Any
 import torch
 
 from pipeline import storage
+from pipeline.train.distributed import barrier
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "perplexity.png"
 WANDB_MODES = ("offline", "online", "disabled")
 
 
-# ---- FLOPs and MFU ---------------------------------------------------------------------------
-
-
-def encoder_flops_per_token(options: dict) -> int:
-    """Forward multiply-adds x 2 of one token through the char CNN, highway and projection."""
-    cnn = options["char_cnn"]
-    chars, dim_c = int(cnn["max_characters_per_token"]), int(cnn["embedding"]["dim"])
-    n_filters = sum(int(n) for _, n in cnn["filters"])
-    conv = sum(2 * (chars - int(w) + 1) * int(w) * dim_c * int(n) for w, n in cnn["filters"])
-    highway = int(cnn.get("n_highway", 0)) * 2 * n_filters * 2 * n_filters
-    proj_dim = int(options["lstm"]["projection_dim"])
-    projection = 2 * n_filters * proj_dim if n_filters != proj_dim else 0
-    return conv + highway + projection
-
-
-def lstm_flops_per_token(options: dict) -> int:
-    """Forward FLOPs of one token through one direction's LSTM stack (gates + projection)."""
-    lstm = options["lstm"]
-    dim, proj, layers = int(lstm["dim"]), int(lstm["projection_dim"]), int(lstm["n_layers"])
-    return layers * (2 * (proj + proj) * 4 * dim + 2 * dim * proj)
-
-
-def train_flops_per_token(options: dict, softmax_columns: int) -> int:
-    """Training FLOPs (forward + backward = 3 x forward) per token of one direction's stream.
-
-    Each of the two streams encodes its own tokens, runs its LSTM and scores ``softmax_columns``
-    classes (S + 1 sampled, or V for the full softmax) per position. A step of B x U positions
-    costs ``2 * B * U * train_flops_per_token``.
-    """
-    proj = int(options["lstm"]["projection_dim"])
-    forward = encoder_flops_per_token(options) + lstm_flops_per_token(options) + 2 * proj * softmax_columns
-    return 3 * forward
+# ---- MFU ---------------------------------------------------------------------------------------
 
 
 def measure_matmul_peak(
@@ -114,6 +84,75 @@ def read_metrics(path: str) -> list[dict]:
     return [
         json.loads(line) for line in storage.read_bytes(path).decode("utf-8").splitlines() if line.strip()
     ]
+
+
+# ---- one run's log -------------------------------------------------------------------------------
+
+
+class RunLog:
+    """Where a run's rows go: ``metrics.jsonl`` and wandb (rank 0), and ``ray.train.report`` (every
+    rank, which Ray Train requires alike on all ranks, when ``report``). Train rows are due every
+    ``cfg.log_every`` steps and at the last step.
+
+    ``resumed_from``: the step a resumed run continues from (rows logged after it are dropped and
+    a ``resume`` event is logged), or None for a new run (a ``config`` row is logged).
+    """
+
+    def __init__(
+        self,
+        cfg: Any,
+        run_dir: str,
+        name: str,
+        config: dict,
+        total_steps: int,
+        rank: int,
+        resumed_from: int | None,
+        report: bool,
+    ):
+        self.every, self.report = int(cfg.log_every), report
+        self.metrics = MetricsLog(run_dir, resumed_from) if rank == 0 else None
+        self.wandb = WandbSink(cfg.wandb, run_dir, name, config) if rank == 0 else None
+        if self.metrics is not None:
+            if resumed_from is None:
+                self.metrics.append(
+                    {"kind": "config", "step": 0, "config": config, "total_steps": total_steps}
+                )
+            else:
+                self.metrics.append(
+                    {"kind": "event", "step": resumed_from, "event": "resume", "from_step": resumed_from}
+                )
+
+    @property
+    def rows(self) -> list[dict]:
+        """The rows of metrics.jsonl (rank 0; empty elsewhere)."""
+        return self.metrics.rows if self.metrics is not None else []
+
+    def due(self, step: int, last_step: bool) -> bool:
+        return step % self.every == 0 or last_step
+
+    def emit(self, row: dict, to_wandb: bool = True) -> None:
+        """One row (``kind``, ``step``, values) to every sink."""
+        if self.metrics is not None:
+            self.metrics.append(row)
+            if to_wandb:
+                self.wandb.log(row, row["step"])
+        if self.report:
+            import ray.train
+
+            ray.train.report(row)
+
+    def finish_with(self, status: dict) -> None:
+        """Close the run with its ``status`` row (metrics.jsonl and Ray, after every rank finished
+        its wandb run)."""
+        if self.metrics is not None:
+            self.metrics.append(status)
+        if self.wandb is not None:
+            self.wandb.finish()
+        barrier()
+        if self.report:
+            import ray.train
+
+            ray.train.report(status)
 
 
 # ---- wandb -----------------------------------------------------------------------------------

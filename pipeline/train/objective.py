@@ -5,7 +5,7 @@ K = 2 (N + S) softmax rows a step reads (repeats included).
 
 The sampled softmax does not differentiate through the (V, P) softmax matrix: it copies the K rows
 a step reads into leaf tensors (``SoftmaxRows``), so the gradient is (K, P + 1) rows, summed per
-distinct row and exchanged between workers in proportion to K, not V (``softmax_exchange``).
+distinct row and exchanged between workers in proportion to K, not V (``distributed``).
 Every shape is fixed by the batch shape and the number of negatives, so a CUDA graph can capture
 the whole step.
 """
@@ -197,7 +197,7 @@ class SoftmaxRows:
     ids (K,) vocabulary ids, one per (direction, target or negative) with repeats, in the order
     [targets of direction 0, its negatives, targets of direction 1, its negatives]; weight (K, P)
     and bias (K,) copies of those rows. K is fixed by the batch shape and the negatives, so the
-    step keeps static shapes; repeats are summed after backward (``softmax_exchange.merge_rows``).
+    step keeps static shapes; repeats are summed after backward (``distributed.merge_rows``).
     """
 
     ids: torch.Tensor

@@ -20,26 +20,26 @@ OPTIMIZERS = ("adagrad", "adam")
 def build_optimizer(cfg, params: Iterable[nn.Parameter], device: torch.device) -> torch.optim.Optimizer:
     """The optimizer of ``cfg`` (an OptimizerConfig) over ``params``, in torch's fused form.
 
-    The fused kernels update every tensor in one pass, read the learning rate from a device tensor
-    (see `bind_lr`), and take the clipping scale and the skip flag as device tensors
+    The fused kernels update every tensor in one pass, read the learning rate from a 0-dim device
+    tensor (see `DeviceLR`), and take the clipping scale and the skip flag as device tensors
     (``grad_scale`` / ``found_inf``, see `apply_update`), so a step needs no host synchronisation
     and a CUDA graph can capture it. Adagrad: eps is tiny because TF's Adagrad has none and the
     accumulator starts at 1.0 anyway; the sampled softmax's rows are updated by `adagrad_rows_`.
     """
     name = str(cfg.name)
     if name == "adagrad":
-        return Adagrad(
+        optimizer = Adagrad(
             params,
             lr=float(cfg.lr),
             initial_accumulator_value=float(cfg.initial_accumulator),
             eps=1e-10,
             fused=True,
         )
-    if name == "adam":
+    elif name == "adam":
         betas = tuple(float(b) for b in cfg.adam_betas)
         if len(betas) != 2:
             raise ValueError(f"optimizer.adam_betas must be two numbers, got {list(cfg.adam_betas)}")
-        return torch.optim.Adam(
+        optimizer = Adam(
             params,
             lr=float(cfg.lr),
             betas=betas,
@@ -47,14 +47,54 @@ def build_optimizer(cfg, params: Iterable[nn.Parameter], device: torch.device) -
             fused=True,
             capturable=device.type == "cuda",
         )
-    raise ValueError(f"optimizer.name must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    else:
+        raise ValueError(f"optimizer.name must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    optimizer.bind_lr(torch.zeros((), device=device))
+    return optimizer
 
 
-class Adagrad(torch.optim.Adagrad):
-    """torch's fused Adagrad (the same state and ``state_dict``), whose step on CUDA runs
-    `pipeline.train.adagrad_kernel` per tensor: torch's fused kernel is CPU-only before torch 2.8,
-    and its unfused steps read the step count on the host, which a CUDA graph cannot capture.
-    Reads ``grad_scale`` / ``found_inf`` (see `apply_update`) and the bound learning rate tensor."""
+class DeviceLR:
+    """Mixin for a torch optimizer: every group reads its learning rate from one 0-dim float32
+    tensor on the parameters' device, so changing it (`set_lr`) puts no host value into a captured
+    step. ``state_dict`` stores the rate as a number; ``load_state_dict`` (also of a checkpoint
+    written by the unfused optimizer) binds the tensor again and keeps the fused kernels.
+    """
+
+    _lr: torch.Tensor
+
+    def bind_lr(self, lr: torch.Tensor) -> None:
+        self._lr = lr
+        for group in self.param_groups:
+            lr.fill_(float(group["lr"]))
+            group["lr"] = lr
+            group["fused"], group["foreach"] = True, None
+            if "capturable" in group:
+                group["capturable"] = lr.device.type == "cuda"
+
+    def set_lr(self, lr: float) -> None:
+        self._lr.fill_(lr)
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        for group in state["param_groups"]:
+            group["lr"] = float(group["lr"])
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self.bind_lr(self._lr)
+
+
+class Adam(DeviceLR, torch.optim.Adam):
+    """torch's fused Adam with its learning rate on the device (`DeviceLR`)."""
+
+
+class Adagrad(DeviceLR, torch.optim.Adagrad):
+    """torch's fused Adagrad (the same state and ``state_dict``) with its learning rate on the
+    device (`DeviceLR`), whose step on CUDA runs `pipeline.train.adagrad_kernel` per tensor:
+    torch's fused kernel is CPU-only before torch 2.8, and its unfused steps read the step count on
+    the host, which a CUDA graph cannot capture. Reads ``grad_scale`` / ``found_inf`` (see
+    `apply_update`)."""
 
     def step(self, closure=None):
         params = [p for group in self.param_groups for p in group["params"]]
@@ -86,18 +126,6 @@ class Adagrad(torch.optim.Adagrad):
                 torch._foreach_add_(steps, 1.0)
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
         return None
-
-
-def bind_lr(optimizer: torch.optim.Optimizer, lr: torch.Tensor) -> None:
-    """Make every group read its learning rate from the 0-dim float32 tensor ``lr`` (on the
-    parameters' device), and keep the fused kernels after a ``load_state_dict`` of a checkpoint
-    written by a non-fused optimizer. Call again after every ``load_state_dict``."""
-    for group in optimizer.param_groups:
-        lr.fill_(float(group["lr"]))
-        group["lr"] = lr
-        group["fused"], group["foreach"] = True, None
-        if "capturable" in group:
-            group["capturable"] = lr.device.type == "cuda"
 
 
 def takes_sparse_gradients(optimizer: torch.optim.Optimizer) -> bool:
@@ -167,12 +195,3 @@ def apply_update(optimizer: torch.optim.Optimizer, grad_scale: torch.Tensor, fou
         optimizer.step()
     finally:
         optimizer.grad_scale = optimizer.found_inf = None
-
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Set the learning rate: in place in the bound device tensor (see `bind_lr`), else the float."""
-    for group in optimizer.param_groups:
-        if isinstance(group["lr"], torch.Tensor):
-            group["lr"].fill_(lr)
-        else:
-            group["lr"] = lr

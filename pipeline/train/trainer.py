@@ -1,311 +1,362 @@
-"""biLM pretraining on Ray Train (V2): the driver's checks and launch, and the per-worker loop.
+"""One rank's training: the step and the loop around it, top to bottom (spec 7.3-7.5).
 
-Driver (``run_training``): validates the shards, vocabulary, run directory and cluster up front
-(one-line ``TrainError``s), then starts a ``TorchTrainer`` with ``workers`` workers: NCCL + CUDA
-when the cluster has GPUs, gloo on CPU. ``FailureConfig(max_failures)`` restarts the worker group
-when a worker dies; the loop then resumes from the latest checkpoint in the run directory.
+The driver side (checks, plan, Ray Train launch) is ``launch.py``; this is what every worker runs.
 
-Worker (``train_loop_per_worker``): one DDP rank. The token encoder and LSTM are under DDP; the
-softmax is not (its gradient travels as touched rows, see ``softmax_exchange``). Every rank runs
-the same number of steps, because the row streams never run dry (``data``).
+The step (``StepRunner``) owns the model, softmax and optimizer of one rank and nothing about data,
+checkpoints or logging, so ``benchmarks/train_step.py`` runs the very same step. It never
+synchronises with the host: its shapes are fixed (B x U positions, a spelling buffer of K rows,
+2 (B U + S) softmax rows), the negatives are drawn and the distinct spellings found on the host
+before the device needs them, the softmax rows are summed and exchanged in fixed slots, and
+clipping and the skip of a non-finite step are device tensors that the fused optimizer reads. Its
+results stay on the device until the loop reads them. So on a GPU the host runs ahead of the
+device, and the whole step can be one CUDA graph (``cuda_graph``): forward, backward, exchange and
+update replayed with one launch.
+
+The loop (``Trainer``) feeds it batches and asks its components whether they are due: the run
+log (every ``log_every`` steps), the evaluator (every ``eval_every``), the checkpointer (every
+``checkpoint_every``, and each at the last step). Only then does it wait for the device. The
+token encoder and LSTM are under DDP; the softmax is not (its gradient travels as touched rows,
+see ``distributed``). Every rank runs the same number of steps, because the row streams never run
+dry (``data``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
-import shutil
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
+from torch import nn
 
-from elmo_model import BiLM, BiLMOptions
-from pipeline import storage
-from pipeline.config import require_at_least, require_choice, to_dict
-from pipeline.model_config import to_options
-from pipeline.ray_runtime import worker_env
-from pipeline.shard import format as shard_format
-from pipeline.train import checkpoint as ckpt
+from elmo_model import BiLM, TrainingLM
+from elmo_model.flops import train_flops_per_token
+from pipeline import shard_format, storage
+from pipeline.config import to_dict
 from pipeline.train import export as export_mod
 from pipeline.train.char_cache import CharCache
-from pipeline.train.data import open_lm_batches, steps_per_epoch
-from pipeline.train.evaluate import EVAL_UNROLL_STEPS, HeldoutSums, heldout_sums
-from pipeline.train.metrics import (
-    METRICS_FILE,
-    PLOT_FILE,
-    WANDB_MODES,
-    MetricsLog,
-    WandbSink,
-    measure_matmul_peak,
-    perplexity,
-    plot_perplexity,
-    read_metrics,
+from pipeline.train.checkpoint import Checkpointer, CheckpointError, RNGStates, latest_checkpoint
+from pipeline.train.cuda_graph import WARMUP_DDP, WARMUP_SINGLE, GraphedStep
+from pipeline.train.data import LMBatch, open_lm_batches
+from pipeline.train.distributed import (
+    RowGradient,
+    all_reduce_sum,
+    dense_allreduce_mean,
+    dense_exchange_bytes,
+    exchange_rows,
+    rows_exchange_bytes,
+    world,
 )
-from pipeline.train.objective import SharedSoftmax
-from pipeline.train.optimization import OPTIMIZERS, SCHEDULES
-from pipeline.train.step import StepRunner, all_reduce_sum
-from pipeline.train.unigram import heldout_unigram_perplexity
+from pipeline.train.evaluate import EVAL_UNROLL_STEPS, Evaluator
+from pipeline.train.metrics import PLOT_FILE, RunLog, measure_matmul_peak, perplexity, plot_perplexity
+from pipeline.train.objective import SharedSoftmax, SoftmaxRows, bidirectional_loss, sample_negatives
+from pipeline.train.optimization import (
+    adagrad_rows_,
+    apply_update,
+    build_optimizer,
+    clip_scale,
+    global_norm,
+    lr_factor,
+    takes_sparse_gradients,
+)
+from pipeline.train.plan import RunPlan
+from pipeline.train.step_inputs import StepInputs, padded_capacity, step_inputs
 
-RUN_FILE = "run.json"
-EXPORT_DIR = "export"
-
-
-class TrainError(RuntimeError):
-    """A training run that cannot start or did not finish; one line naming the cause."""
-
-
-# ---- the plan the driver hands to the workers ------------------------------------------------
+PHASES = ("forward", "backward", "exchange", "update")
+"""The parts of a step that `PhaseTimer` separates: forward (encoder, LSTM, loss), backward, the
+gradient exchange (the softmax rows, and DDP's all-reduce where it did not overlap the backward),
+and the update (norm, clip, optimizer)."""
 
 
 @dataclass
-class RunPlan:
-    """Facts the driver resolves once and hands to every worker (as a dict: it crosses to Ray).
+class StepResult:
+    """One step's results, on the device (reading them synchronises; read them when logging).
 
-    ``options``: the model's inference options.json dict; ``total_steps``: steps of the whole run
-    (a resumed run continues up to it); ``unigram_perplexity``: the held-out baseline;
-    ``use_gpu``: set from the cluster just before launch."""
+    losses (2,) [fwd, bwd] averaged over ranks; grad_norm (): the norm before clipping; skipped ():
+    1.0 when the losses or gradients were not finite and nothing was updated; rows (): softmax rows
+    the step touched on all ranks. lr, exchange_bytes (softmax gradient bytes this rank received)
+    and dense_bytes (what a dense ring all-reduce of the softmax gradient would have received) are
+    known on the host.
+    """
 
-    run_dir: str
-    name: str
-    shards: str
-    manifest: dict
-    vocab_size: int
-    total_steps: int
-    steps_per_epoch: int
-    unigram_perplexity: float
-    options: dict
-    init_from: str
-    storage_endpoint: str
-    use_gpu: bool = False
+    losses: torch.Tensor
+    grad_norm: torch.Tensor
+    skipped: torch.Tensor
+    rows: torch.Tensor
+    lr: float
+    exchange_bytes: int
+    dense_bytes: int
 
 
-def _check_shards(shards: str, manifest: dict) -> None:
-    for split in shard_format.SPLITS:
-        entries = manifest["shards"][split]
-        if not entries or manifest["totals"][split]["tokens"] <= 0:
-            raise TrainError(
-                f"shard directory {shards}: the manifest lists no {split} data; rerun the shard stage"
+class PhaseTimer:
+    """Marks the end of each of `PHASES` inside a step: CUDA events on a GPU (recorded inside a
+    CUDA graph too, as external events, so attach the timer before the graph is captured), the
+    host clock on a CPU. `durations` gives seconds per phase of the last step run; on a GPU read it
+    after synchronising. ``available`` is False where this torch cannot record events in a graph.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: dict[str, Any] = {}
+        self.available = True
+
+    def mark(self, name: str) -> None:
+        if not self.cuda:
+            self.marks[name] = time.perf_counter()
+            return
+        try:
+            event = torch.cuda.Event(enable_timing=True, external=True)
+        except TypeError:  # a torch without external events
+            self.available = False
+            return
+        event.record()
+        self.marks[name] = event
+
+    def durations(self) -> dict[str, float] | None:
+        names = ("start", *PHASES)
+        if not self.available or any(n not in self.marks for n in names):
+            return None
+        pairs = list(zip(names, names[1:], strict=False))
+        if self.cuda:
+            return {b: self.marks[a].elapsed_time(self.marks[b]) / 1e3 for a, b in pairs}
+        return {b: self.marks[b] - self.marks[a] for a, b in pairs}
+
+
+class CarriedState:
+    """The LSTM state carried from one window to the next, a checkpoint part: c (N, 2, B, C) and
+    h (N, 2, B, P), updated in place by the step (a CUDA graph reads and writes these tensors)."""
+
+    def __init__(self, c: torch.Tensor, h: torch.Tensor):
+        self.c, self.h = c, h
+
+    def state_dict(self) -> dict:
+        return {"c": self.c.cpu(), "h": self.h.cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["c"].shape != self.c.shape or state["h"].shape != self.h.shape:
+            raise CheckpointError(
+                f"the checkpoint holds LSTM states of shape {tuple(state['c'].shape)} for "
+                f"{tuple(self.c.shape)}; was batch_size changed?"
             )
-        for entry in entries:
-            path = storage.join(shards, entry["name"])
-            if not storage.exists(path):
-                raise TrainError(f"shard {path} is listed in {shard_format.MANIFEST_FILE} but missing")
-            digest = storage.sha256(path)
-            if digest != entry["sha256"]:
-                raise TrainError(
-                    f"shard {path} does not match {shard_format.MANIFEST_FILE} (sha256 {digest[:12]}..., manifest {entry['sha256'][:12]}...)"
-                )
+        self.c.copy_(state["c"])
+        self.h.copy_(state["h"])
 
 
-def _model_options(cfg: Any) -> dict:
-    if not cfg.init_from:
-        return BiLMOptions.from_dict(to_options(cfg.model)).to_dict()
-    path = storage.join(str(cfg.init_from), export_mod.OPTIONS_FILE)
-    for name in (export_mod.OPTIONS_FILE, export_mod.WEIGHTS_FILE):
-        if not storage.exists(storage.join(str(cfg.init_from), name)):
-            raise TrainError(f"init_from {cfg.init_from}: no {name} there")
-    try:
-        return BiLMOptions.from_dict(json.loads(storage.read_bytes(path))).to_dict()
-    except json.JSONDecodeError as err:
-        raise TrainError(f"init_from {path}: not valid JSON ({err})") from None
+class StepRunner:
+    """The trainable state of one rank. ``cfg``: a TrainConfig; ``options``: inference options.json dict.
 
+    Every rank seeds the initialisation with ``cfg.seed`` (identical weights), then reseeds its
+    dropout and its negatives sampler with its rank. Call ``distribute()`` once any state is
+    restored: it wraps the encoder + LSTM in DDP and makes rank 0's softmax everyone's.
+    ``state``: the LSTM state carried from window to window.
+    """
 
-def _claim_run_dir(run_dir: str, name: str) -> None:
-    path = storage.join(run_dir, RUN_FILE)
-    if storage.exists(path):
-        owner = json.loads(storage.read_bytes(path)).get("name")
-        if owner != name:
-            raise TrainError(
-                f"run directory {run_dir} belongs to run {owner!r}; use name={owner} to resume it or another output"
+    def __init__(self, cfg: Any, options: dict, vocab_size: int, device: torch.device):
+        self.cfg, self.options, self.vocab_size, self.device = cfg, options, vocab_size, device
+        self.rank, self.world = world()
+        self.autocast_dtype = torch.bfloat16 if device.type == "cuda" and cfg.bf16 else None
+        seed = int(cfg.seed)
+        torch.manual_seed(seed)
+        self.bilm = BiLM.from_options({**options, "dropout": float(cfg.dropout)})
+        self.softmax = SharedSoftmax(vocab_size, int(options["lstm"]["projection_dim"])).to(device)
+        self.lm = TrainingLM(self.bilm, float(cfg.dropout)).to(device)
+        self.optimizer = build_optimizer(
+            cfg.optimizer, [*self.lm.parameters(), *self.softmax.parameters()], device
+        )
+        self.negatives = int(cfg.softmax.negatives) if cfg.softmax.sampled else None
+        self.sparse_rows = self.negatives is not None and takes_sparse_gradients(self.optimizer)
+        self.generator = torch.Generator().manual_seed(seed * 1000 + self.rank)
+        torch.manual_seed(seed * 1000 + 7919 + self.rank)  # dropout masks differ per rank
+        lstm = self.bilm.lstm
+        batch = int(cfg.batch_size)
+        self.state = CarriedState(
+            torch.zeros(lstm.n_layers, 2, batch, lstm.dim, device=device),
+            torch.zeros(lstm.n_layers, 2, batch, lstm.projection_dim, device=device),
+        )
+        self.nonfinite = torch.zeros((), device=device)
+        """Steps skipped for a non-finite loss or gradient, counted on the device."""
+        self.step = 0
+        self.model: nn.Module = self.lm
+        self.timer: PhaseTimer | None = None
+        self.inputs: StepInputs | None = None
+        self.capacity = 0
+        self.graph = (
+            GraphedStep(self._run, WARMUP_DDP if self.world > 1 else WARMUP_SINGLE)
+            if device.type == "cuda" and cfg.cuda_graph
+            else None
+        )
+        self._dense_softmax_grads: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._vocab_rows = torch.tensor(vocab_size, device=device)  # made here: no copy inside a capture
+        width = int(options["lstm"]["projection_dim"]) + 1
+        self.dense_bytes = dense_exchange_bytes(self.world, vocab_size * width)
+        """Softmax gradient bytes a rank receives per step from a dense ring all-reduce."""
+        rows = 2 * (batch * int(cfg.unroll_steps) + (self.negatives or 0))
+        sparse_bytes = rows_exchange_bytes(self.world, rows, width)
+        # the rows exchange moves world x K rows with their repeats: with a small vocabulary and
+        # many ranks the dense all-reduce is cheaper, and then it is used instead
+        self.sparse_exchange = (
+            self.negatives is not None
+            and bool(cfg.softmax.sparse_exchange)
+            and sparse_bytes < self.dense_bytes
+        ) or self.world == 1
+        self.exchange_bytes = sparse_bytes if self.sparse_exchange else self.dense_bytes
+        """Softmax gradient bytes this rank receives per step."""
+
+    def distribute(self) -> None:
+        if self.world == 1:
+            return
+        ids = [self.device] if self.device.type == "cuda" else None
+        # PyTorch's recipe for capturing DDP's backward: construct it on a side stream
+        stream = self.graph.stream if self.graph is not None else None
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            self.model = nn.parallel.DistributedDataParallel(self.lm, device_ids=ids)
+        for tensor in (self.softmax.weight.data, self.softmax.bias.data):
+            dist.broadcast(tensor, src=0)
+
+    def flops_per_step(self, batch_size: int, unroll_steps: int) -> int:
+        """Model FLOPs of one rank's step (forward + backward, both directions)."""
+        columns = self.negatives + 1 if self.negatives else self.vocab_size
+        return 2 * batch_size * unroll_steps * train_flops_per_token(self.options, columns)
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return nullcontext()
+        # no weight-cast cache: a CUDA graph must re-run the casts on every replay
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype, cache_enabled=False)
+
+    def nonfinite_steps(self) -> int:
+        """Steps skipped so far for a non-finite loss or gradient (synchronises with the device)."""
+        return int(self.nonfinite.item())
+
+    # -- one step ------------------------------------------------------------------------------
+    def train_step(self, batch: LMBatch, total_steps: int) -> StepResult:
+        """Forward, backward, softmax gradient exchange, clipping and the update for one batch.
+
+        Returns without waiting for the device; a non-finite step changes nothing and counts in
+        ``nonfinite``.
+        """
+        opt = self.cfg.optimizer
+        lr = float(opt.lr) * lr_factor(
+            self.step, total_steps, str(opt.schedule), int(opt.warmup_steps), float(opt.final_lr_fraction)
+        )
+        self.optimizer.set_lr(lr)
+        negatives = (
+            sample_negatives(self.negatives, self.vocab_size, self.generator) if self.negatives else None
+        )
+        if self.graph is None:
+            host = step_inputs(batch, negatives)
+            self.inputs = host.pin_memory().to(self.device) if self.device.type == "cuda" else host
+            out = self._run()
+        else:
+            out = self._graph_step(batch, negatives)
+        self.step += 1
+        return StepResult(
+            losses=out["losses"],
+            grad_norm=out["grad_norm"],
+            skipped=out["skipped"],
+            rows=out["rows"],
+            lr=lr,
+            exchange_bytes=self.exchange_bytes,
+            dense_bytes=self.dense_bytes,
+        )
+
+    def _graph_step(self, batch: LMBatch, negatives) -> dict[str, torch.Tensor]:
+        host = step_inputs(batch, negatives)
+        distinct = host.chars.shape[0]
+        if distinct > self.capacity:
+            # a larger spelling buffer: the graph reads fixed addresses, so it is captured again
+            self.capacity = padded_capacity(distinct, host.positions.numel())
+            self.inputs = StepInputs(
+                chars=torch.zeros(self.capacity, host.chars.shape[1], dtype=torch.long, device=self.device),
+                positions=torch.empty_like(host.positions, device=self.device),
+                targets=torch.empty_like(host.targets, device=self.device),
+                negatives=None if negatives is None else negatives.to(self.device),
             )
-        return
-    if ckpt.list_checkpoints(run_dir):
-        raise TrainError(
-            f"run directory {run_dir} holds checkpoints but no {RUN_FILE}; choose another output"
+            self.graph.reset()
+        self.inputs.copy_(host.pin_memory())
+        return self.graph()
+
+    def _run(self) -> dict[str, torch.Tensor]:
+        """The step on the device, from ``self.inputs``: no host synchronisation (see the module doc)."""
+        inputs, timer = self.inputs, self.timer
+        mark = timer.mark if timer is not None else (lambda name: None)
+        mark("start")
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.autocast():
+            top, c, h = self.model(inputs.chars, inputs.positions, self.state.c, self.state.h)
+        step_loss = bidirectional_loss(
+            top, inputs.targets, self.softmax, inputs.negatives, self.autocast_dtype
         )
-    storage.write_bytes(path, json.dumps({"name": name}).encode())
+        mark("forward")
+        # bilm-tf differentiates total_loss * unroll_steps: a sum over time, a mean over rows
+        (step_loss.loss * inputs.targets.shape[-1]).backward()
+        mark("backward")
+        rows = self._exchange_softmax(step_loss.rows)
+        losses = all_reduce_sum(step_loss.per_direction.float().clone()) / self.world
+        mark("exchange")
+        grads = [p.grad for p in self.lm.parameters() if p.grad is not None]
+        grads += [self.softmax.weight.grad, self.softmax.bias.grad] if rows is None else [rows.values]
+        norm = global_norm(grads)
+        skipped = (~(torch.isfinite(norm) & torch.isfinite(losses).all())).float()
+        with torch.no_grad():  # a skipped step leaves the carried state as it was, too
+            self.state.c.copy_(torch.where(skipped.bool(), self.state.c, c))
+            self.state.h.copy_(torch.where(skipped.bool(), self.state.h, h))
+        scale = clip_scale(norm, float(self.cfg.clip_norm))
+        if rows is not None:
+            self._softmax_rows_update(rows, scale, skipped)
+        apply_update(self.optimizer, scale, skipped)
+        self.nonfinite += skipped
+        mark("update")
+        count = rows.count() if rows is not None else self._vocab_rows
+        return {"losses": losses, "grad_norm": norm, "skipped": skipped, "rows": count}
 
-
-def prepare_run(cfg: Any) -> RunPlan:
-    """Validate a resolved TrainConfig and resolve the run's facts (no Ray needed)."""
-    if cfg.storage_endpoint:
-        storage.configure(endpoint_url=str(cfg.storage_endpoint))
-    shards = storage.absolute(str(cfg.shards).rstrip("/"))
-    run_dir = storage.absolute(str(cfg.output).rstrip("/"))
-    require_at_least(
-        cfg,
-        (
-            "workers",
-            "batch_size",
-            "unroll_steps",
-            "threads_per_worker",
-            "log_every",
-            "checkpoint_every",
-            "eval_batch_size",
-        ),
-        error=TrainError,
-    )
-    if not 0 <= float(cfg.dropout) < 1:
-        raise TrainError(f"config key 'dropout' must be in [0, 1), got {cfg.dropout}")
-    for key, allowed in (
-        ("use_gpu", ("auto", "true", "false")),
-        ("optimizer.name", OPTIMIZERS),
-        ("optimizer.schedule", SCHEDULES),
-        ("wandb.mode", WANDB_MODES),
-    ):
-        require_choice(cfg, key, allowed, error=TrainError)
-    manifest = shard_format.read_manifest(shards)
-    vocab = shard_format.read_vocab(shard_format.vocab_path(shards, manifest))
-    if len(vocab) != manifest["vocab"]["size"]:
-        raise TrainError(
-            f"shard directory {shards}: vocab.txt has {len(vocab)} tokens, the manifest says {manifest['vocab']['size']}"
+    def _exchange_softmax(self, rows: SoftmaxRows | None) -> RowGradient | None:
+        """The softmax gradient averaged over ranks: summed rows (sampled), or the dense matrix in
+        place in the module's ``.grad`` (full softmax; returns None)."""
+        if rows is None:
+            for grad in (self.softmax.weight.grad, self.softmax.bias.grad):
+                dense_allreduce_mean(grad)
+            return None
+        grad = rows.grad()
+        if self.sparse_exchange:
+            return exchange_rows(rows.ids, grad, self.vocab_size)[0]
+        dense = RowGradient(rows.ids, grad, torch.ones_like(rows.ids, dtype=torch.bool)).to_dense(
+            self.vocab_size
         )
-    _check_shards(shards, manifest)
-    workers, batch, unroll = int(cfg.workers), int(cfg.batch_size), int(cfg.unroll_steps)
-    per_epoch = steps_per_epoch(manifest, batch, unroll, workers)
-    total = int(cfg.max_steps) or int(cfg.n_epochs) * per_epoch
-    if total <= 0:
-        raise TrainError(
-            f"{manifest['totals']['train']['tokens']} training tokens are less than one global batch "
-            f"(batch_size {batch} x unroll_steps {unroll} x workers {workers}); set max_steps or shrink the batch"
-        )
-    heldout = manifest["totals"]["heldout"]
-    if heldout["tokens"] + heldout["sentences"] < int(cfg.eval_batch_size) * workers:
-        raise TrainError(
-            f"the held-out split ({heldout['tokens']} tokens) cannot fill {int(cfg.eval_batch_size)} rows on each of "
-            f"{workers} workers; lower eval_batch_size"
-        )
-    if cfg.softmax.sampled and not 0 < int(cfg.softmax.negatives) < len(vocab):
-        raise TrainError(
-            f"softmax.negatives ({cfg.softmax.negatives}) must be in [1, vocabulary size {len(vocab)}); "
-            "use fewer or softmax.sampled=false"
-        )
-    options = _model_options(cfg)
-    name = str(cfg.name) or run_dir.rstrip("/").rsplit("/", 1)[-1]
-    _claim_run_dir(run_dir, name)
-    return RunPlan(
-        run_dir=run_dir,
-        name=name,
-        shards=shards,
-        manifest=manifest,
-        vocab_size=len(vocab),
-        total_steps=total,
-        steps_per_epoch=per_epoch,
-        unigram_perplexity=float(heldout_unigram_perplexity(shards, manifest)),
-        options=options,
-        init_from=storage.absolute(str(cfg.init_from)),
-        storage_endpoint=str(cfg.storage_endpoint),
-    )
+        dense_allreduce_mean(dense)
+        # every row is a slot; the untouched ones carry zeros, which the updates leave alone
+        ids = torch.arange(self.vocab_size, device=dense.device)
+        return RowGradient(ids, dense, dense.ne(0).any(dim=1))
+
+    def _softmax_rows_update(self, rows: RowGradient, scale: torch.Tensor, skipped: torch.Tensor) -> None:
+        """Adagrad: update the touched rows only. Adam: hand it a dense gradient (its moments move
+        every row, as dense Adam does)."""
+        dim = self.softmax.weight.shape[1]
+        if self.sparse_rows:
+            adagrad_rows_(self.optimizer, self.softmax.weight, rows.ids, rows.values[:, :dim], scale, skipped)
+            adagrad_rows_(self.optimizer, self.softmax.bias, rows.ids, rows.values[:, dim], scale, skipped)
+            return
+        if self._dense_softmax_grads is None:
+            self._dense_softmax_grads = (
+                torch.zeros_like(self.softmax.weight),
+                torch.zeros_like(self.softmax.bias),
+            )
+        weight, bias = self._dense_softmax_grads
+        weight.zero_().index_add_(0, rows.ids, rows.values[:, :dim])
+        bias.zero_().index_add_(0, rows.ids, rows.values[:, dim])
+        self.softmax.weight.grad, self.softmax.bias.grad = weight, bias
 
 
-CLUSTER_QUERY_TIMEOUT_S = 60.0
+# ---- the loop ----------------------------------------------------------------------------------
 
 
-def _cluster_resources() -> dict:
-    """``ray.cluster_resources()``, asked on a helper thread: its GCS query has no timeout of its own,
-    and a stalled answer should not stall the run (Ray Train waits for resources anyway)."""
-    import threading
-
-    import ray
-
-    answer: dict = {}
-    query = threading.Thread(target=lambda: answer.update(ray.cluster_resources()), daemon=True)
-    query.start()
-    query.join(CLUSTER_QUERY_TIMEOUT_S)
-    if query.is_alive():
-        raise TrainError(f"the Ray cluster did not report its resources within {CLUSTER_QUERY_TIMEOUT_S:g} s")
-    return answer
-
-
-def _cluster_check(cfg: Any) -> bool:
-    """Whether to use GPUs; a TrainError when the cluster cannot hold the workers."""
-    resources = _cluster_resources()
-    workers, threads = int(cfg.workers), int(cfg.threads_per_worker)
-    gpus = resources.get("GPU", 0)
-    use_gpu = {"auto": gpus >= 1, "true": True, "false": False}[str(cfg.use_gpu)]
-    if use_gpu and gpus < workers:
-        raise TrainError(f"workers={workers} need {workers} GPUs but the Ray cluster has {gpus:g}")
-    cpus = resources.get("CPU", 0)
-    need = workers * (1 if use_gpu else threads)
-    if cpus < need:
-        raise TrainError(
-            f"workers={workers} x threads_per_worker={threads} need {need} CPUs but the Ray cluster has {cpus:g}; "
-            "lower workers or threads_per_worker"
-        )
-    return use_gpu
-
-
-def _failure_message(err: BaseException) -> str:
-    failures = getattr(err, "worker_failures", None) or {}
-    for failure in failures.values():
-        lines = [line for line in str(failure).strip().splitlines() if line.strip()]
-        if lines:
-            return lines[-1].strip()
-    lines = [line for line in str(err).strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else type(err).__name__
-
-
-def run_training(cfg: Any, plan: RunPlan | None = None) -> dict:
-    """Run (or resume) a training run; Ray must be initialised. ``plan``: from ``prepare_run(cfg)``
-    (computed here when None). Returns the final status row (end-of-run held-out perplexities)."""
-    from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    plan = prepare_run(cfg) if plan is None else plan
-    plan.use_gpu = _cluster_check(cfg)
-    ray_storage = tempfile.mkdtemp(prefix="elmo-ray-train-")
-    trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={"config": to_dict(cfg), "plan": dataclasses.asdict(plan)},
-        torch_config=TorchConfig(backend="nccl" if plan.use_gpu else "gloo"),
-        scaling_config=ScalingConfig(
-            num_workers=int(cfg.workers),
-            use_gpu=plan.use_gpu,
-            resources_per_worker=None if plan.use_gpu else {"CPU": int(cfg.threads_per_worker)},
-        ),
-        run_config=RunConfig(
-            name=plan.name,
-            storage_path=ray_storage,
-            failure_config=FailureConfig(max_failures=int(cfg.max_failures)),
-            worker_runtime_env={"env_vars": worker_env()},
-        ),
-    )
-    try:
-        trainer.fit()
-    except TrainingFailedError as err:  # surface the worker's own last line, not Ray's traceback
-        raise TrainError(f"training failed: {_failure_message(err)}") from None
-    finally:
-        shutil.rmtree(ray_storage, ignore_errors=True)
-    return final_status(plan.run_dir)
-
-
-def final_status(run_dir: str) -> dict:
-    """The last ``status`` row rank 0 wrote to metrics.jsonl; a TrainError unless it says ``done``."""
-    path = storage.join(run_dir, METRICS_FILE)
-    rows = [r for r in read_metrics(path) if r.get("kind") == "status"] if storage.exists(path) else []
-    if not rows:
-        raise TrainError(f"training ended without a final status in {path}")
-    if rows[-1].get("status") != "done":
-        raise TrainError(str(rows[-1].get("message", "training stopped")))
-    return rows[-1]
-
-
-# ---- the per-worker loop ---------------------------------------------------------------------
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
-class WorkerRun:
+class Trainer:
     """One rank's training run: data, checkpoints, evaluation and logging around a ``StepRunner``.
 
     ``cfg`` is the resolved TrainConfig (an OmegaConf DictConfig). ``report``: also send every
@@ -314,69 +365,58 @@ class WorkerRun:
     """
 
     def __init__(self, cfg: Any, plan: RunPlan, device: torch.device, report: bool = False):
-        self.cfg, self.plan, self.device, self.report = cfg, plan, device, report
+        self.cfg, self.plan, self.device = cfg, plan, device
         if plan.storage_endpoint:
             storage.configure(endpoint_url=plan.storage_endpoint)
-        self.runner = StepRunner(cfg, plan.options, plan.vocab_size, device)
-        self.rank, self.world = self.runner.rank, self.runner.world
+        self.runner = runner = StepRunner(cfg, plan.options, plan.vocab_size, device)
+        self.rank, self.world = runner.rank, runner.world
         self.vocab_bytes = storage.read_bytes(shard_format.vocab_path(plan.shards, plan.manifest))
         self.cache = CharCache(shard_format.parse_vocab(self.vocab_bytes.decode("utf-8")))
-        self.batches = open_lm_batches(
-            plan.shards,
-            "train",
-            self.cache,
-            int(cfg.batch_size),
-            int(cfg.unroll_steps),
-            rank=self.rank,
-            world_size=self.world,
-            seed=int(cfg.seed),
-            manifest=plan.manifest,
+        self.batches = self._batches("train", int(cfg.batch_size), int(cfg.unroll_steps), seed=int(cfg.seed))
+        self.checkpointer = Checkpointer(
+            plan.run_dir,
+            self.rank,
+            self.world,
+            every=int(cfg.checkpoint_every),
+            keep=int(cfg.keep_checkpoints),
+            shared={"bilm": runner.bilm, "softmax": runner.softmax, "optimizer": runner.optimizer},
+            own={"data": self.batches, "lstm": runner.state, "rng": RNGStates(runner.generator)},
+            meta={"options": plan.options, "config": to_dict(cfg), "vocab": self.vocab_bytes},
         )
-        self.resumed_from: int | None = None
-        resume = ckpt.latest_checkpoint(plan.run_dir)
-        if resume is not None:
-            self._restore(resume)
+        self.resumed_from = self.checkpointer.restore()
+        if self.resumed_from is not None:
+            runner.step = self.resumed_from
         elif plan.init_from:
             self._init_from(plan.init_from)
-        self.runner.distribute()
-        self.log = MetricsLog(plan.run_dir, self.resumed_from) if self.rank == 0 else None
-        self.flops_per_step = self.runner.flops_per_step(int(cfg.batch_size), int(cfg.unroll_steps))
-        self.peak_flops = measure_matmul_peak(device, self.runner.autocast_dtype or torch.float32)
+        runner.distribute()
+        self.evaluator = Evaluator(
+            cfg,
+            lambda: self._batches("heldout", int(cfg.eval_batch_size), EVAL_UNROLL_STEPS, test=True),
+            plan.unigram_perplexity,
+            self.world,
+        )
+        self.log = RunLog(
+            cfg, plan.run_dir, plan.name, to_dict(cfg), plan.total_steps, self.rank, self.resumed_from, report
+        )
+        self.flops_per_step = runner.flops_per_step(int(cfg.batch_size), int(cfg.unroll_steps))
+        self.peak_flops = measure_matmul_peak(device, runner.autocast_dtype or torch.float32)
 
-    @property
-    def bilm(self) -> BiLM:
-        return self.runner.bilm
-
-    @property
-    def softmax(self) -> SharedSoftmax:
-        return self.runner.softmax
+    def _batches(self, split: str, batch_size: int, unroll_steps: int, **kwargs):
+        return open_lm_batches(
+            self.plan.shards,
+            split,
+            self.cache,
+            batch_size,
+            unroll_steps,
+            rank=self.rank,
+            world_size=self.world,
+            manifest=self.plan.manifest,
+            **kwargs,
+        )
 
     @property
     def step(self) -> int:
         return self.runner.step
-
-    # -- state ---------------------------------------------------------------------------------
-    def _restore(self, path: str) -> None:
-        runner = self.runner
-        payload = ckpt.load_model(path)
-        if payload["options"] != self.plan.options:
-            raise ckpt.CheckpointError(f"checkpoint {path} holds a different model than the config asks for")
-        runner.bilm.load_state_dict(payload["bilm"])
-        runner.softmax.load_state_dict(payload["softmax"])
-        runner.load_optimizer_state(payload["optimizer"])
-        runner.step = int(payload["step"])
-        mine = ckpt.load_rank(path, self.rank, self.world)
-        self.batches.load_state_dict(mine["data"])
-        if mine["c"] is not None:
-            if mine["c"].shape != runner.c.shape or mine["h"].shape != runner.h.shape:
-                raise ckpt.CheckpointError(
-                    f"checkpoint {path} holds LSTM states of shape {tuple(mine['c'].shape)} for "
-                    f"{tuple(runner.c.shape)}; was batch_size changed?"
-                )
-            runner.c.copy_(mine["c"])
-            runner.h.copy_(mine["h"])
-        ckpt.restore_rng_states(mine["rng"], runner.generator)
-        self.resumed_from = runner.step
 
     def _init_from(self, source: str) -> None:
         """Continue pretraining from released weights (and their softmax when the vocabulary matches)."""
@@ -393,111 +433,57 @@ class WorkerRun:
                     local[name] = os.path.join(tmp, name)
                     storage.download_file(storage.join(source, name), local[name])
             loaded = BiLM.from_files(local[export_mod.OPTIONS_FILE], local[export_mod.WEIGHTS_FILE])
-            self.bilm.load_state_dict(loaded.state_dict())
+            self.runner.bilm.load_state_dict(loaded.state_dict())
             if export_mod.SOFTMAX_FILE in local and export_mod.VOCAB_FILE in local:
                 with open(local[export_mod.VOCAB_FILE], "rb") as f:
                     same_vocab = f.read() == self.vocab_bytes
                 if same_vocab:
                     weight, bias = export_mod.read_softmax(local[export_mod.SOFTMAX_FILE])
                     with torch.no_grad():
-                        self.softmax.weight.copy_(torch.from_numpy(weight))
-                        self.softmax.bias.copy_(torch.from_numpy(bias))
+                        self.runner.softmax.weight.copy_(torch.from_numpy(weight))
+                        self.runner.softmax.bias.copy_(torch.from_numpy(bias))
 
-    def save_checkpoint(self) -> None:
-        runner = self.runner
-        path = ckpt.checkpoint_path(self.plan.run_dir, runner.step)
-        ckpt.save_rank(
-            path,
-            self.rank,
-            {
-                "data": self.batches.state_dict(),
-                "c": runner.c.cpu(),
-                "h": runner.h.cpu(),
-                "rng": ckpt.rng_states(runner.generator),
-            },
-        )
-        if self.rank == 0:
-            ckpt.save_model(
-                path,
-                {
-                    "options": self.plan.options,
-                    "bilm": runner.bilm.state_dict(),
-                    "softmax": runner.softmax.state_dict(),
-                    "optimizer": runner.optimizer_state(),
-                    "step": runner.step,
-                    "config": to_dict(self.cfg),
-                    "vocab": self.vocab_bytes,
-                },
-            )
-        _barrier()
-        if self.rank == 0:
-            ckpt.mark_complete(path, runner.step, self.world)
-            ckpt.prune(self.plan.run_dir, int(self.cfg.keep_checkpoints))
-
-    # -- evaluation ----------------------------------------------------------------------------
     def evaluate(self) -> dict:
+        runner = self.runner
+        return self.evaluator.run(runner.lm, runner.softmax, self.device, runner.autocast_dtype)
+
+    def _train_row(self, out: StepResult, steps_timed: int, compute: float, elapsed: float) -> dict:
         cfg = self.cfg
-        batches = open_lm_batches(
-            self.plan.shards,
-            "heldout",
-            self.cache,
-            int(cfg.eval_batch_size),
-            EVAL_UNROLL_STEPS,
-            rank=self.rank,
-            world_size=self.world,
-            test=True,
-            manifest=self.plan.manifest,
-        )
-        max_batches = -(-int(cfg.eval_max_batches) // self.world) if cfg.eval_max_batches else 0
-        sums = heldout_sums(
-            self.runner.lm, self.softmax, batches, self.device, max_batches, self.runner.autocast_dtype
-        )
-        counts = torch.cat([sums.losses, torch.tensor([float(sums.batches)], dtype=torch.float64)])
-        total = all_reduce_sum(counts.to(self.device)).cpu()  # NCCL reduces only CUDA tensors
-        result = HeldoutSums(total[:3], int(total[3])).perplexities()
-        result["eval/unigram_perplexity"] = self.plan.unigram_perplexity
-        result["eval/batches"] = int(total[3])
-        return result
-
-    # -- the loop ------------------------------------------------------------------------------
-    def _emit(self, row: dict, sink) -> None:
-        if self.log is not None:
-            self.log.append(row)
-            sink.log(row, row["step"])
-        self._report(row)
-
-    def _report(self, row: dict) -> None:
-        if self.report:
-            import ray.train
-
-            ray.train.report(row)
+        fwd, bwd = out.losses.tolist()
+        tokens = 2 * int(cfg.batch_size) * int(cfg.unroll_steps) * self.world * steps_timed
+        return {
+            "kind": "train",
+            "step": self.step,
+            "epoch": self.step / max(self.plan.steps_per_epoch, 1),
+            "train/loss": 0.5 * (fwd + bwd),
+            "train/perplexity": perplexity(0.5 * (fwd + bwd)),
+            "train/perplexity_fwd": perplexity(fwd),
+            "train/perplexity_bwd": perplexity(bwd),
+            "train/lr": out.lr,
+            "train/grad_norm": float(out.grad_norm),
+            "train/tokens_per_s": tokens / compute,
+            "train/mfu": self.flops_per_step * steps_timed / compute / self.peak_flops,
+            "train/softmax_rows": int(out.rows),
+            "train/softmax_exchange_bytes": out.exchange_bytes,
+            "train/softmax_dense_bytes": out.dense_bytes,
+            "time": elapsed,
+        }
 
     def run(self) -> dict:
-        cfg, plan = self.cfg, self.plan
-        sink = WandbSink(cfg.wandb, plan.run_dir, plan.name, to_dict(cfg)) if self.rank == 0 else None
-        if self.log is not None and self.resumed_from is None:
-            self.log.append(
-                {"kind": "config", "step": 0, "config": to_dict(cfg), "total_steps": plan.total_steps}
-            )
-        if self.log is not None and self.resumed_from is not None:
-            self.log.append(
-                {"kind": "event", "step": self.step, "event": "resume", "from_step": self.resumed_from}
-            )
-        # The step never waits for the device; the loop does, only where it reads results (a log
+        plan, runner, log = self.plan, self.runner, self.log
+        # The step never waits for the device; the loop does, only where a component is due (a log
         # line, an evaluation, a checkpoint), so the host prepares the next batches meanwhile.
         compute, steps_timed, start = 0.0, 0, time.perf_counter()
         window = start
         status = {"kind": "status", "step": self.step, "status": "done"}
         while self.step < plan.total_steps:
-            out = self.runner.train_step(next(self.batches), plan.total_steps)
+            out = runner.train_step(next(self.batches), plan.total_steps)
             steps_timed += 1
             last = self.step == plan.total_steps
-            log_now = self.step % int(cfg.log_every) == 0 or last
-            eval_now = bool(cfg.eval_every) and self.step % int(cfg.eval_every) == 0 and not last
-            checkpoint_now = self.step % int(cfg.checkpoint_every) == 0 or last
-            if not (log_now or eval_now or checkpoint_now):
+            due = [c.due(self.step, last) for c in (log, self.evaluator, self.checkpointer)]
+            if not any(due):
                 continue
-            skipped = self.runner.nonfinite_steps()  # waits for the device
+            skipped = runner.nonfinite_steps()  # waits for the device
             compute += time.perf_counter() - window
             if skipped:
                 status = {
@@ -506,55 +492,31 @@ class WorkerRun:
                     "status": "nan",
                     "message": f"non-finite loss or gradient in {skipped} of the steps up to step {self.step} "
                     f"(nothing was updated in those); stopped, the last good checkpoint is "
-                    f"{ckpt.latest_checkpoint(plan.run_dir) or 'none'}",
+                    f"{latest_checkpoint(plan.run_dir) or 'none'}",
                 }
                 break
-            if log_now:
-                fwd, bwd = out.losses.tolist()
-                tokens = 2 * int(cfg.batch_size) * int(cfg.unroll_steps) * self.world * steps_timed
-                self._emit(
-                    {
-                        "kind": "train",
-                        "step": self.step,
-                        "epoch": self.step / max(plan.steps_per_epoch, 1),
-                        "train/loss": 0.5 * (fwd + bwd),
-                        "train/perplexity": perplexity(0.5 * (fwd + bwd)),
-                        "train/perplexity_fwd": perplexity(fwd),
-                        "train/perplexity_bwd": perplexity(bwd),
-                        "train/lr": out.lr,
-                        "train/grad_norm": float(out.grad_norm),
-                        "train/tokens_per_s": tokens / compute,
-                        "train/mfu": self.flops_per_step * steps_timed / compute / self.peak_flops,
-                        "train/softmax_rows": int(out.rows),
-                        "train/softmax_exchange_bytes": out.exchange_bytes,
-                        "train/softmax_dense_bytes": out.dense_bytes,
-                        "time": time.perf_counter() - start,
-                    },
-                    sink,
-                )
+            if due[0]:
+                log.emit(self._train_row(out, steps_timed, compute, time.perf_counter() - start))
                 compute, steps_timed = 0.0, 0
-            if eval_now:
-                self._emit({"kind": "eval", "step": self.step, **self.evaluate()}, sink)
-            if checkpoint_now:
-                self.save_checkpoint()
+            if due[1]:
+                log.emit({"kind": "eval", "step": self.step, **self.evaluate()})
+            self.checkpointer.save(self.step, last)
             window = time.perf_counter()  # evaluation and checkpoints are not training time
         status["step"] = self.step
         if status["status"] == "done":
             final = {"kind": "eval", "step": self.step, **self.evaluate()}
-            self._emit(final, sink)
+            log.emit(final)
             if self.rank == 0:
                 with torch.no_grad():
                     export_mod.export_model(
-                        self.bilm, self.softmax, self.vocab_bytes, storage.join(plan.run_dir, EXPORT_DIR)
+                        runner.bilm,
+                        runner.softmax,
+                        self.vocab_bytes,
+                        storage.join(plan.run_dir, export_mod.EXPORT_DIR),
                     )
-                plot_perplexity(self.log.rows, storage.join(plan.run_dir, PLOT_FILE))
+                plot_perplexity(log.rows, storage.join(plan.run_dir, PLOT_FILE))
             status.update({k: v for k, v in final.items() if k != "kind"})
-        if self.log is not None:
-            self.log.append(status)
-        if sink is not None:
-            sink.finish()
-        _barrier()
-        self._report(status)
+        log.finish_with(status)
         return status
 
 
@@ -579,15 +541,4 @@ def train_loop_per_worker(loop_config: dict) -> None:
     plan = RunPlan(**loop_config["plan"])
     torch.set_num_threads(int(cfg.threads_per_worker))
     device = ray.train.torch.get_device() if plan.use_gpu else torch.device("cpu")
-    WorkerRun(cfg, plan, device, report=True).run()
-
-
-__all__ = [
-    "TrainError",
-    "RunPlan",
-    "prepare_run",
-    "run_training",
-    "final_status",
-    "train_loop_per_worker",
-    "WorkerRun",
-]
+    Trainer(cfg, plan, device, report=True).run()

@@ -19,8 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from pipeline import storage
-from pipeline.shard import format as shard_format
+from pipeline import shard_format, storage
 from pipeline.train.data import BOS_ID, EOS_ID, UNK_ID
 
 N_SPECIALS = len(shard_format.SPECIALS)

@@ -8,10 +8,9 @@ import json
 
 import pytest
 
-from pipeline import storage
+from pipeline import shard_format, storage
 from pipeline.embed import inputs
 from pipeline.embed.errors import EmbedError
-from pipeline.shard import format as shard_format
 
 
 def _all_lines(specs):

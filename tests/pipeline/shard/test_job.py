@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from jobs.shard import main as shard_main
+from pipeline import shard_format as fmt
 from pipeline import storage
 from pipeline.config import load_config
-from pipeline.shard import format as fmt
 from pipeline.shard import job as shard_job
 from pipeline.shard.config import ShardConfig
 from pipeline.shard.errors import ShardError

@@ -9,12 +9,11 @@ import pytest
 from shard_builder import sample_sentences, write_sample_shards
 
 from jobs.train import main as train_main
-from pipeline import storage
+from pipeline import shard_format, storage
 from pipeline.config import load_config
-from pipeline.shard import format as shard_format
-from pipeline.shard.format import FormatError
+from pipeline.shard_format import FormatError
 from pipeline.train.config import TrainConfig
-from pipeline.train.trainer import TrainError, _cluster_check, prepare_run
+from pipeline.train.launch import TrainError, _cluster_check, prepare_run
 
 
 @pytest.fixture
@@ -90,7 +89,7 @@ def test_cli_reports_one_line(shards, tmp_path, capsys):
 
 
 def test_manifest_counts_that_disagree_with_a_shard_fail_the_run_with_one_line(shards, tmp_path, ray_local):
-    from pipeline.train.trainer import run_training
+    from pipeline.train.launch import run_training
 
     path = os.path.join(shards, "manifest.json")
     manifest = json.loads(storage.read_bytes(path))

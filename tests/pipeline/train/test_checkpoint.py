@@ -66,9 +66,67 @@ def test_checkpoints_on_s3(s3_prefix):
 
 
 def test_rng_states_round_trip():
+    import random
+
+    import numpy as np
+
     gen = torch.Generator().manual_seed(3)
-    states = ckpt.rng_states(gen)
-    expected = (torch.rand(3), torch.rand(2, generator=gen))
-    ckpt.restore_rng_states(states, gen)
+    part = ckpt.RNGStates(gen)
+    states = part.state_dict()
+    expected = (torch.rand(3), torch.rand(2, generator=gen), np.random.rand(2), random.random())
+    part.load_state_dict(states)
     torch.testing.assert_close(torch.rand(3), expected[0])
     torch.testing.assert_close(torch.rand(2, generator=gen), expected[1])
+    assert np.random.rand(2).tolist() == expected[2].tolist() and random.random() == expected[3]
+
+
+class _Part:
+    def __init__(self, value):
+        self.value = value
+
+    def state_dict(self):
+        return {"value": torch.tensor(self.value)}
+
+    def load_state_dict(self, state):
+        self.value = float(state["value"])
+
+
+def test_checkpointer_saves_when_due_and_restores_every_part(tmp_path):
+    run = str(tmp_path / "run")
+    shared, own = _Part(1.0), _Part(2.0)
+    saver = ckpt.Checkpointer(
+        run, 0, 1, every=10, keep=2, shared={"w": shared}, own={"d": own}, meta={"options": {"a": 1}}
+    )
+    assert not saver.save(5) and saver.save(10) and saver.save(13, last_step=True)
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [10, 13]
+    shared.value, own.value = 7.0, 8.0
+    restorer = ckpt.Checkpointer(
+        run, 0, 1, every=10, keep=2, shared={"w": shared}, own={"d": own}, meta={"options": {"a": 1}}
+    )
+    assert restorer.restore() == 13 and (shared.value, own.value) == (1.0, 2.0)
+    other = ckpt.Checkpointer(
+        run, 0, 1, every=10, keep=2, shared={"w": shared}, own={"d": own}, meta={"options": {"a": 2}}
+    )
+    with pytest.raises(ckpt.CheckpointError, match="different model"):
+        other.restore()
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(tmp_path):
+    """A pickle whose loading calls os.system: weights-only loading refuses it before it runs."""
+    run = str(tmp_path / "run")
+    path = _write(run, 10)
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    import io
+    import pickle
+
+    buf = io.BytesIO()
+    pickle.dump({"step": 10, "x": Evil()}, buf, protocol=2)
+    storage.write_bytes(storage.join(path, ckpt.MODEL_FILE), buf.getvalue())
+    with pytest.raises(ckpt.CheckpointError, match="tampered with"):
+        ckpt.load_model(path)
+    assert not marker.exists()

@@ -11,8 +11,7 @@ import torch
 from train_shards import fixture_sentences, fixture_vocab, write_shard_dir
 
 from elmo_model.characters import token_to_ids
-from pipeline import storage
-from pipeline.shard import format as shard_format
+from pipeline import shard_format, storage
 from pipeline.train.char_cache import CharCache
 from pipeline.train.data import (
     BOS_ID,

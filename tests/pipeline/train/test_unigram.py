@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from train_shards import write_shard_dir
 
-from pipeline.shard import format as shard_format
+from pipeline import shard_format
 from pipeline.train.unigram import (
     heldout_target_counts,
     heldout_unigram_perplexity,

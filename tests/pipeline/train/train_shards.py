@@ -6,8 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from pipeline import storage
-from pipeline.shard import format as shard_format
+from pipeline import shard_format, storage
 
 FIXTURE_DIR = Path(__file__).resolve().parents[2] / "data" / "train"
 

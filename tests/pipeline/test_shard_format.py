@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import webdataset as wds
 
+from pipeline import shard_format as fmt
 from pipeline import storage
-from pipeline.shard import format as fmt
 
 
 def _write_tar(samples) -> bytes:

@@ -1,5 +1,7 @@
-"""Summing the softmax row gradients of a step, and exchanging them between workers in proportion
-to the rows a step reads.
+"""Collectives between the training ranks: world size and rank, all-reduce, barrier, and the
+exchange of the softmax gradient in proportion to the rows a step reads.
+
+Without a process group (one rank in-process, the tests) every function is the single-rank identity.
 
 The softmax is most of the parameters (406M of 500M in the original model), but a sampled-softmax
 step only reads K rows (its targets and negatives, repeats included), K << V. The softmax is kept
@@ -57,8 +59,31 @@ def merge_rows(ids: torch.Tensor, values: torch.Tensor, vocab_size: int) -> RowG
     return RowGradient(torch.where(valid, slot_ids, 0), torch.where(valid.unsqueeze(1), merged, 0.0), valid)
 
 
+def _initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of the default process group; (0, 1) without one."""
+    if _initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def _world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return world()[1]
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over ranks in place (NCCL reduces only CUDA tensors); returns it."""
+    if _initialized():
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def barrier() -> None:
+    if _initialized():
+        dist.barrier()
 
 
 def _all_gather(output: torch.Tensor, tensor: torch.Tensor) -> None:

@@ -1,4 +1,5 @@
-"""Summing and exchanging softmax row gradients, against a dense all-reduce on two gloo processes."""
+"""The collectives between ranks: summing and exchanging softmax row gradients, against a dense
+all-reduce on two gloo processes."""
 
 import os
 import socket
@@ -8,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from pipeline.train.softmax_exchange import dense_allreduce_mean, exchange_rows, merge_rows
+from pipeline.train.distributed import dense_allreduce_mean, exchange_rows, merge_rows
 
 
 def _free_port() -> int:

@@ -1,0 +1,27 @@
+"""The facts of a training run that the driver resolves once and every worker reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class RunPlan:
+    """Facts the driver resolves once and hands to every worker (as a dict: it crosses to Ray).
+
+    ``options``: the model's inference options.json dict; ``total_steps``: steps of the whole run
+    (a resumed run continues up to it); ``unigram_perplexity``: the held-out baseline;
+    ``use_gpu``: set from the cluster just before launch."""
+
+    run_dir: str
+    name: str
+    shards: str
+    manifest: dict
+    vocab_size: int
+    total_steps: int
+    steps_per_epoch: int
+    unigram_perplexity: float
+    options: dict
+    init_from: str
+    storage_endpoint: str
+    use_gpu: bool = False

@@ -1,0 +1,288 @@
+"""End-to-end training on Ray Train: tiny preset, the sample corpus, 2 CPU workers, local and S3."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from shard_builder import sample_sentences, write_sample_shards
+
+from elmo_model import BiLM, batch_to_ids
+from pipeline import storage
+from pipeline.config import load_config
+from pipeline.train import checkpoint as ckpt
+from pipeline.train.config import TrainConfig
+from pipeline.train.export import EXPORT_DIR, SOFTMAX_FILE, VOCAB_FILE, model_from_checkpoint, read_softmax
+from pipeline.train.launch import TrainError, final_status, prepare_run, run_training
+from pipeline.train.metrics import METRICS_FILE, PLOT_FILE, read_metrics
+from pipeline.train.trainer import Trainer
+
+pytestmark = pytest.mark.timeout(600)
+
+SENTENCES = 6000
+HELDOUT = 300
+STEPS = 150
+
+
+def tiny(shards: str, output: str, *overrides: str):
+    return load_config(
+        TrainConfig,
+        preset="tiny",
+        overrides=[f"shards={shards}", f"output={output}", "workers=2", *overrides],
+    )
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    sentences = sample_sentences(SENTENCES)
+    return sentences[:-HELDOUT], sentences[-HELDOUT:]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, corpus):
+    out = str(tmp_path_factory.mktemp("shards"))
+    write_sample_shards(out, *corpus)
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, shards, ray_local):
+    """The one longer run: STEPS steps, evaluated every 50, checkpoints every 50 (keep 2)."""
+    run_dir = str(tmp_path_factory.mktemp("run") / "kjv")
+    cfg = tiny(
+        shards, run_dir, f"max_steps={STEPS}", "eval_every=50", "checkpoint_every=50", "eval_max_batches=60"
+    )
+    final = run_training(cfg)
+    return run_dir, final
+
+
+WANDB_LOG_READER = """
+import json, struct, sys
+from wandb.proto import wandb_internal_pb2
+
+data = open(sys.argv[1], "rb").read()
+pos, block, payload, rows = 7, 32 * 1024, b"", []
+while pos + 7 <= len(data):
+    room = block - (pos % block)
+    if room < 7:
+        pos += room
+        continue
+    _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+    if length == 0 and kind == 0:
+        pos += room
+        continue
+    payload += data[pos + 7 : pos + 7 + length]
+    pos += 7 + length
+    if kind in (1, 4):  # FULL or LAST
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(payload)
+        payload = b""
+        if record.WhichOneof("record_type") == "history":
+            rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
+print(json.dumps(rows))
+"""
+"""Reads a .wandb file: a LevelDB-style log (7-byte header, then 32 KiB blocks of records with a
+7-byte crc/length/type header) of protobuf ``Record`` messages; prints the ``history`` records."""
+
+
+def wandb_history(run_dir: str) -> list[dict]:
+    """The ``history`` records ({key: value} per logged step) of the offline wandb run under RUN/wandb.
+
+    Parsed in a child process: wandb is never imported into the test process, which also drives Ray."""
+    files = list(Path(run_dir, "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1, files
+    out = subprocess.run(
+        [sys.executable, "-c", WANDB_LOG_READER, str(files[0])], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout)
+
+
+def test_train_perplexity_falls_and_heldout_beats_half_the_unigram(trained):
+    run_dir, final = trained
+    rows = read_metrics(os.path.join(run_dir, METRICS_FILE))
+    train = [r for r in rows if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(10, STEPS + 1, 10))
+    assert train[-1]["train/perplexity"] < 0.5 * train[0]["train/perplexity"]
+    for r in train:
+        assert r["train/tokens_per_s"] > 0 and 0 < r["train/mfu"] < 1.5
+        assert r["train/perplexity"] == pytest.approx(np.exp(r["train/loss"]), rel=1e-6)
+        # the rows exchange or, when it would move more (a small vocabulary), the dense all-reduce
+        assert 0 < r["train/softmax_exchange_bytes"] <= r["train/softmax_dense_bytes"]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [50, 100, STEPS]
+    assert evals[-1]["eval/perplexity"] < evals[0]["eval/perplexity"]
+    assert final["status"] == "done" and final["step"] == STEPS
+    assert final["eval/perplexity"] <= 0.5 * final["eval/unigram_perplexity"]
+    assert final["eval/perplexity_fwd"] > 1 and final["eval/perplexity_bwd"] > 1
+    assert Path(run_dir, PLOT_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_wandb_offline_run_holds_the_logged_perplexities(trained):
+    run_dir, _ = trained
+    logged: dict[int, dict] = {}
+    for r in read_metrics(os.path.join(run_dir, METRICS_FILE)):
+        if r["kind"] in ("train", "eval"):
+            logged.setdefault(r["step"], {}).update(r)
+    history = wandb_history(run_dir)
+    seen = 0
+    for row in history:
+        step = row["_step"]
+        for key in ("train/perplexity", "eval/perplexity", "eval/unigram_perplexity"):
+            if key in row:
+                assert row[key] == pytest.approx(logged[step][key], rel=1e-6)
+                seen += 1
+    assert seen >= STEPS // 10 + 3
+
+
+def test_checkpoints_keep_the_last_two_and_the_export_reproduces_the_model(trained, tmp_path):
+    run_dir, _ = trained
+    assert [step for step, _ in ckpt.list_checkpoints(run_dir)] == [100, STEPS]
+    bilm, softmax, payload = model_from_checkpoint(ckpt.latest_checkpoint(run_dir))
+    export = os.path.join(run_dir, EXPORT_DIR)
+    loaded = BiLM.from_files(os.path.join(export, "options.json"), os.path.join(export, "weights.hdf5"))
+    ids = batch_to_ids(
+        [["In", "the", "beginning", "God", "created"], ["And", "Moses", "said", "unto", "the", "LORD"]]
+    )
+    with torch.no_grad():
+        expected, got = bilm(ids), loaded(ids)
+    torch.testing.assert_close(got.layers, expected.layers, rtol=1e-5, atol=1e-6)
+    weight, bias = read_softmax(os.path.join(export, SOFTMAX_FILE))
+    np.testing.assert_array_equal(weight, softmax.weight.detach().numpy())
+    np.testing.assert_array_equal(bias, softmax.bias.detach().numpy())
+    assert Path(export, VOCAB_FILE).read_bytes() == payload["vocab"]
+    # elmo export CHECKPOINT OUT writes the same pair
+    from jobs.export import main as export_main
+
+    assert export_main([run_dir, str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "weights.hdf5").read_bytes() == Path(export, "weights.hdf5").read_bytes()
+
+
+def test_continue_pretraining_from_exported_weights(trained, shards, tmp_path):
+    run_dir, _ = trained
+    cfg = tiny(shards, str(tmp_path / "adapt"), f"init_from={os.path.join(run_dir, EXPORT_DIR)}", "workers=1")
+    worker = Trainer(cfg, prepare_run(cfg), torch.device("cpu"))
+    source, softmax, _ = model_from_checkpoint(ckpt.latest_checkpoint(run_dir))
+    for name, tensor in source.state_dict().items():
+        torch.testing.assert_close(worker.runner.bilm.state_dict()[name], tensor, msg=name)
+    torch.testing.assert_close(worker.runner.softmax.weight.detach(), softmax.weight.detach())
+    assert worker.step == 0
+
+
+def test_rerun_resumes_from_the_latest_checkpoint(shards, tmp_path, ray_local, capsys):
+    from jobs.train import main as train_main
+
+    run_dir = str(tmp_path / "resume")
+    common = ["checkpoint_every=10", "log_every=5", "eval_max_batches=4", "wandb.mode=disabled"]
+    flags = [
+        "--shards",
+        shards,
+        "--output",
+        run_dir,
+        "--preset",
+        "tiny",
+        "--workers",
+        "2",
+        "--name",
+        "resumable",
+    ]
+    assert train_main([*flags, "--max-steps", "20", *common]) == 0
+    assert capsys.readouterr().out.startswith("trained to step 20: held-out perplexity ")
+    assert ckpt.load_model(ckpt.latest_checkpoint(run_dir))["step"] == 20
+    assert train_main([*flags, "--max-steps", "30", *common]) == 0
+    rows = read_metrics(os.path.join(run_dir, METRICS_FILE))
+    events = [r for r in rows if r["kind"] == "event"]
+    assert events == [{"kind": "event", "step": 20, "event": "resume", "from_step": 20}]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [5, 10, 15, 20, 25, 30]
+    assert [r["step"] for r in rows if r["kind"] == "status"] == [20, 30]
+    assert ckpt.load_model(ckpt.latest_checkpoint(run_dir))["step"] == 30
+    with pytest.raises(TrainError, match="belongs to run 'resumable'"):
+        prepare_run(tiny(shards, run_dir, "max_steps=30", "name=other"))
+
+
+def _train_worker_pids() -> list[int]:
+    """Pids of the live Ray Train workers of this session's cluster, from its GCS actor table.
+
+    (``ray.util.state`` needs the dashboard, which the test cluster does not start.)"""
+    from ray._private.state import actors
+
+    return [
+        a["Pid"]
+        for a in actors().values()
+        if a["ActorClassName"] == "RayTrainWorker" and a["State"] == "ALIVE" and a["Pid"]
+    ]
+
+
+def test_killed_worker_restarts_from_checkpoint_on_s3(shards, s3_prefix, ray_local):
+    s3_shards = storage.join(s3_prefix, "shards")
+    for path in storage.list_prefix(shards + "/"):
+        storage.upload_file(path, storage.join(s3_shards, os.path.basename(path)))
+    run_dir = storage.join(s3_prefix, "run")
+    cfg = tiny(
+        s3_shards,
+        run_dir,
+        "max_steps=40",
+        "checkpoint_every=10",
+        "log_every=10",
+        "eval_max_batches=4",
+        "max_failures=2",
+    )
+    killed: list[int] = []
+
+    def kill_after_first_checkpoint():
+        deadline = time.time() + 300
+        while time.time() < deadline and not ckpt.list_checkpoints(run_dir):
+            time.sleep(0.5)
+        pids = _train_worker_pids()
+        if pids:
+            os.kill(pids[-1], signal.SIGKILL)
+            killed.append(pids[-1])
+
+    killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
+    killer.start()
+    final = run_training(cfg)
+    killer.join(timeout=5)
+    assert killed, "no Ray Train worker was found to kill"
+    assert final["status"] == "done" and final["step"] == 40
+    rows = read_metrics(storage.join(run_dir, METRICS_FILE))
+    resumes = [r for r in rows if r.get("event") == "resume"]
+    assert resumes and resumes[0]["from_step"] >= 10
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [10, 20, 30, 40]
+    assert [step for step, _ in ckpt.list_checkpoints(run_dir)] == [30, 40]
+    assert storage.exists(storage.join(run_dir, EXPORT_DIR, "weights.hdf5"))
+    # the offline wandb run of an s3 run directory is written locally, then uploaded at the end
+    # (wandb runs in the workers only: it is never started in this test process)
+    runs = [p for p in storage.list_prefix(storage.join(run_dir, "wandb") + "/") if p.endswith(".wandb")]
+    assert any(b"train/perplexity" in storage.read_bytes(p) for p in runs)
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(shards, tmp_path):
+    # in-process, one rank: the loop and the driver's final check without a Ray cluster
+    run_dir = str(tmp_path / "nan")
+    cfg = tiny(
+        shards,
+        run_dir,
+        "workers=1",
+        "max_steps=6",
+        "checkpoint_every=1",
+        "optimizer.name=adagrad",
+        "optimizer.lr=1e30",
+        "eval_max_batches=2",
+        "wandb.mode=disabled",
+    )
+    status = Trainer(cfg, prepare_run(cfg), torch.device("cpu")).run()
+    assert status["status"] == "nan"
+    with pytest.raises(TrainError, match="non-finite loss") as err:
+        final_status(run_dir)
+    assert "\n" not in str(err.value)
+    good = ckpt.list_checkpoints(run_dir)
+    assert good and good[-1][0] < 6 and str(good[-1][1]) in str(err.value)
+    assert not storage.exists(os.path.join(run_dir, EXPORT_DIR, "weights.hdf5"))
