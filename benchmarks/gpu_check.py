@@ -1,6 +1,6 @@
 """GPU correctness check of the exact biLM (issue 3): run on a CUDA machine before trusting GPU numbers.
 
-1. Both reference fixture sets through the stateful procedure of spec 5.3 on the GPU in float32
+1. Both reference fixture sets through the stateful procedure of docs/model.md#reference-outputs on the GPU in float32
    (TF32 off), with the fused Triton cell and without: max abs error against the fixtures.
 2. bf16 autocast on the same procedure: max abs error (expected ~1e-2, reported, not a pass/fail).
 3. A random `original`-size model: fused vs unfused cell, GPU vs CPU, on 64 sample sentences.
@@ -30,7 +30,7 @@ from elmo_model.lstm import fused_cell_for  # noqa: E402
 def stateful_error(
     model: BiLM, reference: ReferenceSet, device: torch.device, bf16: bool
 ) -> tuple[float, bool]:
-    """Max |output - fixture| over the 30 sentences of spec 5.3 (10 batches of 3, state carried), and
+    """Max |output - fixture| over the 30 sentences of docs/model.md#reference-outputs (10 batches of 3, state carried), and
     whether every sentence passes the issue's ``allclose(atol=1e-6)`` (default rtol)."""
     model.stateful = True
     model.reset_states()

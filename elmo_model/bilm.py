@@ -1,4 +1,4 @@
-"""The ELMo biLM: token encoder + fused bidirectional LSTM stack, optional per-row state (spec 4.7-4.9)."""
+"""The ELMo biLM: token encoder + fused bidirectional LSTM stack, optional per-row state (docs/model.md)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class BiLM(nn.Module):
 
     Stateless by default: every call starts from zero states, so a sentence's vectors do not depend
     on its batch mates or on earlier calls. With `stateful = True` the final state of row k is kept
-    and used as the initial state of row k in the next call (bilm-tf/AllenNLP behaviour, spec 4.9);
+    and used as the initial state of row k in the next call (bilm-tf/AllenNLP behaviour, docs/model.md#statefulness);
     rows beyond a call's batch size and rows with no real positions are left untouched.
     """
 
@@ -74,7 +74,7 @@ class BiLM(nn.Module):
     # ---- construction / IO -------------------------------------------------------------------
     @classmethod
     def from_options(cls, options: BiLMOptions | dict, max_batch_size: int = 0) -> BiLM:
-        """Randomly initialised model with bilm-tf's initialisation (spec 7.10), train mode, trainable."""
+        """Randomly initialised model with bilm-tf's initialisation (docs/training.md#initialisation), train mode, trainable."""
         model = cls(options, max_batch_size=max_batch_size)
         model.reset_parameters()
         return model.train()
@@ -89,7 +89,7 @@ class BiLM(nn.Module):
         return model.eval()
 
     def save_files(self, options_file: str | Path, weight_file) -> None:
-        """Export in bilm-tf's format (spec 3.3): inference options.json and HDF5 weights."""
+        """Export in bilm-tf's format (docs/weights.md#export): inference options.json and HDF5 weights."""
         from elmo_model.weights import save_weights
 
         Path(options_file).write_text(json.dumps(self.options, indent=2) + "\n", encoding="utf-8")

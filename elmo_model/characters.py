@@ -1,4 +1,4 @@
-"""Byte-level character ids for ELMo (spec section 1).
+"""Byte-level character ids for ELMo (docs/encoding.md).
 
 Every token becomes 50 ids. Raw ids are UTF-8 bytes (0..255) plus five markers (256..260); the
 inference form used everywhere in this package shifts every raw id by +1 so that 0 can mean

@@ -1,4 +1,4 @@
-"""AllenNLP-style Elmo module: one biLM pass, `num_output_representations` ScalarMix outputs (spec 6.4)."""
+"""AllenNLP-style Elmo module: one biLM pass, `num_output_representations` ScalarMix outputs (docs/model.md#layer-mixing)."""
 
 from __future__ import annotations
 

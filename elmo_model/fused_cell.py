@@ -7,7 +7,7 @@ launch; its autograd backward is about twice as many. Here the forward is one pa
 and the backward one more, so a training step of one layer is three launches forward (recurrent
 product, cell, projection) plus the projection clip, and about as many backward.
 
-The arithmetic is the TF LSTMCell of spec 4.5 in float32 whatever the gate dtype (bf16 under
+The arithmetic is the TF LSTMCell of docs/model.md#lstm-cell in float32 whatever the gate dtype (bf16 under
 autocast): c = sigmoid(f) * c_prev + sigmoid(i) * tanh(j), clipped; m = sigmoid(o) * tanh(c).
 The backward kernel recomputes the activations from the saved pre-activation gates instead of
 storing five more tensors per step. `TRITON_INTERPRET=1` runs both kernels on CPU tensors, which is

@@ -1,4 +1,4 @@
-"""Stacked projected LSTM with cell/projection clipping, both directions fused (spec 4.5-4.7, 7.3).
+"""Stacked projected LSTM with cell/projection clipping, both directions fused (docs/model.md#lstm-cell, docs/training.md#network-in-training).
 
 Shapes: D = 2 directions (0 forward, 1 backward), N layers, B rows, T steps, C cell size,
 P projection size. Both directions read their own input left to right; the caller reverses the
@@ -74,7 +74,7 @@ class FusedLSTMLayer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """TF's Glorot-uniform for the (in+P, 4C) kernel and the (C, P) projection, bias 0 (spec 7.10)."""
+        """TF's Glorot-uniform for the (in+P, 4C) kernel and the (C, P) projection, bias 0 (docs/training.md#initialisation)."""
         kernel_limit = math.sqrt(6.0 / (self.input_dim + self.projection_dim + 4 * self.dim))
         proj_limit = math.sqrt(6.0 / (self.dim + self.projection_dim))
         with torch.no_grad():
@@ -120,7 +120,7 @@ def _cell(
     proj_clip: float | None,
     h_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One step of the TF LSTMCell (spec 4.5) for both directions.
+    """One step of the TF LSTMCell (docs/model.md#lstm-cell) for both directions.
 
     gates (2, k, 4C) pre-activations in (i, f, o, j) order, c_prev (2, k, C) -> (c (2, k, C), h (2, k, P)).
     With `h_out` (a (2, k, P) buffer) the step runs in place: `gates` and `c_prev` are overwritten,
@@ -222,7 +222,7 @@ class StackedBiLSTM(nn.Module):
 
         inputs (2, B, U, in) [0] forward stream, [1] backward stream, every position real; state
         c (N, 2, B, C), h (N, 2, B, P) -> top (2, B, U, P) (the last layer, residual applied) and the
-        final state. ``dropout`` hits every layer's input (spec 7.3); the caller passes 0 outside
+        final state. ``dropout`` hits every layer's input (docs/training.md#network-in-training); the caller passes 0 outside
         training. No host synchronisation, so a CUDA graph can capture it.
         """
         kernels = self.use_fused_cell and fused_cell_for(inputs) is not None

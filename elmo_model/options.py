@@ -1,4 +1,4 @@
-"""options.json parsing and validation (spec section 2).
+"""options.json parsing and validation (docs/weights.md#optionsjson).
 
 `BiLMOptions.from_dict` accepts both the inference form (only `lstm` and `char_cnn`) and bilm-tf's
 training form (extra top-level keys). Missing optional keys take bilm-tf's defaults; every
@@ -188,7 +188,7 @@ class BiLMOptions:
             raise OptionsError(f"{path}: {exc}") from exc
 
     def to_dict(self) -> dict:
-        """The inference options.json form, every key written (spec 3.3, `n_characters` 262)."""
+        """The inference options.json form, every key written (docs/weights.md#export, `n_characters` 262)."""
         return {
             "lstm": {
                 "dim": self.dim,

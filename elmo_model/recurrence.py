@@ -1,4 +1,4 @@
-"""One fused LSTM layer over a whole training window as a single autograd op (spec 4.5-4.7, 7.3).
+"""One fused LSTM layer over a whole training window as a single autograd op (docs/model.md#lstm-cell, docs/training.md#network-in-training).
 
 Training windows have no padding (every row holds U real tokens), so a layer is: the input
 products of all steps at once, then U recurrent steps, each a recurrent product, the elementwise

@@ -1,4 +1,4 @@
-"""AllenNLP's ScalarMix: gamma * sum_j softmax(w)_j * layer_j, optional masked scalar layer norm (spec 6.3)."""
+"""AllenNLP's ScalarMix: gamma * sum_j softmax(w)_j * layer_j, optional masked scalar layer norm (docs/model.md#layer-mixing)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def layer_norm_epsilon(dtype: torch.dtype) -> float:
 
 
 def masked_scalar_layer_norm(tensor: torch.Tensor, mask: torch.Tensor, eps: float) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) with ONE mean/variance over all unmasked entries (spec 6.2).
+    """(x - mean) / sqrt(var + eps) with ONE mean/variance over all unmasked entries (docs/model.md#layer-mixing).
 
     tensor (B, T, D), mask (B, T) bool. Masked positions are normalised too (not zeroed).
     """

@@ -1,4 +1,4 @@
-"""Precomputed token vectors for a vocabulary (spec 4.10), with a char-CNN fallback for other words.
+"""Precomputed token vectors for a vocabulary (docs/model.md#token-cache), with a char-CNN fallback for other words.
 
 The vectors are a snapshot of the encoder's weights at construction: rebuild the cache after
 changing them. Cached and fallback vectors come from the same `TokenEncoder.encode_unique`, so

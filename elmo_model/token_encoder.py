@@ -1,4 +1,4 @@
-"""Context-independent token representations: char embedding -> CNN -> highway -> projection (spec 4.1-4.4).
+"""Context-independent token representations: char embedding -> CNN -> highway -> projection (docs/model.md#token-encoder).
 
 Only real token positions are encoded, and each distinct token of a batch only once: the 50-id
 rows are deduplicated, encoded, and gathered back. Padding positions get zero vectors.
@@ -18,7 +18,7 @@ from elmo_model.options import BiLMOptions
 
 
 class Highway(nn.Module):
-    """One highway layer in bilm-tf's convention (spec 4.3), as one fused Linear(F, 2F).
+    """One highway layer in bilm-tf's convention (docs/model.md#token-encoder), as one fused Linear(F, 2F).
 
     `linear` output = [transform | carry]: g = sigmoid(carry), h = relu(transform),
     y = g * h + (1 - g) * x. The file's `W_carry` is the gate that multiplies the relu branch.
@@ -59,7 +59,7 @@ class TokenEncoder(nn.Module):
         return self.options.projection_dim
 
     def reset_parameters(self) -> None:
-        """bilm-tf's initialisation (spec 7.10)."""
+        """bilm-tf's initialisation (docs/training.md#initialisation)."""
         opts = self.options
         with torch.no_grad():
             nn.init.uniform_(self.char_embedding.weight, -1.0, 1.0)

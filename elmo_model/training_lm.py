@@ -1,4 +1,4 @@
-"""A BiLM's training forward over padding-free windows of both streams (spec 7.3).
+"""A BiLM's training forward over padding-free windows of both streams (docs/training.md#network-in-training).
 
 Training batches hold B rows x U tokens of two streams, every position real, and running text
 repeats tokens: the token encoder runs once per distinct spelling of the batch (``chars``), and

@@ -1,4 +1,4 @@
-"""bilm-tf HDF5 weights: load into a BiLM and export back (spec 3).
+"""bilm-tf HDF5 weights: load into a BiLM and export back (docs/weights.md).
 
 Every mapping is a transpose or a gate-block permutation, never arithmetic, so export -> load is
 bit exact. Files are paths or binary file objects (h5py accepts both).
@@ -29,7 +29,7 @@ def cell_prefix(direction: int, layer: int) -> str:
 
 
 def expected_datasets(options: BiLMOptions) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every dataset of a bilm-tf weight file for these options (spec 3.1)."""
+    """Name -> shape of every dataset of a bilm-tf weight file for these options (docs/weights.md#hdf5-layout)."""
     d_c, width, p, c = options.char_embed_dim, options.n_filters, options.projection_dim, options.dim
     shapes: dict[str, tuple[int, ...]] = {"char_embed": (N_RAW_CHARACTERS, d_c)}
     for i, (w, n) in enumerate(options.filters):
@@ -100,7 +100,7 @@ def _t(array: np.ndarray) -> torch.Tensor:
 
 
 def load_weights(model, source) -> None:
-    """Copy a bilm-tf weight file into `model` (a BiLM) in place (mapping of spec 3.2)."""
+    """Copy a bilm-tf weight file into `model` (a BiLM) in place (mapping of docs/weights.md#loading)."""
     opts = model.bilm_options
     a = read_arrays(source, opts)
     enc, p = model.token_encoder, opts.projection_dim
@@ -122,7 +122,7 @@ def load_weights(model, source) -> None:
             for d in range(2):
                 prefix = cell_prefix(d, li)
                 kernel = _t(a[f"{prefix}/W_0"])
-                # W_0 rows: the first `in` multiply x_t, the last P multiply h_{t-1} (spec 9.4).
+                # W_0 rows: the first `in` multiply x_t, the last P multiply h_{t-1} (docs/weights.md#loading).
                 layer.w_ih[d].copy_(permute_gate_blocks(kernel[:-p], TF_TO_INTERNAL))
                 layer.w_hh[d].copy_(permute_gate_blocks(kernel[-p:], TF_TO_INTERNAL))
                 layer.bias[d].copy_(permute_gate_blocks(_t(a[f"{prefix}/B"]), TF_TO_INTERNAL))
@@ -130,7 +130,7 @@ def load_weights(model, source) -> None:
 
 
 def export_arrays(model) -> dict[str, np.ndarray]:
-    """The inverse mapping (spec 3.3): name -> float32 array, exactly `expected_datasets` names and shapes."""
+    """The inverse mapping (docs/weights.md#export): name -> float32 array, exactly `expected_datasets` names and shapes."""
 
     def np32(x: torch.Tensor) -> np.ndarray:
         return x.detach().to("cpu", torch.float32).numpy()

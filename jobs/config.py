@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from jobs.stage_args import add_config_args, main_argv, run_main
-from pipeline.config import STAGES, load_config, stage_schema, to_yaml
+from pipeline.config import STAGES, resolve_config, stage_schema, to_yaml
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,7 +22,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_intermixed_args(main_argv(argv))
 
     def body() -> int:
-        cfg = load_config(
+        cfg = resolve_config(
             stage_schema(args.stage),
             config_file=args.config,
             overrides=args.overrides,

@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jobs.stage_args import parse_stage_args, resolve, run_main, stage_parser
-from pipeline import storage
-from pipeline.embed.config import DTYPES, LAYER_MODES, EmbedConfig
-from pipeline.embed.errors import EmbedError
+from pipeline.config import choices
+from pipeline.embed.config import EmbedConfig, LayerMode, StoredDType
 
 FLAGS = {
     "model": "model",
@@ -47,8 +46,8 @@ def build_parser():
         metavar="DIR_OR_S3_PREFIX",
         help="output folder / s3 prefix, or a .hdf5 file for single-file mode",
     )
-    parser.add_argument("--layers", choices=LAYER_MODES, help="all (default), top or average")
-    parser.add_argument("--dtype", choices=DTYPES, help="stored dtype (default float32)")
+    parser.add_argument("--layers", choices=choices(LayerMode), help="all (default), top or average")
+    parser.add_argument("--dtype", choices=choices(StoredDType), help="stored dtype (default float32)")
     parser.add_argument("--workers", type=int, metavar="N", help="embedding actors (default 1)")
     parser.add_argument(
         "--stateful",
@@ -69,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(summary(result))
         return 0 if result.complete else 3
 
-    return run_main(body, known_errors=(EmbedError, storage.StorageError))
+    return run_main(body)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,6 @@ from jobs.stage_args import main_argv, run_main
 from pipeline import storage
 
 
-class _Known(Exception):
-    """A known failure re-raised with its one-line message."""
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="elmo export", description="Export a training checkpoint in the original format."
@@ -30,19 +26,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(main_argv(argv))
 
     def body() -> int:
-        from pipeline.train.checkpoint import CheckpointError
         from pipeline.train.export import export_checkpoint
 
         if args.endpoint:
             storage.configure(endpoint_url=args.endpoint)
-        try:
-            written = export_checkpoint(args.checkpoint.rstrip("/"), args.out.rstrip("/"))
-        except (CheckpointError, storage.StorageError) as err:
-            raise _Known(str(err)) from None
+        written = export_checkpoint(args.checkpoint.rstrip("/"), args.out.rstrip("/"))
         print("wrote " + ", ".join(written))
         return 0
 
-    return run_main(body, known_errors=(_Known,))
+    return run_main(body)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from jobs.stage_args import parse_stage_args, run_main, stage_parser
-from pipeline.config import load_config, preset_names
+from pipeline.config import preset_names, resolve_config
 
 
 def build_parser():
@@ -26,18 +26,11 @@ def build_parser():
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_stage_args(build_parser(), argv)
 
-    from elmo_model import OptionsError
-    from pipeline.embed.errors import EmbedError
     from pipeline.end_to_end import run_pipeline, summary
     from pipeline.pipeline_config import PipelineConfig
-    from pipeline.shard.errors import ShardError
-    from pipeline.shard_format import FormatError
-    from pipeline.storage import StorageError
-    from pipeline.train.checkpoint import CheckpointError
-    from pipeline.train.launch import TrainError
 
     def body() -> int:
-        cfg = load_config(
+        cfg = resolve_config(
             PipelineConfig,
             config_file=args.config,
             overrides=args.overrides,
@@ -47,8 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(summary(run_pipeline(cfg)))
         return 0
 
-    known = (ShardError, TrainError, EmbedError, FormatError, CheckpointError, OptionsError, StorageError)
-    return run_main(body, known_errors=known)
+    return run_main(body)
 
 
 if __name__ == "__main__":

@@ -44,11 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_shard(resolve(args, ShardConfig, FLAGS))
         return 0
 
-    from pipeline.shard.errors import ShardError
-    from pipeline.shard_format import FormatError
-    from pipeline.storage import StorageError
-
-    return run_main(body, known_errors=(ShardError, StorageError, FormatError))
+    return run_main(body)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from pipeline.config import ConfigError, load_config
+from pipeline.config import load_config
+from pipeline.errors import PipelineError
 
 
 def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -78,11 +79,13 @@ def resolve(
     return load_config(schema, config_file=args.config, overrides=overrides, preset=preset)
 
 
-def run_main(body: Callable[[], int | None], known_errors: tuple[type[BaseException], ...] = ()) -> int:
-    """Run a stage body, turning expected failures into one ``error: ...`` line and exit code 2."""
+def run_main(body: Callable[[], int | None]) -> int:
+    """Run a stage body with the one exit-code policy of every entry point: a `PipelineError` (the
+    package's one error family) prints ``error: MESSAGE`` and exits 2, Ctrl-C prints
+    ``interrupted`` and exits 130; anything else is a bug and keeps its traceback."""
     try:
         return int(body() or 0)
-    except (ConfigError, *known_errors) as err:
+    except PipelineError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jobs.stage_args import parse_stage_args, resolve, run_main, stage_parser
-from pipeline import storage
 from pipeline.config import preset_names
 
 FLAGS = {
@@ -51,33 +50,23 @@ def summary(final: dict, run_dir: str) -> str:
     )
 
 
-class _Known(Exception):
-    """A known failure re-raised with its one-line message (its classes import torch, so lazily)."""
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_stage_args(build_parser(), argv)
 
     def body() -> int:
         # torch and Ray only once the arguments parse
-        from elmo_model import OptionsError
         from pipeline.ray_runtime import ray_session
-        from pipeline.shard_format import FormatError
-        from pipeline.train.checkpoint import CheckpointError
         from pipeline.train.config import TrainConfig
-        from pipeline.train.launch import TrainError, prepare_run, run_training
+        from pipeline.train.launch import prepare_run, run_training
 
         cfg = resolve(args, TrainConfig, FLAGS, preset=args.preset)
-        try:
-            plan = prepare_run(cfg)  # bad input fails here, before a cluster starts
-            with ray_session(address=str(cfg.ray_address) or None):
-                final = run_training(cfg, plan)
-        except (TrainError, FormatError, CheckpointError, OptionsError, storage.StorageError) as err:
-            raise _Known(str(err)) from None
-        print(summary(final, str(cfg.output)))
+        plan = prepare_run(cfg)  # bad input fails here, before a cluster starts
+        with ray_session(address=cfg.ray_address or None):
+            result = run_training(cfg, plan)
+        print(summary(result.details, result.output))
         return 0
 
-    return run_main(body, known_errors=(_Known,))
+    return run_main(body)
 
 
 if __name__ == "__main__":

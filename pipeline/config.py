@@ -1,23 +1,30 @@
 """Typed configs: dataclass schema -> preset YAML -> config file -> ``key=value`` overrides.
 
 Every stage declares its config as a dataclass (``pipeline/<stage>/config.py``) whose fields each
-carry a docstring. OmegaConf merges the layers in struct mode, so a key that the schema does not
-declare is an error; we catch that error and rewrite it as one line that names the key and the
-nearest valid keys, because OmegaConf's own message is several lines of internals.
+carry a docstring; choices are ``Enum`` fields and each range rule is checked once, in the
+dataclass's ``__post_init__``. OmegaConf merges the layers in struct mode, so a key that the schema
+does not declare is an error; we catch that error and rewrite it as one line that names the key and
+the nearest valid keys, because OmegaConf's own message is several lines of internals. The result
+is converted with ``OmegaConf.to_object``: code reads typed fields of real dataclasses.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import importlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from omegaconf import DictConfig, OmegaConf, StringNode
+from omegaconf import DictConfig, EnumNode, OmegaConf, StringNode
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from pipeline.errors import PipelineError
+
+T = TypeVar("T")
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
 """Preset YAML files (``configs/<name>.yaml``) shipped at the repository root."""
@@ -32,8 +39,33 @@ STAGES = {
 does not import torch or Ray."""
 
 
-class ConfigError(ValueError):
+class ConfigError(PipelineError, ValueError):
     """A config that cannot be loaded; the message is one line naming the key or file."""
+
+
+class UseGPU(enum.Enum):
+    """Whether a stage's workers use GPUs."""
+
+    auto = "auto"
+    """When the Ray cluster has them."""
+    true = "true"
+    """Always (an error when the cluster has too few)."""
+    false = "false"
+    """Never."""
+
+
+def choices(kind: type[enum.Enum]) -> list[str]:
+    """The spellings of an Enum config field's values (``["auto", "true", "false"]``)."""
+    return [member.name for member in kind]
+
+
+def check_rules(rules: Iterable[tuple[str, Any, bool, str]]) -> None:
+    """The range rules of a config: ``(key, value, ok, what the value must be)``; a ConfigError
+    names the first key whose rule fails. Called from the schemas' ``__post_init__``, so a rule is
+    checked once, wherever the config comes from; values still unset (``???``) are not checked."""
+    for key, value, ok, expected in rules:
+        if value != "???" and not ok:
+            raise ConfigError(f"config key {key!r} must be {expected}, got {value!r}")
 
 
 def stage_schema(stage: str) -> type:
@@ -95,6 +127,7 @@ def _bad_value_error(err: OmegaConfBaseException, source: str) -> ConfigError:
 
 
 def _merge(base: DictConfig, layer: Any, schema: type, source: str) -> DictConfig:
+    _spell_booleans_as_typed(base, layer)
     try:
         return OmegaConf.merge(base, layer)
     except ConfigKeyError as err:
@@ -102,6 +135,11 @@ def _merge(base: DictConfig, layer: Any, schema: type, source: str) -> DictConfi
     except (ValidationError, OmegaConfBaseException) as err:
         if "not in struct" in str(err) or "Key '" in str(err) and "not in" in str(err):
             return _raise(_unknown_key_error(schema, _full_key(err), source))
+        key = _full_key(err)
+        current = OmegaConf.select(base, key, default=None)
+        if isinstance(current, enum.Enum):  # a choice: the same one line as every range rule
+            names = ", ".join(choices(type(current)))
+            return _raise(ConfigError(f"config key {key!r} must be one of {names}, got {err.value!r}"))
         return _raise(_bad_value_error(err, source))
 
 
@@ -140,20 +178,19 @@ def _parse_overrides(overrides: Iterable[str]) -> DictConfig:
         raise ConfigError(f"cannot parse overrides {items}: {str(err).splitlines()[0]}") from None
 
 
-def load_config(
+def resolve_config(
     schema: type,
     config_file: str | Path | None = None,
     overrides: Sequence[str] = (),
     preset: str | None = None,
     allow_missing: bool = False,
 ) -> DictConfig:
-    """Resolve a stage config.
+    """The merged config as an OmegaConf node (for printing, or for a caller that derives keys).
 
     Merge order: ``schema`` defaults, then ``configs/<preset>.yaml``, then ``config_file``, then
-    ``overrides`` (``["train.workers=2", ...]``). Returns a read-only, typed OmegaConf DictConfig
-    (attribute access, values validated against the dataclass types). Raises ConfigError, also for
-    a required key left without a value unless ``allow_missing`` (for printing, or for a caller
-    that derives those keys itself).
+    ``overrides`` (``["train.workers=2", ...]``). Values are validated against the dataclass
+    types and choices. Raises ConfigError, also for a required key left without a value unless
+    ``allow_missing``.
     """
     cfg = OmegaConf.structured(schema)
     OmegaConf.set_struct(cfg, True)
@@ -164,22 +201,42 @@ def load_config(
         cfg = _merge(cfg, _load_yaml(config_file), schema, str(config_file))
     if overrides:
         cfg = _merge(cfg, _parse_overrides(overrides), schema, "command-line overrides")
-    _spell_booleans_as_typed(cfg)
     if not allow_missing:
         check_complete(cfg)
-    OmegaConf.set_readonly(cfg, True)
     return cfg
 
 
-def _spell_booleans_as_typed(cfg: DictConfig) -> None:
-    """YAML (files and ``key=value``) reads ``use_gpu=true`` as a boolean, which a string field then
-    stores as ``'True'``; string fields get back the lowercase spelling the user typed."""
-    for key in cfg:
-        node = cfg._get_node(key)
-        if isinstance(node, DictConfig):
-            _spell_booleans_as_typed(node)
-        elif isinstance(node, StringNode) and node._value() in ("True", "False"):
-            cfg[key] = node._value().lower()
+def load_config(
+    schema: type[T],
+    config_file: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    preset: str | None = None,
+) -> T:
+    """Resolve a stage config (see `resolve_config`) into an instance of the ``schema`` dataclass,
+    its range rules checked. Raises ConfigError (one line naming the key)."""
+    return to_object(resolve_config(schema, config_file, overrides, preset))
+
+
+def to_object(cfg: DictConfig) -> Any:
+    """A complete config node as its dataclass instance (``OmegaConf.to_object``)."""
+    check_complete(cfg)
+    return OmegaConf.to_object(cfg)
+
+
+def _spell_booleans_as_typed(base: DictConfig, layer: Any) -> None:
+    """YAML (files and ``key=value``) reads ``use_gpu=true`` as a boolean, which a string or choice
+    field cannot hold; such fields get the lowercase spelling the user typed."""
+    if not isinstance(layer, DictConfig):
+        return
+    for key in list(layer.keys()):
+        if key not in base:
+            continue
+        target = base._get_node(key)
+        value = layer._get_node(key)
+        if isinstance(target, DictConfig):
+            _spell_booleans_as_typed(target, value)
+        elif isinstance(target, StringNode | EnumNode) and isinstance(layer[key], bool):
+            layer[key] = str(layer[key]).lower()
 
 
 def check_complete(cfg: DictConfig) -> None:
@@ -203,31 +260,16 @@ def _select_preset(preset: DictConfig, schema: type, name: str) -> DictConfig:
     return OmegaConf.create({section: preset}) if section else preset
 
 
-def to_yaml(cfg: DictConfig) -> str:
-    """The resolved config as YAML (what ``elmo config STAGE`` prints)."""
-    return OmegaConf.to_yaml(cfg, resolve=True)
+def _node(cfg: Any) -> DictConfig:
+    return cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
 
 
-def to_dict(cfg: DictConfig) -> dict:
-    """The resolved config as plain Python containers (for JSON manifests and wandb)."""
-    return OmegaConf.to_container(cfg, resolve=True)
+def to_yaml(cfg: Any) -> str:
+    """A config (node or dataclass instance) as YAML (what ``elmo config STAGE`` prints)."""
+    return OmegaConf.to_yaml(_node(cfg), resolve=True)
 
 
-def require_at_least(
-    cfg: DictConfig, keys: Iterable[str], minimum: int = 1, error: type[Exception] = ConfigError
-) -> None:
-    """Range check that the types alone cannot express: each (dotted) key's value >= ``minimum``."""
-    for key in keys:
-        value = OmegaConf.select(cfg, key)
-        if value < minimum:
-            raise error(f"config key {key!r} must be >= {minimum}, got {value}")
-
-
-def require_choice(
-    cfg: DictConfig, key: str, allowed: Iterable[str], error: type[Exception] = ConfigError
-) -> None:
-    """The (dotted) key's value must be one of ``allowed``; the error lists them."""
-    allowed = tuple(allowed)
-    value = str(OmegaConf.select(cfg, key))
-    if value not in allowed:
-        raise error(f"config key {key!r} must be one of {', '.join(allowed)}, got {value!r}")
+def to_dict(cfg: Any) -> dict:
+    """A config (node or dataclass instance) as plain Python containers, choices by name (for
+    JSON manifests and wandb)."""
+    return OmegaConf.to_container(_node(cfg), resolve=True, enum_to_str=True)

@@ -10,32 +10,17 @@ skips complete shards).
 from __future__ import annotations
 
 import copy
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import storage
-from pipeline.config import check_complete
+from pipeline.config import check_complete, to_object
 from pipeline.ray_runtime import ray_session
 
 SAMPLE_CORPUS = Path(__file__).resolve().parent / "data" / "kjv-sample.txt.gz"
 """The shipped sample corpus (a slice of the King James Version, public domain)."""
-
-
-@dataclass
-class StageReport:
-    """What one stage did: seconds, tokens processed and a few named results."""
-
-    seconds: float
-    tokens: int
-    details: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 def _fill(section: DictConfig, key: str, value: Any) -> None:
@@ -53,68 +38,42 @@ def derive_stage_configs(cfg: DictConfig) -> DictConfig:
     ``<storage>/<name>/``; raises ConfigError if a required key is still unset afterwards."""
     cfg = copy.deepcopy(cfg)  # the loaded config is read-only; the copy keeps its types
     OmegaConf.set_readonly(cfg, False)
-    root = storage.join(storage.absolute(str(cfg.storage)), str(cfg.name))
+    root = storage.join(storage.absolute(cfg.storage), cfg.name)
     shards, run_dir = storage.join(root, "shards"), storage.join(root, "train")
     _fill(cfg.shard, "input", list(cfg.corpus) or [str(SAMPLE_CORPUS)])
     _fill(cfg.shard, "output", shards)
-    _fill(cfg.shard, "ray_address", str(cfg.ray_address))
-    _fill(cfg.train, "shards", str(cfg.shard.output))
+    _fill(cfg.shard, "ray_address", cfg.ray_address)
+    _fill(cfg.train, "shards", cfg.shard.output)
     _fill(cfg.train, "output", run_dir)
-    _fill(cfg.train, "name", str(cfg.name))
-    _fill(cfg.embed, "model", storage.join(str(cfg.train.output), "export"))
-    _fill(cfg.embed, "input", [str(cfg.shard.output)])
+    _fill(cfg.train, "name", cfg.name)
+    _fill(cfg.embed, "model", storage.join(cfg.train.output, "export"))
+    _fill(cfg.embed, "input", [cfg.shard.output])
     _fill(cfg.embed, "output", storage.join(root, "embeddings"))
-    cfg.embed.shard_splits = [str(cfg.embed_split)]
+    cfg.embed.shard_splits = [cfg.embed_split.name]
     check_complete(cfg)
     return cfg
 
 
-def _trained_steps(run_dir: str) -> int:
-    """Steps an earlier (resumed) run already logged, so this run's tokens/s counts only its own."""
-    from pipeline.train.metrics import METRICS_FILE, read_metrics
-
-    path = storage.join(run_dir, METRICS_FILE)
-    if not storage.exists(path):
-        return 0
-    return max(
-        (int(row.get("step", 0)) for row in read_metrics(path) if row.get("kind") == "train"), default=0
-    )
-
-
 def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
-    """Run every stage; returns ``{"config", "shard", "train", "embed"}`` (StageReports + config)."""
+    """Run every stage; returns ``{"config"}`` (the derived PipelineConfig) and each stage's
+    `StageResult` under ``"shard"``, ``"train"``, ``"embed"``."""
     from pipeline.embed.runner import run_embed
     from pipeline.shard.job import run_shard
     from pipeline.train.launch import run_training
 
-    cfg = derive_stage_configs(cfg)
-    reports: dict[str, Any] = {"config": cfg}
-    with ray_session(str(cfg.ray_address) or None, int(cfg.num_cpus) or None):
-        start = time.monotonic()
-        manifest = run_shard(cfg.shard)
-        totals = manifest["totals"]
-        reports["shard"] = StageReport(
-            time.monotonic() - start,
-            totals["train"]["tokens"] + totals["heldout"]["tokens"],
-            {"output": str(cfg.shard.output), "vocab_size": manifest["vocab"]["size"]},
-        )
-
-        start, steps_before = time.monotonic(), _trained_steps(str(cfg.train.output))
-        final = run_training(cfg.train)
-        tokens_per_step = int(cfg.train.batch_size) * int(cfg.train.unroll_steps) * int(cfg.train.workers)
-        steps = int(final["step"]) - steps_before
-        reports["train"] = StageReport(time.monotonic() - start, steps * tokens_per_step, final)
-
-        start = time.monotonic()
-        result = run_embed(cfg.embed)
-        reports["embed"] = StageReport(time.monotonic() - start, result.new_tokens, {"output": result.output})
-    return reports
+    cfg = to_object(derive_stage_configs(cfg))  # a PipelineConfig: typed stage configs, rules checked
+    results: dict[str, Any] = {"config": cfg}
+    with ray_session(cfg.ray_address or None, cfg.num_cpus or None):
+        results["shard"] = run_shard(cfg.shard)
+        results["train"] = run_training(cfg.train)
+        results["embed"] = run_embed(cfg.embed)
+    return results
 
 
-def summary(reports: dict[str, Any]) -> str:
+def summary(results: dict[str, Any]) -> str:
     """The closing summary ``elmo pipeline`` prints."""
-    cfg, train = reports["config"], reports["train"].details
-    run_dir = str(cfg.train.output)
+    cfg, train = results["config"], results["train"].details
+    run_dir = cfg.train.output
     ppl, unigram = train["eval/perplexity"], train["eval/unigram_perplexity"]
     lines = [
         "",
@@ -127,13 +86,13 @@ def summary(reports: dict[str, Any]) -> str:
         "stage   seconds   tokens/s   (train: tokens per direction, startup and evaluation included)",
     ]
     for stage in ("shard", "train", "embed"):
-        report = reports[stage]
-        lines.append(f"{stage:<6} {report.seconds:8.1f} {report.tokens_per_second:10,.0f}")
+        result = results[stage]
+        lines.append(f"{stage:<6} {result.seconds:8.1f} {result.tokens_per_second:10,.0f}")
     lines += [
         "",
-        f"shards      {reports['shard'].details['output']}",
+        f"shards      {results['shard'].output}",
         f"weights     {storage.join(run_dir, 'export', 'options.json')} + weights.hdf5",
-        f"embeddings  {reports['embed'].details['output']}",
+        f"embeddings  {results['embed'].output}",
         f"wandb run   {train.get('wandb_dir', storage.join(run_dir, 'wandb'))} (offline; `wandb sync` uploads it)",
         f"plot        {storage.join(run_dir, 'perplexity.png')}",
         f"metrics     {storage.join(run_dir, 'metrics.jsonl')}",

@@ -27,6 +27,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from pipeline.errors import PipelineError
+
 HOST = "127.0.0.1"
 REGION = "us-east-1"
 ADMIN_GRPC_OFFSET = 10000
@@ -47,7 +49,7 @@ START_ATTEMPTS = 3
 LOG_TAIL_LINES = 25
 
 
-class LocalS3Error(RuntimeError):
+class LocalS3Error(PipelineError, RuntimeError):
     """The local S3 server could not be found, started or reached."""
 
 

@@ -1,21 +1,26 @@
 """ModelConfig: the biLM architecture as a typed config, in the vocabulary of options.json.
 
-The fields mirror the ``char_cnn`` and ``lstm`` sections of the original options.json (spec §2)
+The fields mirror the ``char_cnn`` and ``lstm`` sections of the original options.json (docs/weights.md#optionsjson)
 so that a preset reads like the released options files, and ``to_options`` gives exactly the dict
 that ``elmo_model.BiLM.from_options`` and the exported options.json use.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from typing import Any
+
+
+class Activation(enum.Enum):
+    relu = "relu"
+    tanh = "tanh"
 
 
 @dataclass
 class CharCNNConfig:
     """Character CNN token encoder (options.json ``char_cnn``)."""
 
-    activation: str = "relu"
+    activation: Activation = Activation.relu
     """Nonlinearity after each filter bank's max-pool: ``relu`` or ``tanh``."""
     embedding_dim: int = 16
     """Character embedding size d_c (options.json ``char_cnn.embedding.dim``)."""
@@ -59,25 +64,25 @@ class ModelConfig:
     """Contextual encoder: stacked projected LSTMs per direction."""
 
 
-def to_options(model: Any) -> dict:
-    """The options.json dict (inference form, spec §2) of a ModelConfig or its DictConfig."""
+def to_options(model: ModelConfig) -> dict:
+    """The options.json dict (inference form, docs/weights.md#optionsjson) of a ModelConfig."""
     cnn, lstm = model.char_cnn, model.lstm
     return {
         "char_cnn": {
-            "activation": str(cnn.activation),
-            "embedding": {"dim": int(cnn.embedding_dim)},
-            "filters": [[int(w), int(n)] for w, n in cnn.filters],
-            "max_characters_per_token": int(cnn.max_characters_per_token),
-            "n_characters": int(cnn.n_characters),
-            "n_highway": int(cnn.n_highway),
+            "activation": cnn.activation.name,
+            "embedding": {"dim": cnn.embedding_dim},
+            "filters": [list(f) for f in cnn.filters],
+            "max_characters_per_token": cnn.max_characters_per_token,
+            "n_characters": cnn.n_characters,
+            "n_highway": cnn.n_highway,
         },
         "lstm": {
-            "dim": int(lstm.dim),
-            "projection_dim": int(lstm.projection_dim),
-            "n_layers": int(lstm.n_layers),
-            "cell_clip": float(lstm.cell_clip),
-            "proj_clip": float(lstm.proj_clip),
-            "use_skip_connections": bool(lstm.use_skip_connections),
+            "dim": lstm.dim,
+            "projection_dim": lstm.projection_dim,
+            "n_layers": lstm.n_layers,
+            "cell_clip": lstm.cell_clip,
+            "proj_clip": lstm.proj_clip,
+            "use_skip_connections": lstm.use_skip_connections,
         },
     }
 
@@ -85,6 +90,6 @@ def to_options(model: Any) -> dict:
 def preset_options(name: str) -> dict:
     """The options.json dict of preset ``name``'s model (``configs/<name>.yaml``), e.g. for a
     randomly initialised model of a released size in a benchmark."""
-    from pipeline.config import load_config, stage_schema
+    from pipeline.config import resolve_config, stage_schema, to_object
 
-    return to_options(load_config(stage_schema("train"), preset=name, allow_missing=True).model)
+    return to_options(to_object(resolve_config(stage_schema("train"), preset=name, allow_missing=True).model))

@@ -8,12 +8,18 @@ lives (``storage``, ``name``) and what corpus goes in. Paths between stages are 
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from pipeline.embed.config import EmbedConfig
-from pipeline.shard.config import ShardConfig
+from pipeline.shard.config import ShardConfig, TokenizerName
 from pipeline.train.config import TrainConfig
+
+
+class EmbedSplit(enum.Enum):
+    heldout = "heldout"
+    train = "train"
 
 
 def _demo_train() -> TrainConfig:
@@ -24,19 +30,7 @@ def _demo_train() -> TrainConfig:
 
 @dataclass
 class PipelineConfig:
-    """The end-to-end job (``elmo pipeline``, ``make demo``).
-
-    Fields:
-        corpus: Input text files or globs (local or s3://); empty = the sample corpus shipped in the package.
-        storage: Root of everything the run writes: a local directory or an ``s3://bucket/prefix``.
-        name: Run name; outputs go to ``<storage>/<name>/{shards,train,embeddings}``.
-        embed_split: Which shard split the embed stage embeds (``heldout`` or ``train``).
-        ray_address: Ray cluster to join; empty starts an embedded local cluster (or uses RAY_ADDRESS).
-        num_cpus: CPUs of the embedded cluster; 0 = all of this machine's.
-        shard: Stage 1 settings (input/output derived unless set).
-        train: Stage 2 settings (shards/output/name derived unless set); presets apply here.
-        embed: Stage 3 settings (model/input/output derived unless set).
-    """
+    """The end-to-end job (``elmo pipeline``, ``make demo``)."""
 
     PRESET_SECTION: ClassVar[str] = "train"
 
@@ -46,13 +40,15 @@ class PipelineConfig:
     """Root of everything the run writes: a local directory or an ``s3://bucket/prefix``."""
     name: str = "demo"
     """Run name; outputs go to ``<storage>/<name>/{shards,train,embeddings}``."""
-    embed_split: str = "heldout"
+    embed_split: EmbedSplit = EmbedSplit.heldout
     """Which shard split the embed stage embeds (``heldout`` or ``train``)."""
     ray_address: str = ""
     """Ray cluster to join; empty starts an embedded local cluster (or uses RAY_ADDRESS)."""
     num_cpus: int = 0
     """CPUs of the embedded cluster; 0 = all of this machine's."""
-    shard: ShardConfig = field(default_factory=lambda: ShardConfig(tokenizer="moses", heldout_fraction=0.02))
+    shard: ShardConfig = field(
+        default_factory=lambda: ShardConfig(tokenizer=TokenizerName.moses, heldout_fraction=0.02)
+    )
     """Stage 1 settings (input/output derived unless set)."""
     train: TrainConfig = field(default_factory=_demo_train)
     """Stage 2 settings (shards/output/name derived unless set); presets apply here."""

@@ -27,6 +27,7 @@ import numpy as np
 import webdataset as wds
 
 from pipeline import storage
+from pipeline.errors import PipelineError
 
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
 SPECIALS = (BOS, EOS, UNK)
@@ -49,7 +50,7 @@ TAR_OWNER = "elmo"
 TAR_MODE = 0o444
 
 
-class FormatError(ValueError):
+class FormatError(PipelineError, ValueError):
     """A block, vocabulary or manifest that does not follow the format; one line naming it."""
 
 

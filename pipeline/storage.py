@@ -42,6 +42,8 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
+from pipeline.errors import PipelineError
+
 log = logging.getLogger(__name__)
 
 S3_SCHEME = "s3://"
@@ -63,7 +65,7 @@ DEFAULT_MAX_ATTEMPTS = 4
 seconds (a refused connection: ~0.5 s here), while throttling still gets three jittered backoffs."""
 
 
-class StorageError(Exception):
+class StorageError(PipelineError):
     """A storage operation failed; the message is one line naming the path and the cause."""
 
 

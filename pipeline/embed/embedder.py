@@ -185,7 +185,7 @@ class ShardEmbedder:
         torch.set_num_threads(max(1, self.settings.threads))
         self.device = pick_device(self.settings.device)
         if self.device.type == "cuda":
-            # fp32 vectors must equal a CPU float32 run (spec 9.11): no TF32 shortcuts
+            # fp32 vectors must equal a CPU float32 run (docs/model.md#reference-outputs): no TF32 shortcuts
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
         self.bilm = load_bilm(self.source).to(self.device)

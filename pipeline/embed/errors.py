@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pipeline.errors import PipelineError
 from pipeline.shard_format import FormatError
 from pipeline.storage import StorageError
 
 
-class EmbedError(Exception):
+class EmbedError(PipelineError):
     """A bad input, model, output or setting; the message is one line naming the path/key and the problem."""
 
 

@@ -1,4 +1,4 @@
-"""The HDF5 layout of AllenNLP's ``elmo`` command (spec 8.2), for shards and the single file.
+"""The HDF5 layout of AllenNLP's ``elmo`` command (docs/outputs.md#embeddings), for shards and the single file.
 
 One dataset per sentence, named by the sentence's 0-based input line number (``"0"``, ``"1"``, ...),
 holding (N+1, n, 2P) for ``all`` or (n, 2P) for ``top``/``average``. Nothing else is in a shard;

@@ -11,14 +11,13 @@ import os
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import ray
 from tqdm import tqdm
 
-from pipeline.config import to_dict
+from pipeline.config import UseGPU, to_dict
 from pipeline.embed import manifest
-from pipeline.embed.config import check_config, is_single_file
+from pipeline.embed.config import EmbedConfig, is_single_file
 from pipeline.embed.dataflow import embed_stream
 from pipeline.embed.embedder import EmbedSettings
 from pipeline.embed.errors import EmbedError
@@ -27,25 +26,7 @@ from pipeline.embed.model_files import load_bilm, resolve_model
 from pipeline.embed.resume import check_writable, claim_output, complete_shards
 from pipeline.embed.single_file import delete_parts, merge, parts_path
 from pipeline.ray_runtime import ray_session
-
-
-@dataclass
-class EmbedResult:
-    """What a run did. ``complete`` is False only when ``stop_after_shards`` stopped it early."""
-
-    output: str
-    complete: bool
-    shards: int
-    new_shards: int
-    sentences: int
-    tokens: int
-    new_tokens: int
-    seconds: float
-    totals: dict
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+from pipeline.stage_result import StageResult
 
 
 def run_settings(cfg, kind: str, paths: list[str], model_sha256: str) -> dict:
@@ -56,23 +37,23 @@ def run_settings(cfg, kind: str, paths: list[str], model_sha256: str) -> dict:
         "input": list(paths),
         "shard_splits": list(cfg.shard_splits) if kind == "shards" else [],
         "model_sha256": model_sha256,
-        "layers": cfg.layers,
-        "dtype": cfg.dtype,
-        "stateful": bool(cfg.stateful),
-        "stateful_batch_size": int(cfg.stateful_batch_size) if cfg.stateful else 0,
-        "lines_per_shard": int(cfg.lines_per_shard),
-        "max_sentence_tokens": int(cfg.max_sentence_tokens),
-        "long_sentences": cfg.long_sentences,
-        "invalid_utf8": cfg.invalid_utf8,
+        "layers": cfg.layers.value,
+        "dtype": cfg.dtype.value,
+        "stateful": cfg.stateful,
+        "stateful_batch_size": cfg.stateful_batch_size if cfg.stateful else 0,
+        "lines_per_shard": cfg.lines_per_shard,
+        "max_sentence_tokens": cfg.max_sentence_tokens,
+        "long_sentences": cfg.long_sentences.value,
+        "invalid_utf8": cfg.invalid_utf8.value,
     }
 
 
-def gpus_per_worker(use_gpu: str, share: float) -> float:
+def gpus_per_worker(use_gpu: UseGPU, share: float) -> float:
     """``share`` when actors should take GPUs (``auto``: the cluster has one), else 0."""
     available = ray.cluster_resources().get("GPU", 0)
-    if use_gpu == "true" and not available:
+    if use_gpu is UseGPU.true and not available:
         raise EmbedError("use_gpu=true but the Ray cluster has no GPU; set use_gpu=auto or false")
-    return float(share) if use_gpu != "false" and available else 0.0
+    return share if use_gpu is not UseGPU.false and available else 0.0
 
 
 def check_capacity(workers: int, cpus_per_worker: float, gpus: float, embedded: bool) -> None:
@@ -92,33 +73,32 @@ def check_capacity(workers: int, cpus_per_worker: float, gpus: float, embedded: 
 
 def settings_for(cfg, device: str) -> EmbedSettings:
     return EmbedSettings(
-        layers=cfg.layers,
-        dtype=cfg.dtype,
-        stateful=bool(cfg.stateful),
-        batch_tokens=int(cfg.batch_tokens),
-        max_batch_sentences=int(cfg.max_batch_sentences),
-        stateful_batch_size=int(cfg.stateful_batch_size),
-        max_sentence_tokens=int(cfg.max_sentence_tokens),
-        long_sentences=cfg.long_sentences,
-        invalid_utf8=cfg.invalid_utf8,
+        layers=cfg.layers.value,
+        dtype=cfg.dtype.value,
+        stateful=cfg.stateful,
+        batch_tokens=cfg.batch_tokens,
+        max_batch_sentences=cfg.max_batch_sentences,
+        stateful_batch_size=cfg.stateful_batch_size,
+        max_sentence_tokens=cfg.max_sentence_tokens,
+        long_sentences=cfg.long_sentences.value,
+        invalid_utf8=cfg.invalid_utf8.value,
         threads=max(1, int(cfg.cpus_per_worker)),
         device=device,
     )
 
 
-def run_embed(cfg) -> EmbedResult:
+def run_embed(cfg: EmbedConfig) -> StageResult:
     """Embed ``cfg.input`` into ``cfg.output``; resumes a run killed earlier with the same settings."""
-    check_config(cfg)
     single = is_single_file(cfg.output)
     target = parts_path(cfg.output) if single else cfg.output
     source = resolve_model(cfg.model, cfg.options_file, cfg.weights_file)
     load_bilm(source)  # a broken weights file fails here, in one line, not inside an actor
-    kind, paths = resolve_inputs(list(cfg.input))
+    kind, paths = resolve_inputs(cfg.input)
     check_writable(target)
-    specs = plan_shards(kind, paths, int(cfg.lines_per_shard), list(cfg.shard_splits))
+    specs = plan_shards(kind, paths, cfg.lines_per_shard, cfg.shard_splits)
     run = run_settings(cfg, kind, paths, source.sha256)
     resumed = claim_output(target, run)
-    done = complete_shards(target, specs, bool(cfg.verify_resume)) if resumed else {}
+    done = complete_shards(target, specs, cfg.verify_resume) if resumed else {}
     if cfg.stateful and len(done) < len(specs):
         todo = [(spec, spec.index not in done) for spec in specs]  # done shards still carry the state
     else:
@@ -136,16 +116,14 @@ def run_embed(cfg) -> EmbedResult:
         disable=not cfg.progress,
         file=sys.stderr,
     )
-    with bar, ray_session(cfg.ray_address or None, int(cfg.num_cpus) or None) if todo else nullcontext():
+    with bar, ray_session(cfg.ray_address or None, cfg.num_cpus or None) if todo else nullcontext():
         gpus = gpus_per_worker(cfg.use_gpu, cfg.gpu_share) if todo else 0.0
         if todo:
             embedded = not (cfg.ray_address or os.environ.get("RAY_ADDRESS"))
-            workers = 1 if cfg.stateful else int(cfg.workers)
-            check_capacity(workers, float(cfg.cpus_per_worker), gpus, embedded)
+            workers = 1 if cfg.stateful else cfg.workers
+            check_capacity(workers, cfg.cpus_per_worker, gpus, embedded)
         settings = settings_for(cfg, "cuda" if gpus else "cpu")
-        stream = embed_stream(
-            todo, source, settings, target, int(cfg.workers), float(cfg.cpus_per_worker), gpus
-        )
+        stream = embed_stream(todo, source, settings, target, cfg.workers, cfg.cpus_per_worker, gpus)
         for result in stream:
             if not result["written"]:
                 continue
@@ -163,17 +141,8 @@ def run_embed(cfg) -> EmbedResult:
 
     entries = [done[i] for i in sorted(done)]
     totals = manifest.totals(entries)
-    result = EmbedResult(
-        cfg.output,
-        not stopped,
-        len(specs),
-        new_shards,
-        totals["sentences"],
-        totals["tokens"],
-        new_tokens,
-        seconds,
-        totals,
-    )
+    details = {"shards": len(specs), "new_shards": new_shards, "totals": totals}
+    result = StageResult("embed", cfg.output, seconds, new_tokens, complete=not stopped, details=details)
     if stopped:
         return result
     missing = sorted(set(range(len(specs))) - set(done))
@@ -186,18 +155,18 @@ def run_embed(cfg) -> EmbedResult:
             target,
             specs,
             cfg.output,
-            max_tokens=int(cfg.max_sentence_tokens),
-            long_sentences=cfg.long_sentences,
-            invalid_utf8=cfg.invalid_utf8,
+            max_tokens=cfg.max_sentence_tokens,
+            long_sentences=cfg.long_sentences.value,
+            invalid_utf8=cfg.invalid_utf8.value,
         )
         if not cfg.keep_parts:
             delete_parts(target)
     return result
 
 
-def summary(result: EmbedResult) -> str:
+def summary(result: StageResult) -> str:
     """A few lines for the end of a run."""
-    t = result.totals
+    t, d = result.details["totals"], result.details
     state = (
         "complete"
         if result.complete
@@ -206,8 +175,8 @@ def summary(result: EmbedResult) -> str:
     return "\n".join(
         [
             f"embed {state}: {result.output}",
-            f"  shards {result.shards} ({result.new_shards} written now), sentences {t['sentences']:,}, tokens {t['tokens']:,}",
+            f"  shards {d['shards']} ({d['new_shards']} written now), sentences {t['sentences']:,}, tokens {t['tokens']:,}",
             f"  empty sentences {t['empty_sentences']}, invalid UTF-8 lines {t['invalid_utf8_lines']}, split sentences {t['split_sentences']}",
-            f"  {result.new_tokens:,} tokens in {result.seconds:.1f} s = {result.tokens_per_second:,.0f} tokens/s",
+            f"  {result.tokens:,} tokens in {result.seconds:.1f} s = {result.tokens_per_second:,.0f} tokens/s",
         ]
     )

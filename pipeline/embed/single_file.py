@@ -1,4 +1,4 @@
-"""Single-file mode: one HDF5 file exactly as AllenNLP's ``elmo`` command wrote it (spec 8.2).
+"""Single-file mode: one HDF5 file exactly as AllenNLP's ``elmo`` command wrote it (docs/outputs.md#embeddings).
 
 The job runs in sharded mode into ``<output>.parts`` (so it resumes like any other run), then this
 module merges the shards in line order into one local temporary file, adds ``sentence_to_index``

@@ -20,7 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import lru_cache
 
-TOKENIZERS = ("whitespace", "moses")
+from pipeline.shard.config import TokenizerName
+
+TOKENIZERS = tuple(name.value for name in TokenizerName)
 """Valid values of ``ShardConfig.tokenizer``."""
 
 Tokenizer = Callable[[str], list[str]]

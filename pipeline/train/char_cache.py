@@ -1,6 +1,6 @@
 """Per-vocabulary character arrays: every vocabulary word is spelled once, batches gather rows.
 
-Training inputs are full character spellings while softmax targets are vocabulary ids (spec 1.4,
+Training inputs are full character spellings while softmax targets are vocabulary ids (docs/encoding.md#the-word-vocabulary,
 7.2). Spelling every token of every batch in Python would dominate the data path, so the
 vocabulary's spellings are encoded once into a table and a batch is one numpy gather over its
 word ids. Out-of-vocabulary tokens (id ``<UNK>``) keep their own spelling: the caller passes their

@@ -32,6 +32,7 @@ import torch
 
 from pipeline import storage
 from pipeline.train.distributed import barrier
+from pipeline.train.errors import TrainError
 
 FORMAT = 2
 """Checkpoint layout version (1: RNG states pickled as numpy and Python objects)."""
@@ -41,7 +42,7 @@ COMPLETE_FILE = "COMPLETE"
 _STEP_DIR = re.compile(r"step-(\d{9})$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(TrainError):
     """A checkpoint that cannot be used; one line naming it."""
 
 

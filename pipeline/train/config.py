@@ -1,35 +1,53 @@
 """TrainConfig: everything ``elmo train`` reads, as a typed config (schema -> preset -> file -> key=value).
 
-Field defaults are the original bilm-tf recipe (ELMO_SPEC.md section 7.7) except where a default
-must be a path (``shards``, ``output``), which have no default. Presets in ``configs/*.yaml`` set
-the model size and the recipe keys for that size.
+Field defaults are the original bilm-tf recipe (docs/training.md#schedule-and-checkpoints) except where a default must be a path
+(``shards``, ``output``), which have no default. Presets in ``configs/*.yaml`` set the model size
+and the recipe keys for that size. Each field is documented under it; each range rule is checked
+once, in ``TrainConfig.__post_init__``.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from omegaconf import MISSING
 
+from pipeline.config import UseGPU, check_rules
 from pipeline.model_config import ModelConfig
+
+
+class OptimizerName(enum.Enum):
+    adagrad = "adagrad"
+    """bilm-tf's (sparse updates of the softmax rows)."""
+    adam = "adam"
+    """Adam (dense moments, every softmax row moves)."""
+
+
+class Schedule(enum.Enum):
+    constant = "constant"
+    """bilm-tf's."""
+    linear = "linear"
+    """Linear decay to ``final_lr_fraction``."""
+    cosine = "cosine"
+    """Cosine decay to ``final_lr_fraction``."""
+
+
+class WandbMode(enum.Enum):
+    offline = "offline"
+    """The run lands in RUN_DIR/wandb; ``wandb sync`` uploads it."""
+    online = "online"
+    """Needs WANDB_API_KEY."""
+    disabled = "disabled"
+    """No wandb run."""
 
 
 @dataclass
 class OptimizerConfig:
-    """Optimizer and learning-rate schedule.
+    """Optimizer and learning-rate schedule."""
 
-    name: ``adagrad`` (bilm-tf) or ``adam``.
-    lr: peak learning rate.
-    initial_accumulator: Adagrad's initial squared-gradient accumulator.
-    adam_betas: Adam's (beta1, beta2).
-    adam_eps: Adam's epsilon.
-    schedule: ``constant``, ``linear`` (decay to ``final_lr_fraction``) or ``cosine``.
-    warmup_steps: linear warm-up steps from 0 to ``lr``.
-    final_lr_fraction: lr at the last step, as a fraction of ``lr`` (linear / cosine).
-    """
-
-    name: str = "adagrad"
+    name: OptimizerName = OptimizerName.adagrad
     """``adagrad`` (bilm-tf; sparse softmax updates) or ``adam``."""
     lr: float = 0.2
     """Peak learning rate (bilm-tf's Adagrad default 0.2)."""
@@ -39,7 +57,7 @@ class OptimizerConfig:
     """Adam's (beta1, beta2)."""
     adam_eps: float = 1e-8
     """Adam's epsilon."""
-    schedule: str = "constant"
+    schedule: Schedule = Schedule.constant
     """LR schedule after warm-up: ``constant`` (bilm-tf), ``linear`` or ``cosine`` decay."""
     warmup_steps: int = 0
     """Steps of linear warm-up from 0 to ``lr``."""
@@ -49,15 +67,10 @@ class OptimizerConfig:
 
 @dataclass
 class SoftmaxConfig:
-    """The softmax shared by both directions.
-
-    sampled: sampled softmax in training (bilm-tf default); false = full softmax.
-    negatives: unique negatives per step, per direction, per worker (log-uniform sampler).
-    sparse_exchange: exchange only the rows a step touches between workers.
-    """
+    """The softmax shared by both directions."""
 
     sampled: bool = True
-    """Train with the sampled softmax (spec 7.4); false trains with the full softmax."""
+    """Train with the sampled softmax (docs/training.md#loss); false trains with the full softmax."""
     negatives: int = 8192
     """Unique log-uniform negatives per step, direction and worker (bilm-tf n_negative_samples_batch)."""
     sparse_exchange: bool = True
@@ -66,14 +79,9 @@ class SoftmaxConfig:
 
 @dataclass
 class WandbConfig:
-    """Weights & Biases tracking.
+    """Weights & Biases tracking."""
 
-    mode: ``offline`` (default), ``online`` (needs WANDB_API_KEY) or ``disabled``.
-    project: wandb project.
-    entity: wandb entity (team or user); empty = the key's default.
-    """
-
-    mode: str = "offline"
+    mode: WandbMode = WandbMode.offline
     """``offline`` (default; the run lands in RUN_DIR/wandb), ``online`` (needs WANDB_API_KEY) or ``disabled``."""
     project: str = "elmo-pipeline"
     """wandb project name."""
@@ -83,38 +91,7 @@ class WandbConfig:
 
 @dataclass
 class TrainConfig:
-    """The ``train`` stage.
-
-    model: the biLM architecture (ignored when ``init_from`` is set: the options.json there wins).
-    shards: shard directory (local or ``s3://``) written by the shard stage.
-    output: run directory (local or ``s3://``): metrics.jsonl, plot, checkpoints, export/.
-    name: run name; rerunning with the same name and output resumes. Empty = output's base name.
-    workers: Ray Train workers (DDP ranks).
-    threads_per_worker: CPU threads (and Ray CPUs) per worker.
-    use_gpu: ``auto``, ``true`` or ``false``.
-    bf16: bf16 autocast on GPU.
-    cuda_graph: replay the training step as a CUDA graph on GPUs.
-    max_steps: stop after this many steps; 0 = n_epochs epochs.
-    n_epochs: epochs that set the run length when max_steps is 0.
-    batch_size: rows per worker.
-    unroll_steps: window length (truncated backprop length).
-    dropout: drop probability.
-    clip_norm: global gradient-norm clip.
-    optimizer: optimizer and lr schedule.
-    softmax: sampled / full softmax and gradient exchange.
-    eval_every: held-out evaluation every N steps (0 = only at the end).
-    eval_batch_size: rows of the held-out evaluation.
-    eval_max_batches: cap on held-out batches (0 = the whole held-out split).
-    log_every: training metrics every N steps.
-    checkpoint_every: checkpoint every N steps.
-    keep_checkpoints: keep the last K checkpoints.
-    seed: seed of initialisation, data order and negatives.
-    init_from: directory with options.json + weights.hdf5 to continue pretraining from.
-    wandb: tracking settings.
-    max_failures: worker-group restarts Ray may do.
-    storage_endpoint: S3 endpoint URL (default AWS_ENDPOINT_URL).
-    ray_address: Ray cluster address (default RAY_ADDRESS or an embedded cluster).
-    """
+    """The ``train`` stage."""
 
     PRESET_SECTION: ClassVar[str] = ""
 
@@ -130,7 +107,7 @@ class TrainConfig:
     """Ray Train workers, one DDP rank each."""
     threads_per_worker: int = 1
     """CPU threads each worker uses (torch.set_num_threads) and the Ray CPUs it reserves."""
-    use_gpu: str = "auto"
+    use_gpu: UseGPU = UseGPU.auto
     """``auto`` (GPUs when the cluster has them), ``true`` or ``false``."""
     bf16: bool = True
     """bf16 autocast on GPU (CPU always trains in float32)."""
@@ -146,7 +123,7 @@ class TrainConfig:
     unroll_steps: int = 20
     """Tokens per window, the truncated-backprop length (bilm-tf: 20)."""
     dropout: float = 0.1
-    """Drop probability on every LSTM layer's input and the top output (spec 7.3)."""
+    """Drop probability on every LSTM layer's input and the top output (docs/training.md#network-in-training)."""
     clip_norm: float = 10.0
     """Global gradient-norm clip over all parameters, softmax included (bilm-tf: 10)."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -178,3 +155,40 @@ class TrainConfig:
     """S3 endpoint URL; empty = ``AWS_ENDPOINT_URL`` or AWS's default."""
     ray_address: str = ""
     """Ray cluster to join; empty = ``RAY_ADDRESS`` or an embedded local cluster."""
+
+    def __post_init__(self) -> None:
+        check_rules(
+            [
+                *((key, getattr(self, key), getattr(self, key) >= 1, ">= 1") for key in _AT_LEAST_ONE),
+                ("max_steps", self.max_steps, self.max_steps >= 0, ">= 0 (0: n_epochs epochs)"),
+                ("dropout", self.dropout, 0 <= self.dropout < 1, "in [0, 1)"),
+                ("softmax.negatives", self.softmax.negatives, self.softmax.negatives >= 1, ">= 1"),
+                ("optimizer.lr", self.optimizer.lr, self.optimizer.lr > 0, "> 0"),
+                (
+                    "optimizer.warmup_steps",
+                    self.optimizer.warmup_steps,
+                    self.optimizer.warmup_steps >= 0,
+                    ">= 0",
+                ),
+                (
+                    "optimizer.adam_betas",
+                    list(self.optimizer.adam_betas),
+                    len(self.optimizer.adam_betas) == 2,
+                    "two numbers",
+                ),
+            ]
+        )
+
+
+_AT_LEAST_ONE = (
+    "workers",
+    "batch_size",
+    "unroll_steps",
+    "threads_per_worker",
+    "n_epochs",
+    "log_every",
+    "checkpoint_every",
+    "eval_batch_size",
+    "keep_checkpoints",
+)
+"""TrainConfig keys that must be >= 1."""

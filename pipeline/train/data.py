@@ -1,4 +1,4 @@
-"""Training and held-out batches of the original recipe (spec 7.2, 7.8), read from a shard directory.
+"""Training and held-out batches of the original recipe (docs/training.md#batching, docs/training.md#held-out-perplexity), read from a shard directory.
 
 Pieces, from the shard up:
 
@@ -567,7 +567,7 @@ def open_lm_batches(
 
 
 def steps_per_epoch(manifest: dict, batch_size: int, unroll_steps: int, world_size: int) -> int:
-    """bilm-tf's ``n_batches_per_epoch`` (spec 7.6): ``int(n_train_tokens / (B * U * W))`` with
+    """bilm-tf's ``n_batches_per_epoch`` (docs/training.md#schedule-and-checkpoints): ``int(n_train_tokens / (B * U * W))`` with
     the training token count (words, no boundaries) from the manifest. Every rank gets the same
     number; it may be 0 for a corpus smaller than one global batch."""
     for name, value in (

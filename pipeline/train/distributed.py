@@ -6,7 +6,7 @@ Without a process group (one rank in-process, the tests) every function is the s
 The softmax is most of the parameters (406M of 500M in the original model), but a sampled-softmax
 step only reads K rows (its targets and negatives, repeats included), K << V. The softmax is kept
 out of DDP; each rank all-gathers its K (row id, row gradient) pairs and the result is summed per
-row (spec 7.5: sparse gradients are concatenated, divided by the number of towers and summed per
+row (docs/training.md#optimisation: sparse gradients are concatenated, divided by the number of towers and summed per
 unique row). That equals a dense all-reduce mean of the (V, P + 1) gradient, at a cost of
 world x K rows instead of V.
 

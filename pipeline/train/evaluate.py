@@ -1,4 +1,4 @@
-"""Held-out perplexity as bilm-tf's run_test computes it (spec 7.8).
+"""Held-out perplexity as bilm-tf's run_test computes it (docs/training.md#held-out-perplexity).
 
 Rows are continuous streams of sentences with the LSTM state carried from batch to batch, unroll
 1, full softmax, no dropout. Per batch the loss is the mean cross-entropy of each direction; the
@@ -99,12 +99,12 @@ class Evaluator:
 
     def due(self, step: int, last_step: bool) -> bool:
         """An evaluation inside the run (the end-of-run one is `run`'s caller's)."""
-        return bool(self.cfg.eval_every) and step % int(self.cfg.eval_every) == 0 and not last_step
+        return self.cfg.eval_every and step % self.cfg.eval_every == 0 and not last_step
 
     def run(self, lm: TrainingLM, softmax: SharedSoftmax, device: torch.device, autocast_dtype) -> dict:
         """``eval/perplexity{,_fwd,_bwd}``, ``eval/unigram_perplexity``, ``eval/batches`` (all ranks)."""
         cfg = self.cfg
-        max_batches = -(-int(cfg.eval_max_batches) // self.world) if cfg.eval_max_batches else 0
+        max_batches = -(-cfg.eval_max_batches // self.world) if cfg.eval_max_batches else 0
         sums = heldout_sums(lm, softmax, self.batches(), device, max_batches, autocast_dtype)
         counts = torch.cat([sums.losses, torch.tensor([float(sums.batches)], dtype=torch.float64)])
         total = all_reduce_sum(counts.to(device)).cpu()  # NCCL reduces only CUDA tensors

@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import torch
 
-from elmo_model import BiLM
+from elmo_model import BiLM, OptionsError
 from pipeline import storage
 from pipeline.train import checkpoint as ckpt
 from pipeline.train.objective import SharedSoftmax
@@ -63,7 +63,10 @@ def export_model(bilm: BiLM, softmax: SharedSoftmax, vocab: bytes, out_dir: str)
 def model_from_checkpoint(path: str) -> tuple[BiLM, SharedSoftmax, dict]:
     """The BiLM (eval mode) and softmax held by checkpoint ``path``, and its model payload."""
     payload = ckpt.load_model(path)
-    bilm = BiLM(payload["options"])
+    try:
+        bilm = BiLM(payload["options"])
+    except OptionsError as err:
+        raise ckpt.CheckpointError(f"checkpoint {path}: {err}") from None
     bilm.load_state_dict(payload["bilm"])
     weight = payload["softmax"]["weight"]
     softmax = SharedSoftmax(weight.shape[0], weight.shape[1])

@@ -13,27 +13,25 @@ import dataclasses
 import json
 import shutil
 import tempfile
-from typing import Any
+import time
 
-from elmo_model import BiLMOptions
+from elmo_model import BiLMOptions, OptionsError
 from pipeline import shard_format, storage
-from pipeline.config import require_at_least, require_choice, to_dict
+from pipeline.config import UseGPU
 from pipeline.model_config import to_options
 from pipeline.ray_runtime import worker_env
+from pipeline.stage_result import StageResult
 from pipeline.train import checkpoint as ckpt
 from pipeline.train import export as export_mod
+from pipeline.train.config import TrainConfig
 from pipeline.train.data import steps_per_epoch
-from pipeline.train.metrics import METRICS_FILE, WANDB_MODES, read_metrics
-from pipeline.train.optimization import OPTIMIZERS, SCHEDULES
+from pipeline.train.errors import TrainError
+from pipeline.train.metrics import METRICS_FILE, read_metrics
 from pipeline.train.plan import RunPlan
 from pipeline.train.trainer import train_loop_per_worker
 from pipeline.train.unigram import heldout_unigram_perplexity
 
 RUN_FILE = "run.json"
-
-
-class TrainError(RuntimeError):
-    """A training run that cannot start or did not finish; one line naming the cause."""
 
 
 def _check_shards(shards: str, manifest: dict) -> None:
@@ -54,17 +52,22 @@ def _check_shards(shards: str, manifest: dict) -> None:
                 )
 
 
-def _model_options(cfg: Any) -> dict:
+def _model_options(cfg: TrainConfig) -> dict:
     if not cfg.init_from:
-        return BiLMOptions.from_dict(to_options(cfg.model)).to_dict()
-    path = storage.join(str(cfg.init_from), export_mod.OPTIONS_FILE)
+        try:
+            return BiLMOptions.from_dict(to_options(cfg.model)).to_dict()
+        except OptionsError as err:
+            raise TrainError(f"the model config: {err}") from None
+    path = storage.join(cfg.init_from, export_mod.OPTIONS_FILE)
     for name in (export_mod.OPTIONS_FILE, export_mod.WEIGHTS_FILE):
-        if not storage.exists(storage.join(str(cfg.init_from), name)):
+        if not storage.exists(storage.join(cfg.init_from, name)):
             raise TrainError(f"init_from {cfg.init_from}: no {name} there")
     try:
         return BiLMOptions.from_dict(json.loads(storage.read_bytes(path))).to_dict()
     except json.JSONDecodeError as err:
         raise TrainError(f"init_from {path}: not valid JSON ({err})") from None
+    except OptionsError as err:
+        raise TrainError(f"init_from {path}: {err}") from None
 
 
 def _claim_run_dir(run_dir: str, name: str) -> None:
@@ -83,34 +86,12 @@ def _claim_run_dir(run_dir: str, name: str) -> None:
     storage.write_bytes(path, json.dumps({"name": name}).encode())
 
 
-def prepare_run(cfg: Any) -> RunPlan:
+def prepare_run(cfg: TrainConfig) -> RunPlan:
     """Validate a resolved TrainConfig and resolve the run's facts (no Ray needed)."""
     if cfg.storage_endpoint:
-        storage.configure(endpoint_url=str(cfg.storage_endpoint))
-    shards = storage.absolute(str(cfg.shards).rstrip("/"))
-    run_dir = storage.absolute(str(cfg.output).rstrip("/"))
-    require_at_least(
-        cfg,
-        (
-            "workers",
-            "batch_size",
-            "unroll_steps",
-            "threads_per_worker",
-            "log_every",
-            "checkpoint_every",
-            "eval_batch_size",
-        ),
-        error=TrainError,
-    )
-    if not 0 <= float(cfg.dropout) < 1:
-        raise TrainError(f"config key 'dropout' must be in [0, 1), got {cfg.dropout}")
-    for key, allowed in (
-        ("use_gpu", ("auto", "true", "false")),
-        ("optimizer.name", OPTIMIZERS),
-        ("optimizer.schedule", SCHEDULES),
-        ("wandb.mode", WANDB_MODES),
-    ):
-        require_choice(cfg, key, allowed, error=TrainError)
+        storage.configure(endpoint_url=cfg.storage_endpoint)
+    shards = storage.absolute(cfg.shards.rstrip("/"))
+    run_dir = storage.absolute(cfg.output.rstrip("/"))
     manifest = shard_format.read_manifest(shards)
     vocab = shard_format.read_vocab(shard_format.vocab_path(shards, manifest))
     if len(vocab) != manifest["vocab"]["size"]:
@@ -118,27 +99,27 @@ def prepare_run(cfg: Any) -> RunPlan:
             f"shard directory {shards}: vocab.txt has {len(vocab)} tokens, the manifest says {manifest['vocab']['size']}"
         )
     _check_shards(shards, manifest)
-    workers, batch, unroll = int(cfg.workers), int(cfg.batch_size), int(cfg.unroll_steps)
+    workers, batch, unroll = cfg.workers, cfg.batch_size, cfg.unroll_steps
     per_epoch = steps_per_epoch(manifest, batch, unroll, workers)
-    total = int(cfg.max_steps) or int(cfg.n_epochs) * per_epoch
+    total = cfg.max_steps or cfg.n_epochs * per_epoch
     if total <= 0:
         raise TrainError(
             f"{manifest['totals']['train']['tokens']} training tokens are less than one global batch "
             f"(batch_size {batch} x unroll_steps {unroll} x workers {workers}); set max_steps or shrink the batch"
         )
     heldout = manifest["totals"]["heldout"]
-    if heldout["tokens"] + heldout["sentences"] < int(cfg.eval_batch_size) * workers:
+    if heldout["tokens"] + heldout["sentences"] < cfg.eval_batch_size * workers:
         raise TrainError(
-            f"the held-out split ({heldout['tokens']} tokens) cannot fill {int(cfg.eval_batch_size)} rows on each of "
+            f"the held-out split ({heldout['tokens']} tokens) cannot fill {cfg.eval_batch_size} rows on each of "
             f"{workers} workers; lower eval_batch_size"
         )
-    if cfg.softmax.sampled and not 0 < int(cfg.softmax.negatives) < len(vocab):
+    if cfg.softmax.sampled and not 0 < cfg.softmax.negatives < len(vocab):
         raise TrainError(
             f"softmax.negatives ({cfg.softmax.negatives}) must be in [1, vocabulary size {len(vocab)}); "
             "use fewer or softmax.sampled=false"
         )
     options = _model_options(cfg)
-    name = str(cfg.name) or run_dir.rstrip("/").rsplit("/", 1)[-1]
+    name = cfg.name or run_dir.rstrip("/").rsplit("/", 1)[-1]
     _claim_run_dir(run_dir, name)
     return RunPlan(
         run_dir=run_dir,
@@ -150,8 +131,8 @@ def prepare_run(cfg: Any) -> RunPlan:
         steps_per_epoch=per_epoch,
         unigram_perplexity=float(heldout_unigram_perplexity(shards, manifest)),
         options=options,
-        init_from=storage.absolute(str(cfg.init_from)),
-        storage_endpoint=str(cfg.storage_endpoint),
+        init_from=storage.absolute(cfg.init_from),
+        storage_endpoint=cfg.storage_endpoint,
     )
 
 
@@ -174,12 +155,12 @@ def _cluster_resources() -> dict:
     return answer
 
 
-def _cluster_check(cfg: Any) -> bool:
+def _cluster_check(cfg: TrainConfig) -> bool:
     """Whether to use GPUs; a TrainError when the cluster cannot hold the workers."""
     resources = _cluster_resources()
-    workers, threads = int(cfg.workers), int(cfg.threads_per_worker)
+    workers, threads = cfg.workers, cfg.threads_per_worker
     gpus = resources.get("GPU", 0)
-    use_gpu = {"auto": gpus >= 1, "true": True, "false": False}[str(cfg.use_gpu)]
+    use_gpu = {UseGPU.auto: gpus >= 1, UseGPU.true: True, UseGPU.false: False}[cfg.use_gpu]
     if use_gpu and gpus < workers:
         raise TrainError(f"workers={workers} need {workers} GPUs but the Ray cluster has {gpus:g}")
     cpus = resources.get("CPU", 0)
@@ -202,28 +183,31 @@ def _failure_message(err: BaseException) -> str:
     return lines[-1].strip() if lines else type(err).__name__
 
 
-def run_training(cfg: Any, plan: RunPlan | None = None) -> dict:
+def run_training(cfg: TrainConfig, plan: RunPlan | None = None) -> StageResult:
     """Run (or resume) a training run; Ray must be initialised. ``plan``: from ``prepare_run(cfg)``
-    (computed here when None). Returns the final status row (end-of-run held-out perplexities)."""
+    (computed here when None). The result's ``details`` are the final status row (end-of-run
+    held-out perplexities); its tokens are this run's positions of one direction (a resumed run
+    counts only the steps it ran)."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchConfig, TorchTrainer
 
     plan = prepare_run(cfg) if plan is None else plan
     plan.use_gpu = _cluster_check(cfg)
+    started, steps_before = time.perf_counter(), _logged_steps(plan.run_dir)
     ray_storage = tempfile.mkdtemp(prefix="elmo-ray-train-")
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"config": to_dict(cfg), "plan": dataclasses.asdict(plan)},
+        train_loop_config={"config": cfg, "plan": dataclasses.asdict(plan)},
         torch_config=TorchConfig(backend="nccl" if plan.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
-            num_workers=int(cfg.workers),
+            num_workers=cfg.workers,
             use_gpu=plan.use_gpu,
-            resources_per_worker=None if plan.use_gpu else {"CPU": int(cfg.threads_per_worker)},
+            resources_per_worker=None if plan.use_gpu else {"CPU": cfg.threads_per_worker},
         ),
         run_config=RunConfig(
             name=plan.name,
             storage_path=ray_storage,
-            failure_config=FailureConfig(max_failures=int(cfg.max_failures)),
+            failure_config=FailureConfig(max_failures=cfg.max_failures),
             worker_runtime_env={"env_vars": worker_env()},
         ),
     )
@@ -233,7 +217,20 @@ def run_training(cfg: Any, plan: RunPlan | None = None) -> dict:
         raise TrainError(f"training failed: {_failure_message(err)}") from None
     finally:
         shutil.rmtree(ray_storage, ignore_errors=True)
-    return final_status(plan.run_dir)
+    final = final_status(plan.run_dir)
+    steps = int(final["step"]) - steps_before
+    tokens = steps * cfg.batch_size * cfg.unroll_steps * cfg.workers
+    return StageResult("train", plan.run_dir, time.perf_counter() - started, tokens, details=final)
+
+
+def _logged_steps(run_dir: str) -> int:
+    """Steps an earlier (resumed) run already logged, so this run's tokens count only its own."""
+    path = storage.join(run_dir, METRICS_FILE)
+    if not storage.exists(path):
+        return 0
+    return max(
+        (int(row.get("step", 0)) for row in read_metrics(path) if row.get("kind") == "train"), default=0
+    )
 
 
 def final_status(run_dir: str) -> dict:

@@ -17,11 +17,11 @@ from typing import Any
 import torch
 
 from pipeline import storage
+from pipeline.train.config import WandbMode
 from pipeline.train.distributed import barrier
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "perplexity.png"
-WANDB_MODES = ("offline", "online", "disabled")
 
 
 # ---- MFU ---------------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ class RunLog:
         resumed_from: int | None,
         report: bool,
     ):
-        self.every, self.report = int(cfg.log_every), report
+        self.every, self.report = cfg.log_every, report
         self.metrics = MetricsLog(run_dir, resumed_from) if rank == 0 else None
         self.wandb = WandbSink(cfg.wandb, run_dir, name, config) if rank == 0 else None
         if self.metrics is not None:
@@ -163,17 +163,15 @@ class WandbSink:
     run directory: written locally, then uploaded there by ``finish``)."""
 
     def __init__(self, settings: Any, run_dir: str, name: str, config: dict):
-        mode = str(settings.mode)
-        if mode not in WANDB_MODES:
-            raise ValueError(f"wandb.mode must be one of {', '.join(WANDB_MODES)}, got {mode!r}")
-        if mode == "online" and not os.environ.get("WANDB_API_KEY"):
+        mode = settings.mode
+        if mode is WandbMode.online and not os.environ.get("WANDB_API_KEY"):
             raise ValueError(
                 "wandb.mode=online needs WANDB_API_KEY in the environment; use wandb.mode=offline"
             )
         self.run_dir = run_dir
         self.run = None
         self._tmp: tempfile.TemporaryDirectory | None = None
-        if mode == "disabled":
+        if mode is WandbMode.disabled:
             return
         import wandb
 
@@ -184,10 +182,10 @@ class WandbSink:
             local = run_dir
             os.makedirs(local, exist_ok=True)
         self.run = wandb.init(
-            mode=mode,
+            mode=mode.value,
             dir=local,
-            project=str(settings.project),
-            entity=str(settings.entity) or None,
+            project=settings.project,
+            entity=settings.entity or None,
             name=name,
             config=config,
             settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),

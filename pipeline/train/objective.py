@@ -1,4 +1,4 @@
-"""The training objective: one softmax shared by both directions, sampled or full (spec 7.4).
+"""The training objective: one softmax shared by both directions, sampled or full (docs/training.md#loss).
 
 Shapes: V vocabulary, P projection size, N scored positions of one direction (B * U), S negatives,
 K = 2 (N + S) softmax rows a step reads (repeats included).
@@ -37,7 +37,7 @@ class SharedSoftmax(nn.Module):
         return self.weight.shape[0]
 
     def reset_parameters(self) -> None:
-        """bilm-tf: W ~ N(0, 1/sqrt(P)), b = 0 (spec 7.4)."""
+        """bilm-tf: W ~ N(0, 1/sqrt(P)), b = 0 (docs/training.md#loss)."""
         with torch.no_grad():
             nn.init.normal_(self.weight, 0.0, 1.0 / math.sqrt(self.weight.shape[1]))
             nn.init.zeros_(self.bias)
@@ -57,7 +57,7 @@ class NegativeSample:
     """Unique negatives drawn with the log-uniform sampler, for one direction or D at once.
 
     ``ids`` (S,) or (D, S) long: the negatives; ``tries`` an int or a (D,) long tensor: the number
-    of draws it took to collect each row's S distinct ids (it sets the expected counts of spec 7.4).
+    of draws it took to collect each row's S distinct ids (it sets the expected counts of docs/training.md#loss).
     """
 
     ids: torch.Tensor
@@ -153,7 +153,7 @@ def sampled_softmax_losses(
     vocab_size: int,
     logits_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Mean sampled-softmax cross-entropy of each direction (``tf.nn.sampled_softmax_loss``, spec 7.4).
+    """Mean sampled-softmax cross-entropy of each direction (``tf.nn.sampled_softmax_loss``, docs/training.md#loss).
 
     hidden (D, N, P); targets (D, N) vocabulary ids; weight (D, N + S, P) / bias (D, N + S) the
     softmax rows of each direction's targets followed by those of its negatives ``negatives.ids``
@@ -237,7 +237,7 @@ def bidirectional_loss(
     negatives: NegativeSample | None,
     logits_dtype: torch.dtype | None = None,
 ) -> StepLoss:
-    """The biLM training loss (spec 7.4).
+    """The biLM training loss (docs/training.md#loss).
 
     hidden (2, B, U, P) top-layer outputs of the forward [0] and backward [1] LM; targets (2, B, U)
     vocabulary ids. ``negatives``: each direction's S unique negatives (ids (2, S) and tries (2,),

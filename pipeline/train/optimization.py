@@ -1,4 +1,4 @@
-"""Optimizer, learning-rate schedule and global-norm clipping (spec 7.5).
+"""Optimizer, learning-rate schedule and global-norm clipping (docs/training.md#optimisation).
 
 bilm-tf: Adagrad (lr 0.2, initial accumulator 1.0, no epsilon) over all parameters, after clipping
 the global norm of every gradient together (the sparse softmax rows included) to 10.
@@ -13,8 +13,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-SCHEDULES = ("constant", "linear", "cosine")
-OPTIMIZERS = ("adagrad", "adam")
+from pipeline.train.config import OptimizerName, Schedule
 
 
 def build_optimizer(cfg, params: Iterable[nn.Parameter], device: torch.device) -> torch.optim.Optimizer:
@@ -26,29 +25,23 @@ def build_optimizer(cfg, params: Iterable[nn.Parameter], device: torch.device) -
     and a CUDA graph can capture it. Adagrad: eps is tiny because TF's Adagrad has none and the
     accumulator starts at 1.0 anyway; the sampled softmax's rows are updated by `adagrad_rows_`.
     """
-    name = str(cfg.name)
-    if name == "adagrad":
+    if cfg.name is OptimizerName.adagrad:
         optimizer = Adagrad(
             params,
-            lr=float(cfg.lr),
-            initial_accumulator_value=float(cfg.initial_accumulator),
+            lr=cfg.lr,
+            initial_accumulator_value=cfg.initial_accumulator,
             eps=1e-10,
             fused=True,
         )
-    elif name == "adam":
-        betas = tuple(float(b) for b in cfg.adam_betas)
-        if len(betas) != 2:
-            raise ValueError(f"optimizer.adam_betas must be two numbers, got {list(cfg.adam_betas)}")
+    else:
         optimizer = Adam(
             params,
-            lr=float(cfg.lr),
-            betas=betas,
-            eps=float(cfg.adam_eps),
+            lr=cfg.lr,
+            betas=tuple(cfg.adam_betas),
+            eps=cfg.adam_eps,
             fused=True,
             capturable=device.type == "cuda",
         )
-    else:
-        raise ValueError(f"optimizer.name must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
     optimizer.bind_lr(torch.zeros((), device=device))
     return optimizer
 
@@ -133,17 +126,17 @@ def takes_sparse_gradients(optimizer: torch.optim.Optimizer) -> bool:
     return isinstance(optimizer, torch.optim.Adagrad)
 
 
-def lr_factor(step: int, total_steps: int, schedule: str, warmup_steps: int, final_fraction: float) -> float:
+def lr_factor(
+    step: int, total_steps: int, schedule: Schedule, warmup_steps: int, final_fraction: float
+) -> float:
     """Multiplier of the peak lr for the optimizer step numbered ``step`` (0-based) of ``total_steps``."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"optimizer.schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
-    if schedule == "constant":
+    if schedule is Schedule.constant:
         return 1.0
     span = max(total_steps - warmup_steps, 1)
     progress = min(max(step - warmup_steps, 0) / span, 1.0)
-    if schedule == "linear":
+    if schedule is Schedule.linear:
         return 1.0 - (1.0 - final_fraction) * progress
     return final_fraction + (1.0 - final_fraction) * 0.5 * (1.0 + math.cos(math.pi * progress))
 

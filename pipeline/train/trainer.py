@@ -1,4 +1,4 @@
-"""One rank's training: the step and the loop around it, top to bottom (spec 7.3-7.5).
+"""One rank's training: the step and the loop around it, top to bottom (docs/training.md).
 
 The driver side (checks, plan, Ray Train launch) is ``launch.py``; this is what every worker runs.
 
@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 from torch import nn
 
 from elmo_model import BiLM, TrainingLM
@@ -42,6 +41,7 @@ from pipeline.config import to_dict
 from pipeline.train import export as export_mod
 from pipeline.train.char_cache import CharCache
 from pipeline.train.checkpoint import Checkpointer, CheckpointError, RNGStates, latest_checkpoint
+from pipeline.train.config import TrainConfig
 from pipeline.train.cuda_graph import WARMUP_DDP, WARMUP_SINGLE, GraphedStep
 from pipeline.train.data import LMBatch, open_lm_batches
 from pipeline.train.distributed import (
@@ -157,24 +157,24 @@ class StepRunner:
     ``state``: the LSTM state carried from window to window.
     """
 
-    def __init__(self, cfg: Any, options: dict, vocab_size: int, device: torch.device):
+    def __init__(self, cfg: TrainConfig, options: dict, vocab_size: int, device: torch.device):
         self.cfg, self.options, self.vocab_size, self.device = cfg, options, vocab_size, device
         self.rank, self.world = world()
         self.autocast_dtype = torch.bfloat16 if device.type == "cuda" and cfg.bf16 else None
-        seed = int(cfg.seed)
+        seed = cfg.seed
         torch.manual_seed(seed)
-        self.bilm = BiLM.from_options({**options, "dropout": float(cfg.dropout)})
+        self.bilm = BiLM.from_options({**options, "dropout": cfg.dropout})
         self.softmax = SharedSoftmax(vocab_size, int(options["lstm"]["projection_dim"])).to(device)
-        self.lm = TrainingLM(self.bilm, float(cfg.dropout)).to(device)
+        self.lm = TrainingLM(self.bilm, cfg.dropout).to(device)
         self.optimizer = build_optimizer(
             cfg.optimizer, [*self.lm.parameters(), *self.softmax.parameters()], device
         )
-        self.negatives = int(cfg.softmax.negatives) if cfg.softmax.sampled else None
+        self.negatives = cfg.softmax.negatives if cfg.softmax.sampled else None
         self.sparse_rows = self.negatives is not None and takes_sparse_gradients(self.optimizer)
         self.generator = torch.Generator().manual_seed(seed * 1000 + self.rank)
         torch.manual_seed(seed * 1000 + 7919 + self.rank)  # dropout masks differ per rank
         lstm = self.bilm.lstm
-        batch = int(cfg.batch_size)
+        batch = cfg.batch_size
         self.state = CarriedState(
             torch.zeros(lstm.n_layers, 2, batch, lstm.dim, device=device),
             torch.zeros(lstm.n_layers, 2, batch, lstm.projection_dim, device=device),
@@ -196,14 +196,12 @@ class StepRunner:
         width = int(options["lstm"]["projection_dim"]) + 1
         self.dense_bytes = dense_exchange_bytes(self.world, vocab_size * width)
         """Softmax gradient bytes a rank receives per step from a dense ring all-reduce."""
-        rows = 2 * (batch * int(cfg.unroll_steps) + (self.negatives or 0))
+        rows = 2 * (batch * cfg.unroll_steps + (self.negatives or 0))
         sparse_bytes = rows_exchange_bytes(self.world, rows, width)
         # the rows exchange moves world x K rows with their repeats: with a small vocabulary and
         # many ranks the dense all-reduce is cheaper, and then it is used instead
         self.sparse_exchange = (
-            self.negatives is not None
-            and bool(cfg.softmax.sparse_exchange)
-            and sparse_bytes < self.dense_bytes
+            self.negatives is not None and cfg.softmax.sparse_exchange and sparse_bytes < self.dense_bytes
         ) or self.world == 1
         self.exchange_bytes = sparse_bytes if self.sparse_exchange else self.dense_bytes
         """Softmax gradient bytes this rank receives per step."""
@@ -242,9 +240,7 @@ class StepRunner:
         ``nonfinite``.
         """
         opt = self.cfg.optimizer
-        lr = float(opt.lr) * lr_factor(
-            self.step, total_steps, str(opt.schedule), int(opt.warmup_steps), float(opt.final_lr_fraction)
-        )
+        lr = opt.lr * lr_factor(self.step, total_steps, opt.schedule, opt.warmup_steps, opt.final_lr_fraction)
         self.optimizer.set_lr(lr)
         negatives = (
             sample_negatives(self.negatives, self.vocab_size, self.generator) if self.negatives else None
@@ -307,7 +303,7 @@ class StepRunner:
         with torch.no_grad():  # a skipped step leaves the carried state as it was, too
             self.state.c.copy_(torch.where(skipped.bool(), self.state.c, c))
             self.state.h.copy_(torch.where(skipped.bool(), self.state.h, h))
-        scale = clip_scale(norm, float(self.cfg.clip_norm))
+        scale = clip_scale(norm, self.cfg.clip_norm)
         if rows is not None:
             self._softmax_rows_update(rows, scale, skipped)
         apply_update(self.optimizer, scale, skipped)
@@ -359,12 +355,12 @@ class StepRunner:
 class Trainer:
     """One rank's training run: data, checkpoints, evaluation and logging around a ``StepRunner``.
 
-    ``cfg`` is the resolved TrainConfig (an OmegaConf DictConfig). ``report``: also send every
+    ``cfg`` is the resolved TrainConfig. ``report``: also send every
     logged row to ``ray.train.report`` (under Ray Train; every rank must then report alike).
     Outside Ray Train (``report=False``, no process group) it runs as a single rank in-process.
     """
 
-    def __init__(self, cfg: Any, plan: RunPlan, device: torch.device, report: bool = False):
+    def __init__(self, cfg: TrainConfig, plan: RunPlan, device: torch.device, report: bool = False):
         self.cfg, self.plan, self.device = cfg, plan, device
         if plan.storage_endpoint:
             storage.configure(endpoint_url=plan.storage_endpoint)
@@ -372,13 +368,13 @@ class Trainer:
         self.rank, self.world = runner.rank, runner.world
         self.vocab_bytes = storage.read_bytes(shard_format.vocab_path(plan.shards, plan.manifest))
         self.cache = CharCache(shard_format.parse_vocab(self.vocab_bytes.decode("utf-8")))
-        self.batches = self._batches("train", int(cfg.batch_size), int(cfg.unroll_steps), seed=int(cfg.seed))
+        self.batches = self._batches("train", cfg.batch_size, cfg.unroll_steps, seed=cfg.seed)
         self.checkpointer = Checkpointer(
             plan.run_dir,
             self.rank,
             self.world,
-            every=int(cfg.checkpoint_every),
-            keep=int(cfg.keep_checkpoints),
+            every=cfg.checkpoint_every,
+            keep=cfg.keep_checkpoints,
             shared={"bilm": runner.bilm, "softmax": runner.softmax, "optimizer": runner.optimizer},
             own={"data": self.batches, "lstm": runner.state, "rng": RNGStates(runner.generator)},
             meta={"options": plan.options, "config": to_dict(cfg), "vocab": self.vocab_bytes},
@@ -391,14 +387,14 @@ class Trainer:
         runner.distribute()
         self.evaluator = Evaluator(
             cfg,
-            lambda: self._batches("heldout", int(cfg.eval_batch_size), EVAL_UNROLL_STEPS, test=True),
+            lambda: self._batches("heldout", cfg.eval_batch_size, EVAL_UNROLL_STEPS, test=True),
             plan.unigram_perplexity,
             self.world,
         )
         self.log = RunLog(
             cfg, plan.run_dir, plan.name, to_dict(cfg), plan.total_steps, self.rank, self.resumed_from, report
         )
-        self.flops_per_step = runner.flops_per_step(int(cfg.batch_size), int(cfg.unroll_steps))
+        self.flops_per_step = runner.flops_per_step(cfg.batch_size, cfg.unroll_steps)
         self.peak_flops = measure_matmul_peak(device, runner.autocast_dtype or torch.float32)
 
     def _batches(self, split: str, batch_size: int, unroll_steps: int, **kwargs):
@@ -450,7 +446,7 @@ class Trainer:
     def _train_row(self, out: StepResult, steps_timed: int, compute: float, elapsed: float) -> dict:
         cfg = self.cfg
         fwd, bwd = out.losses.tolist()
-        tokens = 2 * int(cfg.batch_size) * int(cfg.unroll_steps) * self.world * steps_timed
+        tokens = 2 * cfg.batch_size * cfg.unroll_steps * self.world * steps_timed
         return {
             "kind": "train",
             "step": self.step,
@@ -537,8 +533,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     _quiet_report_log()
 
-    cfg = OmegaConf.create(loop_config["config"])
+    cfg = loop_config["config"]
     plan = RunPlan(**loop_config["plan"])
-    torch.set_num_threads(int(cfg.threads_per_worker))
+    torch.set_num_threads(cfg.threads_per_worker)
     device = ray.train.torch.get_device() if plan.use_gpu else torch.device("cpu")
     Trainer(cfg, plan, device, report=True).run()

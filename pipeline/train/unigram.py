@@ -1,6 +1,6 @@
 """Held-out unigram perplexity under the training counts: the baseline logged beside the LM's.
 
-It scores exactly the targets the LM predicts (spec 7.2, 7.8): every word, with out-of-vocabulary
+It scores exactly the targets the LM predicts (docs/training.md#batching, docs/training.md#held-out-perplexity): every word, with out-of-vocabulary
 words as ``<UNK>``, plus one end-of-sentence target per sentence (``</S>`` forward; the backward
 LM predicts ``<S>`` instead with the same count, so both directions give the same unigram
 perplexity and one number serves as the baseline for forward, backward and their average).

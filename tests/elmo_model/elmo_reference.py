@@ -1,4 +1,4 @@
-"""Helpers for the elmo_model tests: the reference sets copied under tests/data/reference (spec 5).
+"""Helpers for the elmo_model tests: the reference sets copied under tests/data/reference (docs/model.md#reference-outputs).
 
 A uniquely named module (not conftest) so test files can import it whatever other conftest files exist.
 """
@@ -39,7 +39,7 @@ TINY_OPTIONS = {
 
 @dataclass(frozen=True)
 class ReferenceSet:
-    """One fixture set (spec 5): options, weights, 30 sentences S[row][batch], expected top layers."""
+    """One fixture set (docs/model.md#reference-outputs): options, weights, 30 sentences S[row][batch], expected top layers."""
 
     name: str
 

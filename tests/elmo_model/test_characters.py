@@ -1,4 +1,4 @@
-"""Byte-level char ids (spec 1)."""
+"""Byte-level char ids (docs/encoding.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The fused clipped LSTM stack (spec 4.5-4.7, 7.3) against a plain per-row, per-direction reference."""
+"""The fused clipped LSTM stack (docs/model.md#lstm-cell, docs/training.md#network-in-training) against a plain per-row, per-direction reference."""
 
 from __future__ import annotations
 

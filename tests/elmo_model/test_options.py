@@ -1,4 +1,4 @@
-"""options.json parsing (spec 2)."""
+"""options.json parsing (docs/weights.md#optionsjson)."""
 
 from __future__ import annotations
 

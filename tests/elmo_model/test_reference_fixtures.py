@@ -1,4 +1,4 @@
-"""Both reference sets reproduce through the stateful procedure of spec 5.3 and the token encoder (5.4)."""
+"""Both reference sets reproduce through the stateful procedure of docs/model.md#reference-outputs, and the token vectors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ScalarMix (spec 6.3) and the Elmo module (spec 6.4)."""
+"""ScalarMix (docs/model.md#layer-mixing) and the Elmo module (docs/model.md#layer-mixing)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cached token vectors (spec 4.10): the char CNN's outputs (to float32 rounding), with a fallback for other words."""
+"""Cached token vectors (docs/model.md#token-cache): the char CNN's outputs (to float32 rounding), with a fallback for other words."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""bilm-tf HDF5 load/export (spec 3)."""
+"""bilm-tf HDF5 load/export (docs/weights.md)."""
 
 from __future__ import annotations
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 
-from pipeline.config import load_config
+from pipeline.config import resolve_config
 from pipeline.end_to_end import SAMPLE_CORPUS, derive_stage_configs
 from pipeline.pipeline_config import PipelineConfig
 
 
 def _derive(*overrides: str):
     return derive_stage_configs(
-        load_config(PipelineConfig, overrides=list(overrides), preset="tiny", allow_missing=True)
+        resolve_config(PipelineConfig, overrides=list(overrides), preset="tiny", allow_missing=True)
     )
 
 

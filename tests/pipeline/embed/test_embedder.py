@@ -67,7 +67,7 @@ def test_values_equal_direct_call_whatever_the_batch(model, expected_all, mode):
     for value, full in zip(values, expected_all, strict=True):
         expected = {"all": full, "top": full[-1], "average": full.mean(axis=0)}[mode]
         assert value.shape == expected.shape and value.dtype == np.float32
-        # batching changes float32 summation order: allclose(atol=1e-6) with numpy's default rtol (spec 9.10)
+        # batching changes float32 summation order: allclose(atol=1e-6) with numpy's default rtol (docs/model.md#reference-outputs)
         np.testing.assert_allclose(value, expected, atol=1e-6, rtol=1e-5)
 
 
@@ -85,7 +85,7 @@ def test_split_line_is_concatenation_of_independent_pieces(model):
 
 
 def test_stateful_reproduces_the_allennlp_fixture():
-    # the fixture: a fresh stateful model, 10 batches of 3 rows in order (spec 5.3)
+    # the fixture: a fresh stateful model, 10 batches of 3 rows in order (docs/model.md#reference-outputs)
     model = load_model()
     model.stateful = True
     lines = [" ".join(s).encode() for s in fixture_sentences_batch_major()]

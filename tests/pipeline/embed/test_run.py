@@ -62,16 +62,16 @@ def test_killed_run_on_s3_finishes_exactly_once(ray_local, s3_prefix, model):
     args = {"model": model_dir, "input": [corpus], "output": output}
 
     first = run_embed(_config(**args, stop_after_shards=1))  # "killed" after its first shard
-    assert not first.complete and first.new_shards == 1
+    assert not first.complete and first.details["new_shards"] == 1
     assert not storage.exists(manifest.manifest_path(output))
     # shards already in flight when the driver stopped may have been committed too
     done = storage.list_prefix(storage.join(output, "embeddings-"))
-    assert first.new_shards <= len(done) <= 4
+    assert first.details["new_shards"] <= len(done) <= 4
     storage.write_bytes(done[0], b"not hdf5: damaged after the kill")  # verify_resume must redo it
 
     second = run_embed(_config(**args))
     # the damaged shard is redone; at most the shards missing when we looked are added to it
-    assert second.complete and 1 <= second.new_shards <= 4 - len(done) + 1
+    assert second.complete and 1 <= second.details["new_shards"] <= 4 - len(done) + 1
 
     pairs = _shard_values(output)
     keys = [k for k, _ in pairs]
@@ -106,7 +106,7 @@ def test_killed_run_on_s3_finishes_exactly_once(ray_local, s3_prefix, model):
     assert doc["layers"] == "all" and doc["dtype"] == "float32" and len(doc["model"]["sha256"]) == 64
 
     third = run_embed(_config(**args))  # a rerun of a finished output redoes nothing
-    assert third.complete and third.new_shards == 0
+    assert third.complete and third.details["new_shards"] == 0
     assert json.loads(storage.read_bytes(manifest.manifest_path(output)))["shards"] == doc["shards"]
 
 
@@ -126,7 +126,7 @@ def test_single_file_has_allennlp_layout(ray_local, tmp_path, model):
             workers=2,
         )
     )
-    assert result.complete and result.shards == 3
+    assert result.complete and result.details["shards"] == 3
     assert not (tmp_path / "out.hdf5.parts").exists()  # parts removed after the merge
     data = read_hdf5(out)
     assert sorted(data) == sorted([str(i) for i in range(len(lines))] + ["sentence_to_index"])
@@ -161,7 +161,7 @@ def test_stateful_run_reproduces_the_original_fixture(ray_local, tmp_path):
             max_sentence_tokens=1000,
         )
     )
-    assert result.complete and result.shards == 5
+    assert result.complete and result.details["shards"] == 5
     values = dict(_shard_values(str(out)))
     expected = fixture_expected()  # E[row][batch]; line i = batch i // 3, row i % 3
     worst = max(float(np.abs(values[i] - expected[i % 3][i // 3]).max()) for i in range(30))

@@ -14,6 +14,7 @@ from pipeline import shard_format as fmt
 from pipeline import storage
 from pipeline.config import load_config
 from pipeline.shard import job as shard_job
+from pipeline.shard import resume as shard_resume
 from pipeline.shard.config import ShardConfig
 from pipeline.shard.errors import ShardError
 from pipeline.shard.job import run_shard
@@ -34,7 +35,8 @@ def _config(inputs, output, **overrides) -> ShardConfig:
 
 
 def run(inputs, output, **overrides) -> dict:
-    return run_shard(_config(inputs, output, **overrides))
+    """The manifest of a shard run (its StageResult's details)."""
+    return run_shard(_config(inputs, output, **overrides)).details["manifest"]
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
@@ -171,7 +173,8 @@ def test_writing_pass_reads_again_only_inputs_whose_chunks_were_not_kept(
         reads.append([str(p) for p in paths])
         return iter_chunks(paths, *args, **kwargs)
 
-    monkeypatch.setattr(shard_job, "iter_chunks", recording)
+    monkeypatch.setattr(shard_job, "iter_chunks", recording)  # the counting pass
+    monkeypatch.setattr(shard_resume, "iter_chunks", recording)  # the writing pass's reads again
     held = tmp_path / "held.txt"
     held.write_text("a small held-out input\nof two lines\n")
     # the corpus is one chunk, kept in the object store; the held-out input's is too small to keep

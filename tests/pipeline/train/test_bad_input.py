@@ -10,7 +10,7 @@ from shard_builder import sample_sentences, write_sample_shards
 
 from jobs.train import main as train_main
 from pipeline import shard_format, storage
-from pipeline.config import load_config
+from pipeline.config import ConfigError, load_config
 from pipeline.shard_format import FormatError
 from pipeline.train.config import TrainConfig
 from pipeline.train.launch import TrainError, _cluster_check, prepare_run
@@ -118,8 +118,11 @@ def test_manifest_counts_that_disagree_with_a_shard_fail_the_run_with_one_line(s
         ("wandb.mode=cloud", "'wandb.mode' must be one of offline, online, disabled"),
         ("use_gpu=maybe", "'use_gpu' must be one of auto, true, false"),
         ("batch_size=0", "'batch_size' must be >= 1"),
+        ("max_steps=-1", "'max_steps' must be >= 0"),
+        ("dropout=1.5", "'dropout' must be in \\[0, 1\\)"),
     ],
 )
-def test_bad_settings(shards, tmp_path, override, message):
-    with pytest.raises(TrainError, match=message):
-        prepare_run(cfg_for(shards, str(tmp_path / "run"), override))
+def test_bad_settings_are_refused_when_the_config_loads(shards, tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        cfg_for(shards, str(tmp_path / "run"), override)
+    assert str(err.value).startswith("config key ") and "\n" not in str(err.value)

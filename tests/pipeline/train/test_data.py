@@ -1,4 +1,4 @@
-"""Row-stream batching (spec 7.2 / 7.8) on bilm-tf's training fixture, shard-level behaviour,
+"""Row-stream batching (docs/training.md#batching, docs/training.md#held-out-perplexity) on bilm-tf's training fixture, shard-level behaviour,
 resumable positions, rank splits and the per-epoch step count."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ BOS, EOS, UNK = shard_format.BOS, shard_format.EOS, shard_format.UNK
 
 
 def rule_batches(sentences, batch_size, unroll, reverse):
-    """The batching rule of spec 7.2 transcribed on plain word lists: [(inputs, targets)], each
+    """The batching rule of docs/training.md#batching transcribed on plain word lists: [(inputs, targets)], each
     B lists of U words; the partial batch at the end is dropped."""
     wrapped = iter([[EOS, *s[::-1], BOS] if reverse else [BOS, *s, EOS] for s in sentences])
     buffers: list[list[str]] = [[] for _ in range(batch_size)]
@@ -80,7 +80,7 @@ def test_fixture_test_mode_matches_the_rule_row_by_row(fixture_dir, cache, vocab
     sentences = fixture_sentences()
     expected = [rule_batches(sentences, 2, 5, reverse=r) for r in (False, True)]
     # 134 words + 5 sentences = 139 predictions per direction, 10 per batch; the batch in which
-    # the data runs out is dropped, with what is left in the other row's buffer (spec 7.8)
+    # the data runs out is dropped, with what is left in the other row's buffer (docs/training.md#held-out-perplexity)
     assert len(batches) == len(expected[0]) == len(expected[1]) == 11
     for n, batch in enumerate(batches):
         assert batch.char_ids.shape == (2, 2, 5, 50) and batch.char_ids.dtype == torch.int64

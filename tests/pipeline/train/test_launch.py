@@ -61,8 +61,10 @@ def trained(tmp_path_factory, shards, ray_local):
     cfg = tiny(
         shards, run_dir, f"max_steps={STEPS}", "eval_every=50", "checkpoint_every=50", "eval_max_batches=60"
     )
-    final = run_training(cfg)
-    return run_dir, final
+    result = run_training(cfg)
+    assert result.stage == "train" and result.output == run_dir and result.complete
+    assert result.tokens == STEPS * 32 * 20 * 2  # this run's steps x batch x unroll x workers
+    return run_dir, result.details
 
 
 WANDB_LOG_READER = """
@@ -248,7 +250,7 @@ def test_killed_worker_restarts_from_checkpoint_on_s3(shards, s3_prefix, ray_loc
 
     killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
     killer.start()
-    final = run_training(cfg)
+    final = run_training(cfg).details
     killer.join(timeout=5)
     assert killed, "no Ray Train worker was found to kill"
     assert final["status"] == "done" and final["step"] == 40

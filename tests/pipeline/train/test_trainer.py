@@ -14,7 +14,7 @@ from elmo_model import BiLM, LSTMState
 from pipeline.config import load_config
 from pipeline.model_config import to_options
 from pipeline.train.char_cache import CharCache
-from pipeline.train.config import TrainConfig
+from pipeline.train.config import OptimizerName, TrainConfig
 from pipeline.train.data import UNK_ID, LMBatch
 from pipeline.train.objective import NegativeSample, SharedSoftmax, sample_negatives, sampled_softmax_losses
 from pipeline.train.step_inputs import CAPACITY_BUCKETS, distinct_tokens, padded_capacity, step_inputs
@@ -70,7 +70,7 @@ def reference_run(cfg, batches: list[LMBatch]) -> tuple[list[list[float]], BiLM,
     bilm = BiLM.from_options({**options, "dropout": 0.0})
     softmax = SharedSoftmax(VOCAB, int(options["lstm"]["projection_dim"]))
     params = [*bilm.parameters(), *softmax.parameters()]
-    if cfg.optimizer.name == "adagrad":
+    if cfg.optimizer.name is OptimizerName.adagrad:
         opt = torch.optim.Adagrad(
             params, lr=float(cfg.optimizer.lr), initial_accumulator_value=1.0, eps=1e-10
         )

@@ -1,0 +1,130 @@
+"""What a shard run finds in its output and reuses: the manifest and plan of a run with the same
+identity, the vocabulary it wrote, and the counting pass's kept chunks.
+
+A rerun with the same inputs and settings (its *identity*) is safe everywhere: a complete output is
+left alone, a plan (the counting pass's result, written before any shard) spares the counting pass,
+a vocabulary that matches the plan spares rebuilding it, and shards already written under their
+final names are described and kept (``job._reusable_shards``). An output that holds another run's
+files, or stray shard files without a manifest or plan, is refused, never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pipeline import storage
+from pipeline.shard.errors import ShardError
+from pipeline.shard.manifest import PLAN_FILE, identity_of
+from pipeline.shard.passes import ChunkSummary
+from pipeline.shard.reader import iter_chunks
+from pipeline.shard.vocabulary import Vocabulary
+from pipeline.shard_format import (
+    COUNTS_FILE,
+    MANIFEST_FILE,
+    SPLITS,
+    VOCAB_FILE,
+    FormatError,
+    parse_manifest,
+    read_counts,
+    read_vocab,
+)
+
+
+def output_prefix(output: str) -> str:
+    return output.rstrip("/") + "/"
+
+
+def inspect_output(output: str, identity: dict) -> tuple[dict | None, dict | None]:
+    """``(manifest, plan)`` already in ``output`` for this run; ShardError when the output holds
+    another run's shards."""
+    manifest_path, plan_path = storage.join(output, MANIFEST_FILE), storage.join(output, PLAN_FILE)
+    manifest = plan = None
+    if storage.exists(manifest_path):
+        manifest = parse_manifest(storage.read_bytes(manifest_path), manifest_path)
+        check_identity(identity_of(manifest), identity, manifest_path)
+    if storage.exists(plan_path):
+        try:
+            plan = json.loads(storage.read_bytes(plan_path).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            plan = None
+        if not isinstance(plan, dict) or "config" not in plan or "chunks" not in plan:
+            plan = None  # a plan is only a cache of the counting pass: an unreadable one means recount
+        else:
+            check_identity(identity_of(plan), identity, plan_path)
+    if manifest is None and plan is None:
+        names = [p.rsplit("/", 1)[-1] for p in storage.list_prefix(output_prefix(output))]
+        strays = [n for n in names if n.endswith(".tar") and n.startswith(SPLITS) or n == VOCAB_FILE]
+        if strays:
+            raise ShardError(
+                f"output {output} holds {strays[0]} but no readable {MANIFEST_FILE} or {PLAN_FILE}: "
+                "not from this stage; choose an empty output or delete them"
+            )
+    return manifest, plan
+
+
+def check_identity(found: dict, wanted: dict, path: str) -> None:
+    if found == wanted:
+        return
+    differing = sorted(
+        [
+            k
+            for k in set(found["config"] or {}) | set(wanted["config"])
+            if (found["config"] or {}).get(k) != wanted["config"].get(k)
+        ]
+        + [k for k in ("inputs", "heldout_inputs") if found[k] != wanted[k]]
+    )
+    raise ShardError(
+        f"{path} belongs to a run with different {', '.join(differing) or 'settings'}; "
+        "use another output or delete the old one"
+    )
+
+
+def is_complete(output: str, manifest: dict) -> bool:
+    present = set(storage.list_prefix(output_prefix(output)))
+    names = [VOCAB_FILE, COUNTS_FILE] + [s["name"] for split in SPLITS for s in manifest["shards"][split]]
+    return all(storage.join(output, n) in present for n in names)
+
+
+def read_vocabulary(output: str, expected_sha: str) -> Vocabulary | None:
+    """The vocabulary an earlier run of this plan wrote, or None when it is missing or differs."""
+    vocab_path, counts_path = storage.join(output, VOCAB_FILE), storage.join(output, COUNTS_FILE)
+    if not (storage.exists(vocab_path) and storage.exists(counts_path)):
+        return None
+    try:
+        tokens = read_vocab(vocab_path)
+        counts = [count for _, count in read_counts(counts_path)]
+    except FormatError:
+        return None
+    vocab = Vocabulary(tokens, counts)
+    return vocab if vocab.sha256 == expected_sha and len(counts) == len(tokens) else None
+
+
+def chunk_sources(
+    paths, config, chunks: Sequence[ChunkSummary], feeding: set[int], kept: dict
+) -> Iterator[tuple[int, Any]]:
+    """``(chunk index, source)`` for the chunks in ``feeding``, in order: the source is the
+    counting pass's ObjectRef when it was kept (taken out of ``kept``, so the object store frees
+    it once its pieces are cut), else the chunk read again. Only inputs holding a chunk that was
+    not kept are read."""
+    for index in [i for i in kept if i not in feeding]:
+        del kept[index]  # feeds only shards already written
+    first: dict[int, int] = {}  # input -> index of its first chunk
+    for chunk in chunks:
+        first.setdefault(chunk.source, chunk.index)
+    by_source: dict[int, list[int]] = {}
+    for index in sorted(feeding):
+        by_source.setdefault(chunks[index].source, []).append(index)
+    for source, indices in sorted(by_source.items()):
+        if all(i in kept for i in indices):
+            yield from ((i, kept.pop(i)) for i in indices)
+            continue
+        reader = iter_chunks(
+            [paths[source]], config["chunk_bytes"], config["max_line_bytes"], first[source], source
+        )
+        for chunk in reader:
+            if chunk.index >= len(chunks) or chunks[chunk.index].source != source:
+                raise ShardError(f"input {source} changed between the counting and writing passes (it grew)")
+            if chunk.index in feeding:
+                yield chunk.index, kept.pop(chunk.index, chunk)
