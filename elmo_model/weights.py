@@ -55,11 +55,34 @@ def _file_name(source) -> str:
     return str(getattr(source, "name", source))
 
 
+def require_stored_here(handle: h5py.File, key: str, name: str, error: type[Exception]) -> None:
+    """``error`` unless dataset ``key`` (if present) and every group on its path are stored in the
+    file itself: HDF5 external and soft links, external raw storage and virtual datasets would take
+    values from other files, which the file's hash does not cover."""
+    node = handle
+    for part in key.split("/"):
+        link = node.get(part, getlink=True)
+        if link is None:
+            return  # missing: the caller says so
+        if not isinstance(link, h5py.HardLink):
+            raise error(
+                f"{name}: '{key}' is reached through an HDF5 {type(link).__name__}; the weights must be stored "
+                "in the file itself"
+            )
+        node = node[part]
+    if isinstance(node, h5py.Dataset) and (node.external or node.is_virtual):
+        where = "external raw storage" if node.external else "a virtual dataset"
+        raise error(
+            f"{name}: dataset '{key}' keeps its values in {where}; the weights must be stored in the file itself"
+        )
+
+
 def read_arrays(source, options: BiLMOptions) -> dict[str, np.ndarray]:
     """Read and validate every dataset `expected_datasets(options)` names -> float32 arrays.
 
-    Raises WeightsError for a missing dataset, a wrong shape, a non-float or non-finite dataset, or a
-    biLM dataset the options do not account for (e.g. `CNN_high_2` with n_highway 2).
+    Raises WeightsError for a missing dataset, a wrong shape, a non-float or non-finite dataset, a
+    biLM dataset the options do not account for (e.g. `CNN_high_2` with n_highway 2), or a dataset
+    whose values live in another file (`require_stored_here`).
     """
     name = _file_name(source)
     expected = expected_datasets(options)
@@ -79,6 +102,7 @@ def read_arrays(source, options: BiLMOptions) -> dict[str, np.ndarray]:
                 )
         arrays = {}
         for key, shape in expected.items():
+            require_stored_here(handle, key, name, WeightsError)
             obj = handle.get(key)
             if not isinstance(obj, h5py.Dataset):
                 raise WeightsError(f"{name}: missing dataset '{key}' (expected shape {shape})")

@@ -15,8 +15,10 @@ import numpy as np
 import torch
 
 from elmo_model import BiLM, OptionsError
+from elmo_model.weights import require_stored_here
 from pipeline import storage
 from pipeline.train import checkpoint as ckpt
+from pipeline.train.errors import TrainError
 from pipeline.train.objective import SharedSoftmax
 
 EXPORT_DIR = "export"
@@ -35,11 +37,19 @@ def write_softmax(softmax: SharedSoftmax, path: str) -> None:
 
 
 def read_softmax(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """(W (V, P), b (V,)) from a local softmax HDF5 file."""
+    """(W (V, P), b (V,)) float32 from a local softmax HDF5 file, its datasets checked (stored in the
+    file itself, float, shapes that agree) before use; a TrainError names the problem."""
     with h5py.File(path, "r") as f:
-        if "softmax/W" not in f or "softmax/b" not in f:
-            raise ValueError(f"{path}: not a softmax file (needs datasets softmax/W and softmax/b)")
-        return f["softmax/W"][...], f["softmax/b"][...]
+        for key in ("softmax/W", "softmax/b"):
+            require_stored_here(f, key, path, TrainError)
+            if not isinstance(f.get(key), h5py.Dataset) or f[key].dtype.kind != "f":
+                raise TrainError(f"{path}: not a softmax file (needs float datasets softmax/W and softmax/b)")
+        weight, bias = f["softmax/W"], f["softmax/b"]
+        if weight.ndim != 2 or bias.shape != (weight.shape[0],):
+            raise TrainError(
+                f"{path}: softmax/W {weight.shape} and softmax/b {bias.shape} are not (V, P) and (V,)"
+            )
+        return weight[...].astype(np.float32), bias[...].astype(np.float32)
 
 
 def export_model(bilm: BiLM, softmax: SharedSoftmax, vocab: bytes, out_dir: str) -> list[str]:

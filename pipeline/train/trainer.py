@@ -53,6 +53,7 @@ from pipeline.train.distributed import (
     rows_exchange_bytes,
     world,
 )
+from pipeline.train.errors import TrainError
 from pipeline.train.evaluate import EVAL_UNROLL_STEPS, Evaluator
 from pipeline.train.metrics import PLOT_FILE, RunLog, measure_matmul_peak, perplexity, plot_perplexity
 from pipeline.train.objective import SharedSoftmax, SoftmaxRows, bidirectional_loss, sample_negatives
@@ -435,6 +436,11 @@ class Trainer:
                     same_vocab = f.read() == self.vocab_bytes
                 if same_vocab:
                     weight, bias = export_mod.read_softmax(local[export_mod.SOFTMAX_FILE])
+                    if weight.shape != tuple(self.runner.softmax.weight.shape):
+                        raise TrainError(
+                            f"init_from {source}: softmax of shape {weight.shape}, the model's is "
+                            f"{tuple(self.runner.softmax.weight.shape)}"
+                        )
                     with torch.no_grad():
                         self.runner.softmax.weight.copy_(torch.from_numpy(weight))
                         self.runner.softmax.bias.copy_(torch.from_numpy(bias))

@@ -128,3 +128,41 @@ def test_not_hdf5_names_the_file(tmp_path, reference):
         BiLM.from_files(reference.options_file, junk)
     with pytest.raises(WeightsError, match="missing.hdf5: cannot open"):
         BiLM.from_files(reference.options_file, tmp_path / "missing.hdf5")
+
+
+def _rewire(source, target, key: str, how: str, outside) -> None:
+    """A copy of ``source`` where dataset ``key`` takes its values from the file ``outside``."""
+    with h5py.File(source, "r") as src, h5py.File(target, "w") as dst:
+        for name in [n for n in _datasets(src) if n != key]:
+            dst.create_dataset(name, data=src[name][()])
+        value = src[key][()]
+        if how == "external link":
+            with h5py.File(outside, "w") as other:
+                other.create_dataset("values", data=value)
+            dst[key] = h5py.ExternalLink(str(outside), "values")
+        elif how == "soft link":
+            dst.create_dataset("elsewhere", data=value)
+            dst[key] = h5py.SoftLink("/elsewhere")
+        else:  # external raw storage: the bytes live in a plain file beside
+            value.astype(np.float32).tofile(outside)
+            dst.create_dataset(
+                key, shape=value.shape, dtype=np.float32, external=[(str(outside), 0, value.nbytes)]
+            )
+
+
+def _datasets(f) -> list[str]:
+    out: list[str] = []
+    f.visititems(lambda k, o: out.append(k) if isinstance(o, h5py.Dataset) else None)
+    return out
+
+
+@pytest.mark.parametrize("how", ["external link", "soft link", "external raw storage"])
+def test_values_from_other_files_are_refused(reference, tmp_path, how):
+    """The weights' hash covers the file only: a dataset whose values live elsewhere is refused."""
+    bad = tmp_path / "bad.hdf5"
+    key = "RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0"
+    _rewire(reference.weight_file, bad, key, how, tmp_path / "outside.bin")
+    model = BiLM(BiLMOptions.from_file(reference.options_file))
+    with pytest.raises(WeightsError, match=f"bad.hdf5: .*'{key}'.*stored in the file itself") as err:
+        load_weights(model, bad)
+    assert "\n" not in str(err.value)
