@@ -3,6 +3,12 @@
 Every stage runs inside ``ray_session``. On a laptop (the embedded default) it starts a local
 cluster and shuts it down afterwards; under ``ray job submit`` or with ``RAY_ADDRESS`` set it joins
 the running cluster and leaves it alone, because the job does not own that cluster.
+
+No runtime_env is set here, and no secret ever goes into one: Ray writes a runtime_env in plain text
+to its agent log, keeps it in the cluster's metadata and shows it on the dashboard. Workers of an
+embedded cluster inherit the driver's environment (S3 and wandb credentials included, read when the
+cluster starts); workers of a real cluster get theirs from the cluster (node environment, instance
+profile, Kubernetes Secrets), and a job's own ``--runtime-env-json`` applies unchanged.
 """
 
 from __future__ import annotations
@@ -13,24 +19,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import ray
-
-ENV_VARS_FOR_WORKERS = (
-    "AWS_ENDPOINT_URL",
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_DEFAULT_REGION",
-    "AWS_PROFILE",
-    "WANDB_API_KEY",
-    "WANDB_MODE",
-)
-"""Variables copied into every Ray worker, so a worker sees the same S3 endpoint and credentials
-as the driver even when the cluster was started before they were set."""
-
-
-def worker_env() -> dict[str, str]:
-    """The driver's storage/tracking environment variables, for ``runtime_env['env_vars']``."""
-    return {k: os.environ[k] for k in ENV_VARS_FOR_WORKERS if k in os.environ}
 
 
 @contextmanager
@@ -45,7 +33,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         yield
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
-    kwargs = {"runtime_env": {"env_vars": worker_env()}, "logging_level": logging.WARNING}
+    kwargs = {"logging_level": logging.WARNING}
     if address:
         ray.init(address=address, **kwargs)
     else:

@@ -10,8 +10,8 @@ only and are never printed or logged. Throttling and 5xx answers are retried wit
 (botocore's ``standard`` mode; ``AWS_RETRY_MODE`` / ``AWS_MAX_ATTEMPTS`` override it). Every failure
 is a one-line :class:`StorageError` naming the path and the cause.
 
-:func:`configure` only affects this process; Ray workers get the endpoint through the
-``AWS_ENDPOINT_URL`` environment variable (``pipeline.ray_runtime.worker_env``).
+:func:`configure` only affects this process; Ray workers read ``AWS_ENDPOINT_URL`` from their own
+environment (inherited from the driver on an embedded cluster; see ``pipeline.ray_runtime``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Shared fixtures: a real S3 server (SeaweedFS) and an embedded Ray cluster, each started once.
 
 Both are lazy: a test session that asks for neither starts neither. ``ray_local`` depends on
-``s3_server`` so Ray starts after the AWS_* variables are set; its workers inherit them from the
-driver's environment and also get them explicitly through ``runtime_env['env_vars']``. While it runs,
+``s3_server`` so Ray starts after the AWS_* variables are set; its workers inherit them (and a
+made-up ``WANDB_API_KEY``, so tests can look for it in logs) from the driver's environment, as the
+workers of any embedded cluster do; no secret goes into a runtime_env. While it runs,
 ``RAY_ADDRESS`` names it, so Ray's state API (and any ``elmo`` subprocess) finds this cluster even
 when other Ray clusters run on the same machine.
 """
@@ -25,6 +26,8 @@ from pipeline.local_s3 import REGION, LocalS3Server
 TEST_BUCKET = "elmo-test"
 AWS_VARS_CLEARED = ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE")
 """Ambient variables that would change which credentials or retries the tests use."""
+FAKE_WANDB_KEY = "elmofake" + "0123456789abcdef" * 2
+"""A 40-character stand-in for a wandb key, set while ``ray_local`` runs (wandb stays offline)."""
 
 
 @pytest.fixture
@@ -114,25 +117,30 @@ def s3_prefix(s3_server, request) -> str:
 
 
 @pytest.fixture(scope="session")
-def ray_local(s3_server):
+def ray_temp_dir():
+    """The embedded Ray cluster's temp dir (its session logs live under it); removed at the end."""
+    # short: Ray's unix socket paths live under it and must stay within ~107 characters
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    yield temp_dir
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_local(s3_server, ray_temp_dir):
     """An embedded 2-CPU Ray cluster for the session (started after the S3 environment is set)."""
     import ray
 
-    from pipeline.ray_runtime import worker_env
-
     if ray.is_initialized():
         raise RuntimeError("ray_local: Ray is already initialised by something else in this session")
-    # short: Ray's unix socket paths live under it and must stay within ~107 characters
-    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    wandb_key = _set_env({"WANDB_API_KEY": FAKE_WANDB_KEY})
     ray.init(
         num_cpus=2,
         include_dashboard=False,
         object_store_memory=512 * 1024 * 1024,
-        _temp_dir=temp_dir,
+        _temp_dir=ray_temp_dir,
         configure_logging=True,
         logging_level=logging.WARNING,
         log_to_driver=False,
-        runtime_env={"env_vars": worker_env()},
     )
     # other Ray clusters may run on this machine: state APIs and subprocesses must find this one
     previous = _set_env({"RAY_ADDRESS": ray.get_runtime_context().gcs_address})
@@ -141,4 +149,4 @@ def ray_local(s3_server):
     finally:
         _set_env(previous)
         ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        _set_env(wandb_key)

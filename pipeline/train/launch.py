@@ -19,7 +19,6 @@ from elmo_model import BiLMOptions, OptionsError
 from pipeline import shard_format, storage
 from pipeline.config import UseGPU
 from pipeline.model_config import to_options
-from pipeline.ray_runtime import worker_env
 from pipeline.stage_result import StageResult
 from pipeline.train import checkpoint as ckpt
 from pipeline.train import export as export_mod
@@ -208,7 +207,6 @@ def run_training(cfg: TrainConfig, plan: RunPlan | None = None) -> StageResult:
             name=plan.name,
             storage_path=ray_storage,
             failure_config=FailureConfig(max_failures=cfg.max_failures),
-            worker_runtime_env={"env_vars": worker_env()},
         ),
     )
     try:

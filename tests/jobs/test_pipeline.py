@@ -2,7 +2,7 @@
 
 A short run (a slice of the sample corpus, a few dozen training steps) through the real CLI entry
 point; the demo itself (`make demo`) runs the full-length version and the training tests check
-the perplexity targets.
+the perplexity targets. The same run shows that no secret reaches a log, an output or the console.
 """
 
 from __future__ import annotations
@@ -10,15 +10,17 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import os
 
 import h5py
+from conftest import FAKE_WANDB_KEY
 
 from jobs.cli import main as elmo
 from pipeline import storage
 from pipeline.end_to_end import SAMPLE_CORPUS
 
 
-def test_pipeline_end_to_end_on_s3(s3_prefix, ray_local, tmp_path, capsys):
+def test_pipeline_end_to_end_on_s3(s3_prefix, s3_server, ray_local, ray_temp_dir, tmp_path, capsys):
     corpus = tmp_path / "slice.txt"
     with gzip.open(SAMPLE_CORPUS, "rt", encoding="utf-8") as src:
         corpus.write_text("".join(itertools.islice(src, 3000)), encoding="utf-8")
@@ -42,7 +44,8 @@ def test_pipeline_end_to_end_on_s3(s3_prefix, ray_local, tmp_path, capsys):
             "embed.lines_per_shard=100",
         ]
     )
-    out = capsys.readouterr().out
+    console = capsys.readouterr()
+    out = console.out
     assert code == 0, out[-2000:]
     assert "held-out perplexity" in out and "unigram baseline" in out
     run = f"{root}/e2e"
@@ -59,3 +62,30 @@ def test_pipeline_end_to_end_on_s3(s3_prefix, ray_local, tmp_path, capsys):
     with h5py.File(first, "r") as f:
         key = sorted(f.keys(), key=int)[0]
         assert f[key].ndim == 3 and f[key].shape[0] == 3 and f[key].shape[2] == 2 * 64
+
+    secrets = {"AWS_SECRET_ACCESS_KEY": s3_server.secret_key, "WANDB_API_KEY": FAKE_WANDB_KEY}
+    places = {"console": (console.out + console.err).encode()}
+    places |= {path: storage.read_bytes(path) for path in storage.list_prefix(f"{run}/")}
+    places |= {path: _read(path) for path in _files_under(ray_temp_dir)}
+    assert any("runtime_env_agent" in path for path in places), "Ray's session logs were not searched"
+    assert any("/wandb/" in path for path in places), "the run's wandb files were not searched"
+    leaks = [
+        f"{name} in {where}"
+        for where, data in places.items()
+        for name, s in secrets.items()
+        if s.encode() in data
+    ]
+    assert not leaks, leaks
+
+
+def _files_under(root: str) -> list[str]:
+    return [os.path.join(d, name) for d, _, names in os.walk(root) for name in names]
+
+
+def _read(path: str) -> bytes:
+    """A file's bytes (b"" for a socket, fifo or a file gone meanwhile)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""

@@ -115,7 +115,14 @@ def test_shard_job_submitted_to_a_running_head(ray_head, tmp_path):
         "--working-dir",
         str(REPO),
         "--runtime-env-json",
-        json.dumps({"excludes": [".git", ".venv", "runs", "tests/data"]}),
+        # the job's own env_vars must apply unchanged: the stage adds no runtime_env of its own that
+        # Ray would have to merge with it (and would refuse to, on a duplicate key)
+        json.dumps(
+            {
+                "excludes": [".git", ".venv", "runs", "tests/data"],
+                "env_vars": {"AWS_DEFAULT_REGION": "eu-west-1"},
+            }
+        ),
         "--",
         "python",
         "-m",
