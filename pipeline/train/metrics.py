@@ -62,7 +62,8 @@ def perplexity(loss: float) -> float:
 
 class MetricsLog:
     """Rows of ``RUN/metrics.jsonl``: one JSON object per line, each with ``step`` and ``kind``
-    (``train``, ``eval``, ``config``, ``event``). The whole file is rewritten on every write, as S3 has no append."""
+    (``train``, ``eval``, ``config``, ``event``, ``status``); each (kind, step) at most once (events:
+    (kind, event, step)). The whole file is rewritten on every write, as S3 has no append."""
 
     def __init__(self, run_dir: str, resume_step: int | None):
         self.path = storage.join(run_dir, METRICS_FILE)
@@ -72,11 +73,19 @@ class MetricsLog:
             self.rows = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= resume_step]
 
     def append(self, row: dict) -> None:
+        """Add ``row`` at the end, replacing an earlier row of the same kind and step: a run resumed
+        from its final checkpoint evaluates and closes that step again."""
+        key = _row_key(row)
+        self.rows = [r for r in self.rows if _row_key(r) != key]
         self.rows.append(row)
         self.flush()
 
     def flush(self) -> None:
         storage.write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in self.rows).encode("utf-8"))
+
+
+def _row_key(row: dict) -> tuple:
+    return row.get("kind"), row.get("event"), int(row.get("step", 0))
 
 
 def read_metrics(path: str) -> list[dict]:

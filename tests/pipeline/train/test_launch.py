@@ -206,6 +206,13 @@ def test_rerun_resumes_from_the_latest_checkpoint(shards, tmp_path, ray_local, c
     assert [r["step"] for r in rows if r["kind"] == "train"] == [5, 10, 15, 20, 25, 30]
     assert [r["step"] for r in rows if r["kind"] == "status"] == [20, 30]
     assert ckpt.load_model(ckpt.latest_checkpoint(run_dir))["step"] == 30
+    # run again as it is: it resumes from its final checkpoint, evaluates and exports again, and
+    # metrics.jsonl still holds each step of each kind once
+    assert train_main([*flags, "--max-steps", "30", *common]) == 0
+    rows = read_metrics(os.path.join(run_dir, METRICS_FILE))
+    keys = [(r["kind"], r.get("event"), r["step"]) for r in rows]
+    assert len(keys) == len(set(keys)), keys
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [20, 30]
     with pytest.raises(TrainError, match="belongs to run 'resumable'"):
         prepare_run(tiny(shards, run_dir, "max_steps=30", "name=other"))
 

@@ -21,6 +21,28 @@ def test_metrics_log_rewrites_and_truncates_on_resume(tmp_path):
     assert read_metrics(fresh.path) == [{"kind": "config", "step": 0}]
 
 
+def test_a_step_logged_again_replaces_its_row(tmp_path):
+    """A run resumed from its final checkpoint evaluates and closes that step again: one row each."""
+    run = str(tmp_path / "run")
+    log = MetricsLog(run, None)
+    for row in (
+        {"kind": "train", "step": 20},
+        {"kind": "eval", "step": 20, "v": 1},
+        {"kind": "status", "step": 20},
+    ):
+        log.append(row)
+    resumed = MetricsLog(run, 20)
+    resumed.append({"kind": "event", "step": 20, "event": "resume"})
+    resumed.append({"kind": "eval", "step": 20, "v": 2})
+    resumed.append({"kind": "status", "step": 20})
+    assert [(r["kind"], r.get("v")) for r in read_metrics(resumed.path)] == [
+        ("train", None),
+        ("event", None),
+        ("eval", 2),
+        ("status", None),
+    ]
+
+
 def test_plot_writes_a_png(tmp_path):
     rows = [
         {
