@@ -2,7 +2,7 @@
 
     python -m jobs.embed --model DIR_OR_S3 --input PATHS --output DIR_OR_S3_PREFIX \\
         [--layers all|top|average] [--dtype float32|float16] [--workers N] [--stateful] \\
-        [--config FILE] [key=value ...]
+        [--overwrite] [--config FILE] [key=value ...]
 
 ``--options F --weights F`` name the model files one by one instead of ``--model``. Under
 ``ray job submit`` it joins the job's cluster; otherwise it starts an embedded one.
@@ -26,6 +26,7 @@ FLAGS = {
     "dtype": "dtype",
     "workers": "workers",
     "stateful": "stateful",
+    "overwrite": "overwrite",
 }
 """argparse destination -> EmbedConfig key."""
 
@@ -45,6 +46,12 @@ def build_parser():
         "--output",
         metavar="DIR_OR_S3_PREFIX",
         help="output folder / s3 prefix, or a .hdf5 file for single-file mode",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_const",
+        const=True,
+        help="single-file mode: replace an existing .hdf5 output (a folder is never overwritten)",
     )
     parser.add_argument("--layers", choices=choices(LayerMode), help="all (default), top or average")
     parser.add_argument("--dtype", choices=choices(StoredDType), help="stored dtype (default float32)")

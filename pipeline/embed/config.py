@@ -59,7 +59,12 @@ class EmbedConfig:
     line number in that concatenation. Compressed files are not accepted: shards are read by byte range."""
     output: str = MISSING
     """Output folder or s3:// prefix (``embeddings-NNNNNN.hdf5`` shards + ``manifest.json``), or a path
-    ending in ``.hdf5``/``.h5`` for one AllenNLP-style file (single-file mode)."""
+    ending in ``.hdf5``/``.h5`` for one AllenNLP-style file (single-file mode). A folder must be empty,
+    new, or this stage's own output (which a rerun resumes); anything else in it is refused, never
+    overwritten. An existing single file is refused unless ``overwrite``."""
+    overwrite: bool = False
+    """Single-file mode: replace an existing output file (with the new one, once it is complete).
+    Only for a ``.hdf5``/``.h5`` output: a folder is never overwritten."""
     layers: LayerMode = LayerMode.all
     """Per-sentence value: ``all`` = (N+1, n_tokens, 2P) [token layer, lstm 1, lstm 2]; ``top`` =
     (n_tokens, 2P) last layer; ``average`` = (n_tokens, 2P) mean of all layers (AllenNLP --all/--top/--average)."""
@@ -134,6 +139,12 @@ class EmbedConfig:
                     self.output,
                     bool(str(self.output).strip()),
                     "a folder, an s3:// prefix or a .hdf5 file",
+                ),
+                (
+                    "overwrite",
+                    self.overwrite,
+                    not self.overwrite or self.output == "???" or is_single_file(self.output),
+                    "false for a folder output (only a single .hdf5/.h5 file is ever overwritten)",
                 ),
             ]
         )

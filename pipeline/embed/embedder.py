@@ -135,6 +135,7 @@ def shard_stats(spec: ShardSpec, prepared: PreparedLines) -> dict:
         "tokens": prepared.num_tokens,
         "empty_sentences": prepared.empty_sentences,
         "invalid_utf8_lines": prepared.invalid_utf8_lines,
+        "control_char_lines": prepared.control_char_lines,
         "split_sentences": prepared.split_sentences,
         "input_sha256": spec.input_sha256,
     }

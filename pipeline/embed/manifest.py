@@ -8,8 +8,9 @@ Layout of a sharded output (local folder or s3 prefix)::
     _progress/embeddings-000000.json ...   one entry per complete shard (written after its shard)
 
 A shard entry: ``name``, ``index``, ``first_line``, ``end_line`` (exclusive), ``sentences``, ``tokens``,
-``empty_sentences``, ``invalid_utf8_lines``, ``split_sentences``, ``layers``, ``dtype``, ``model_sha256``,
-``bytes``, ``sha256`` (of the HDF5 file) and ``input_sha256`` (of the input lines it holds).
+``empty_sentences``, ``invalid_utf8_lines``, ``control_char_lines``, ``split_sentences``, ``layers``,
+``dtype``, ``model_sha256``, ``bytes``, ``sha256`` (of the HDF5 file) and ``input_sha256`` (of the
+input lines it holds).
 """
 
 from __future__ import annotations
@@ -22,8 +23,17 @@ FORMAT = "elmo-embeddings/1"
 MANIFEST_FILE = "manifest.json"
 PROGRESS_DIR = "_progress"
 RUN_FILE = "run.json"
-COUNTED = ("sentences", "tokens", "empty_sentences", "invalid_utf8_lines", "split_sentences", "bytes")
-"""Entry fields summed into ``totals``."""
+COUNTED = (
+    "sentences",
+    "tokens",
+    "empty_sentences",
+    "invalid_utf8_lines",
+    "control_char_lines",
+    "split_sentences",
+    "bytes",
+)
+"""Entry fields summed into ``totals`` (a field missing from an entry, written by an older
+version of the stage, counts 0)."""
 
 
 def shard_name(index: int) -> str:
@@ -52,7 +62,7 @@ def manifest_path(output: str) -> str:
 
 def totals(entries: list[dict]) -> dict:
     """Sums of the counted fields, plus the number of shards."""
-    out = {key: sum(int(e[key]) for e in entries) for key in COUNTED}
+    out = {key: sum(int(e.get(key, 0)) for e in entries) for key in COUNTED}
     out["shards"] = len(entries)
     return out
 

@@ -8,20 +8,145 @@ whatever the order of kills and reruns, the finished output holds every input li
 
 ``_progress/run.json`` pins the settings that decide the vectors (input, model hash, layers, dtype,
 ...): a rerun with different ones is refused instead of mixing two kinds of vectors in one output.
+
+Before any of that, an output this stage does not own is refused (:func:`check_output`): a folder
+(or prefix) that holds anything but this stage's own files (a shard directory, a user's files, stray
+shards without ``_progress/run.json``), or an existing single file unless ``overwrite``. A run that
+fails before committing a shard takes its claim back (:func:`taken_back_on_failure`), so it leaves
+neither ``run.json`` nor a folder of its own making.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from pipeline import storage
+from pipeline import shard_format, storage
 from pipeline.embed import manifest
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import ShardSpec
+from pipeline.output_dirs import missing_dirs, remove_empty_dirs
 
 ENTRY_RE = re.compile(r"embeddings-(\d{6,})\.json$")
+OWN_FILES = re.compile(
+    rf"(embeddings-\d{{6,}}\.hdf5|{re.escape(manifest.MANIFEST_FILE)}"
+    rf"|{re.escape(manifest.PROGRESS_DIR)}/({re.escape(manifest.RUN_FILE)}|embeddings-\d{{6,}}\.json|\.write-probe))"
+)
+"""Paths (relative to the output, ``/``-separated) of the files this stage writes into an output."""
+
+
+def check_output(output: str, folder: str, single: bool, overwrite: bool) -> None:
+    """Refuse an output this stage does not own (EmbedError, one line), before anything is written:
+    ``output`` as the user named it, ``folder`` where the shards go (``output`` itself, or the parts
+    folder of a single-file output). See :func:`check_single_file` and :func:`check_own_folder`."""
+    try:
+        if single:
+            check_single_file(output, overwrite)
+        check_own_folder(folder)
+    except storage.StorageError as err:
+        check_writable(folder)  # the usual causes (no bucket, denied, unreachable), said as always
+        raise EmbedError(f"output {output} cannot be listed: {err}") from None
+
+
+def check_single_file(output: str, overwrite: bool) -> None:
+    """Single-file mode: refuse an ``output`` that is a folder, or that exists unless ``overwrite``
+    (EmbedError, one line). The parts folder is checked by :func:`check_own_folder`."""
+    if (not storage.is_s3(output) and os.path.isdir(output)) or _names_under(output):
+        raise EmbedError(
+            f"output {output} is a folder, not a file; name a new .hdf5 file, or the folder without the suffix"
+        )
+    if storage.exists(output) and not overwrite:
+        raise EmbedError(
+            f"output {output} already exists; pass --overwrite (overwrite=true) to replace it, or choose another path"
+        )
+
+
+def _names_under(output: str) -> list[str]:
+    """The files under the folder/prefix ``output``, as ``/``-separated paths relative to it."""
+    prefix = output.rstrip("/") + "/"
+    return [path[len(prefix) :].replace(os.sep, "/") for path in storage.list_prefix(prefix)]
+
+
+def check_own_folder(output: str) -> None:
+    """Refuse a folder/prefix that holds files this stage did not write, or its files without the
+    ``_progress/run.json`` that makes them a resumable run. New or empty: fine."""
+    names = _names_under(output)
+    if not names:
+        return
+    if manifest.MANIFEST_FILE in names:
+        _check_own_manifest(output)
+    foreign = [name for name in names if not OWN_FILES.fullmatch(name)]
+    if foreign:
+        raise EmbedError(
+            f"output {output} holds {foreign[0]}, which elmo embed did not write; "
+            "choose an empty or new output folder"
+        )
+    run_file = f"{manifest.PROGRESS_DIR}/{manifest.RUN_FILE}"
+    if run_file not in names:
+        raise EmbedError(
+            f"output {output} holds {names[0]} but no {run_file}: not a resumable embed run; "
+            "choose an empty or new output folder, or delete it"
+        )
+
+
+def _check_own_manifest(output: str) -> None:
+    """Refuse a ``manifest.json`` that is not this stage's (the shard stage's, above all)."""
+    path = manifest.manifest_path(output)
+    data = storage.read_bytes(path)
+    try:
+        document = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        document = None
+    if isinstance(document, dict) and document.get("format") == manifest.FORMAT:
+        return
+    try:
+        shard_format.parse_manifest(data, path)
+    except shard_format.FormatError:
+        raise EmbedError(
+            f"output {output} holds a {manifest.MANIFEST_FILE} that elmo embed did not write; "
+            "choose an empty or new output folder"
+        ) from None
+    raise EmbedError(
+        f"output {output} is a shard directory (its {manifest.MANIFEST_FILE} is the shard stage's); "
+        "write the embeddings to another folder"
+    )
+
+
+class ClaimGuard:
+    """What a run has put into its output, so that a failure can take it back (see
+    :func:`taken_back_on_failure`): ``claimed`` is set once this run wrote ``run.json``."""
+
+    def __init__(self) -> None:
+        self.claimed = False
+
+
+@contextmanager
+def taken_back_on_failure(output: str) -> Iterator[ClaimGuard]:
+    """On an exception inside the block: when the block claimed ``output`` (``guard.claimed``)
+    and nothing but the claim is there (no shard committed), delete ``run.json``; then remove the
+    local folders the block created and left empty. Re-raises. Files of an earlier run, and a
+    run that committed a shard (which a rerun resumes), are left as they are."""
+    created = missing_dirs(manifest.progress_dir(output))
+    guard = ClaimGuard()
+    try:
+        yield guard
+    except BaseException:
+        if guard.claimed:
+            _withdraw_claim(output)
+        remove_empty_dirs(created)
+        raise
+
+
+def _withdraw_claim(output: str) -> None:
+    try:
+        if _names_under(output) == [f"{manifest.PROGRESS_DIR}/{manifest.RUN_FILE}"]:
+            storage.delete(manifest.run_path(output))
+    except storage.StorageError:
+        pass  # the run's own error matters more; the claim only stays behind
 
 
 def check_writable(output: str) -> None:

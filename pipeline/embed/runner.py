@@ -1,8 +1,9 @@
 """The embed stage from a resolved EmbedConfig to a finished output: checks, plan, run, manifest.
 
 Order matters for "fail fast, lose nothing": settings, model files (loaded once on the driver),
-input and output are all checked before Ray starts; the output is claimed (``_progress/run.json``)
-before the first shard, and ``manifest.json`` is written only when every shard is complete.
+input and output (writable, and empty or this stage's own) are all checked before Ray starts; the
+output is claimed (``_progress/run.json``) before the first shard, and ``manifest.json`` is written
+only when every shard is complete.
 """
 
 from __future__ import annotations
@@ -22,8 +23,15 @@ from pipeline.embed.dataflow import embed_stream
 from pipeline.embed.embedder import EmbedSettings
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import plan_shards, resolve_inputs
-from pipeline.embed.model_files import load_bilm, resolve_model
-from pipeline.embed.resume import check_writable, claim_output, complete_shards
+from pipeline.embed.model_files import ModelSource, load_bilm, resolve_model
+from pipeline.embed.resume import (
+    ClaimGuard,
+    check_output,
+    check_writable,
+    claim_output,
+    complete_shards,
+    taken_back_on_failure,
+)
 from pipeline.embed.single_file import delete_parts, merge, parts_path
 from pipeline.ray_runtime import ray_session
 from pipeline.stage_result import StageResult
@@ -88,16 +96,34 @@ def settings_for(cfg, device: str) -> EmbedSettings:
 
 
 def run_embed(cfg: EmbedConfig) -> StageResult:
-    """Embed ``cfg.input`` into ``cfg.output``; resumes a run killed earlier with the same settings."""
+    """Embed ``cfg.input`` into ``cfg.output``; resumes a run killed earlier with the same settings.
+
+    An output that is not this stage's own is refused before anything is written; a run that fails
+    before committing a shard leaves the output as it found it (no claim, no new folder)."""
     single = is_single_file(cfg.output)
     target = parts_path(cfg.output) if single else cfg.output
     source = resolve_model(cfg.model, cfg.options_file, cfg.weights_file)
     load_bilm(source)  # a broken weights file fails here, in one line, not inside an actor
     kind, paths = resolve_inputs(cfg.input)
+    check_output(cfg.output, target, single, cfg.overwrite)
+    with taken_back_on_failure(target) as guard:
+        return _run(cfg, single, target, source, kind, paths, guard)
+
+
+def _run(
+    cfg: EmbedConfig,
+    single: bool,
+    target: str,
+    source: ModelSource,
+    kind: str,
+    paths: list[str],
+    guard: ClaimGuard,
+) -> StageResult:
     check_writable(target)
     specs = plan_shards(kind, paths, cfg.lines_per_shard, cfg.shard_splits)
     run = run_settings(cfg, kind, paths, source.sha256)
     resumed = claim_output(target, run)
+    guard.claimed = not resumed
     done = complete_shards(target, specs, cfg.verify_resume) if resumed else {}
     if cfg.stateful and len(done) < len(specs):
         todo = [(spec, spec.index not in done) for spec in specs]  # done shards still carry the state
@@ -176,7 +202,8 @@ def summary(result: StageResult) -> str:
         [
             f"embed {state}: {result.output}",
             f"  shards {d['shards']} ({d['new_shards']} written now), sentences {t['sentences']:,}, tokens {t['tokens']:,}",
-            f"  empty sentences {t['empty_sentences']}, invalid UTF-8 lines {t['invalid_utf8_lines']}, split sentences {t['split_sentences']}",
+            f"  empty sentences {t['empty_sentences']}, invalid UTF-8 lines {t['invalid_utf8_lines']}, "
+            f"lines with control characters {t['control_char_lines']}, split sentences {t['split_sentences']}",
             f"  {result.tokens:,} tokens in {result.seconds:.1f} s = {result.tokens_per_second:,.0f} tokens/s",
         ]
     )

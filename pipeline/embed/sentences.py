@@ -1,13 +1,17 @@
 """From raw input lines to the token lists the biLM embeds (pure functions).
 
 A line is split on ``\\n`` only, decoded as UTF-8, stripped and split on whitespace, as AllenNLP's
-``elmo`` command did (``line.strip()`` then ``.split()``). The three kinds of bad line get a
+``elmo`` command did (``line.strip()`` then ``.split()``). The four kinds of bad line get a
 defined result instead of AllenNLP's refusal:
 
 - empty (or all-whitespace) line: the empty sentence; its value has zero tokens, e.g. shape
   (N+1, 0, 2P) for ``all``; it is not run through the model (so in stateful mode it does not touch
   the carried state) and is counted as ``empty_sentences``;
 - invalid UTF-8: bad bytes become U+FFFD (counted as ``invalid_utf8_lines``), or an error;
+- control characters other than tab and carriage return: spaces for tokenization, by the shard stage's
+  rule (:mod:`pipeline.control_chars`; the model was trained on text read
+  that way), so ``a\\x00b`` is two tokens; counted as ``control_char_lines``. The stripped line (its
+  ``sentence_to_index`` key) keeps them;
 - more than ``max_tokens`` tokens: cut into consecutive pieces of at most ``max_tokens`` tokens that
   are embedded independently and concatenated along the token axis (counted as ``split_sentences``),
   or an error.
@@ -18,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pipeline.control_chars import replace_control_chars
 from pipeline.embed.errors import EmbedError
 
 
@@ -35,6 +40,7 @@ class PreparedLines:
     pieces: list[list[list[str]]] = field(default_factory=list)
     empty_sentences: int = 0
     invalid_utf8_lines: int = 0
+    control_char_lines: int = 0
     split_sentences: int = 0
 
     @property
@@ -79,8 +85,10 @@ def prepare_lines(
         number = first_line + offset
         text, replaced = decode_line(raw, number, invalid_utf8, where)
         text = text.strip()
-        tokens = text.split()
+        spaced, control = replace_control_chars(text)
+        tokens = spaced.split()
         out.invalid_utf8_lines += replaced
+        out.control_char_lines += control
         out.empty_sentences += not tokens
         if len(tokens) > max_tokens:
             if long_sentences == "error":

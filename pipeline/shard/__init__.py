@@ -13,9 +13,12 @@ Guarantees:
 - Same inputs and config (see :data:`.config.RUNTIME_KEYS` for what does not count) -> the same
   bytes in every shard, vocabulary file and manifest, with 1 or N workers and any ``chunk_bytes``.
 - Every input line is accounted for in ``manifest.json["lines"]``: kept (train or held out),
-  empty, or overlong; lines with invalid UTF-8 are kept with U+FFFD and counted.
+  empty, or overlong; lines with invalid UTF-8 are kept with U+FFFD and counted, and so are lines
+  whose control characters became spaces (docs/encoding.md, "From text to tokens").
 - A rerun over a complete output does nothing; over a partial one it keeps the shards already
   written and writes the rest; over another run's output it refuses (one-line ShardError).
+- A run that fails before writing anything (an empty corpus, an unreadable input) leaves no folder
+  it created (:mod:`pipeline.output_dirs`).
 
 Modules, in the order data flows through them: :mod:`.reader` (chunks of lines),
 :mod:`.tokenizer`, :mod:`.sentences` (line accounting), :mod:`.split` (held-out hash),

@@ -43,6 +43,7 @@ from ray.exceptions import RayTaskError
 
 from pipeline import storage
 from pipeline.config import to_dict
+from pipeline.output_dirs import removed_on_failure
 from pipeline.ray_runtime import ray_session
 from pipeline.shard.config import ShardConfig
 from pipeline.shard.errors import ShardError
@@ -375,8 +376,16 @@ def _cluster_workers(requested: int) -> int:
 
 def run_shard(cfg: ShardConfig) -> StageResult:
     """Run the shard stage for a resolved ShardConfig. The result's ``details["manifest"]`` is the
-    output's manifest (also on a no-op rerun, which processed 0 tokens)."""
+    output's manifest (also on a no-op rerun, which processed 0 tokens).
+
+    A run that fails before writing anything (an empty corpus, an unreadable input) leaves no
+    folder it created; one that wrote something keeps it, for a rerun to complete."""
     config = to_dict(cfg)
+    with removed_on_failure(config["output"]):
+        return _run_shard(config)
+
+
+def _run_shard(config: dict) -> StageResult:
     started = time.perf_counter()
     output = config["output"]
     inputs = resolve_inputs(config["input"], "input")

@@ -83,6 +83,7 @@ def _line_record(stats: LineStats) -> dict:
         "sentences": {"train": stats.train_sentences, "heldout": stats.heldout_sentences},
         "skipped": {"empty": stats.empty, "overlong": stats.overlong},
         "invalid_utf8_replaced": stats.invalid_utf8,
+        "control_chars_replaced": stats.control_chars,
     }
 
 

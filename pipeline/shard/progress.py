@@ -51,7 +51,8 @@ def summary(manifest: dict, seconds: float, output: str, reused: int = 0) -> str
     skipped = ", ".join(f"{n} {why}" for why, n in sorted(lines["skipped"].items()))
     parts = [
         f"shard: wrote {output} in {seconds:.1f}s ({format_rate(tokens, seconds)} tokens/s)",
-        f"  lines read {lines['read']}: skipped {skipped}; {lines['invalid_utf8_replaced']} with invalid UTF-8 replaced",
+        f"  lines read {lines['read']}: skipped {skipped}; {lines['invalid_utf8_replaced']} with invalid UTF-8 replaced, "
+        f"{lines['control_chars_replaced']} with control characters replaced",
     ]
     for split in ("train", "heldout"):
         t = totals[split]

@@ -8,7 +8,11 @@ Each input line ends in exactly one of these states, and :class:`LineStats` coun
 - kept as a sentence of the ``train`` or ``heldout`` split.
 
 Invalid UTF-8 is not a reason to drop a line: the bad bytes become U+FFFD and the line is counted
-in ``invalid_utf8`` (it is also in one of the states above).
+in ``invalid_utf8`` (it is also in one of the states above). Control characters (Unicode category
+Cc: U+0000-U+001F, U+007F-U+009F) other than tab, line feed and carriage return become spaces before
+tokenization, so ``a\\x00b`` is the two tokens ``a`` and ``b`` and no token holds one; the line is
+counted in ``control_chars`` (also in one of the states above). The embed stage reads raw text by
+the same rule (:mod:`pipeline.control_chars`).
 
 The kept sentences come out in a compact form (:class:`Sentences`): per split the UTF-8 lines as
 one bytes object and every token as an int32 index into the chunk's own vocabulary. It is about
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.control_chars import may_hold_control_chars, replace_control_chars
 from pipeline.shard.split import heldout_rule
 from pipeline.shard.tokenizer import Tokenizer
 from pipeline.shard.vocabulary import local_counts, local_vocabulary
@@ -36,6 +41,7 @@ class LineStats:
     empty: int = 0
     overlong: int = 0
     invalid_utf8: int = 0
+    control_chars: int = 0
     train_sentences: int = 0
     train_tokens: int = 0
     heldout_sentences: int = 0
@@ -169,6 +175,12 @@ def tokenize_lines(
     overlong lines the reader already dropped (counted as lines and as overlong).
     """
     lines, invalid = decode_lines(data, max_line_bytes)
+    control = 0
+    if may_hold_control_chars(data):
+        for i, text in enumerate(lines):
+            if text is not None:
+                lines[i], replaced = replace_control_chars(text)
+                control += replaced
     held = (lambda sentence: True) if all_heldout else heldout_rule(heldout_threshold)
     # per split: the joined sentences, all their tokens (flat) and the tokens per sentence
     train: tuple[list[str], list[str], list[int]] = ([], [], [])
@@ -194,6 +206,7 @@ def tokenize_lines(
         empty=empty,
         overlong=overlong,
         invalid_utf8=invalid,
+        control_chars=control,
         train_sentences=len(train[2]),
         train_tokens=cut,
         heldout_sentences=len(heldout[2]),

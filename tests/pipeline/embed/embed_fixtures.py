@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import h5py
@@ -41,9 +42,18 @@ def direct(model: BiLM, tokens: list[str], mode: str = "all") -> np.ndarray:
     return {"all": layers, "top": layers[-1], "average": layers.mean(axis=0)}[mode]
 
 
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+"""Control characters other than tab, LF and CR: whitespace to both stages (docs/encoding.md)."""
+
+
+def line_tokens(line: bytes) -> list[str]:
+    """The tokens of one raw input line: invalid UTF-8 replaced, control characters as spaces."""
+    return CONTROL.sub(" ", line.decode("utf-8", errors="replace")).split()
+
+
 def expected_value(model: BiLM, line: bytes, mode: str = "all", max_tokens: int = 10**9) -> np.ndarray:
     """What the stage must store for one raw line: pieces of ``max_tokens`` embedded alone, concatenated."""
-    tokens = line.decode("utf-8", errors="replace").split()
+    tokens = line_tokens(line)
     if not tokens:
         return np.zeros((3, 0, 32) if mode == "all" else (0, 32), dtype=np.float32)
     pieces = [tokens[i : i + max_tokens] for i in range(0, len(tokens), max_tokens)]

@@ -1,4 +1,4 @@
-"""pipeline.embed.sentences: decoding, stripping, empty / invalid / long lines."""
+"""pipeline.embed.sentences: decoding, stripping, empty / invalid / control-character / long lines."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ import pytest
 
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.sentences import prepare_lines, split_tokens
+from pipeline.shard.sentences import tokenize_lines
+from pipeline.shard.split import heldout_threshold
+from pipeline.shard.tokenizer import make_tokenizer
 
 
 def _prepare(lines, **kw):
@@ -30,6 +33,26 @@ def test_invalid_utf8_replaced_and_counted():
 def test_invalid_utf8_error_names_line():
     with pytest.raises(EmbedError, match=r"in.txt: line 11 is not valid UTF-8"):
         _prepare([b"fine", b"\xc3("], invalid_utf8="error")
+
+
+def test_control_characters_are_spaces_and_counted_as_in_the_shard_stage():
+    raw = [b"a\x00b", b"bell\x07 \x1b", b"\x00\x7f", b"tab\there\r", b"x\xc2\x85y", b"ok \xff\x01z"]
+    out = _prepare(raw)
+    assert out.pieces == [
+        [["a", "b"]],
+        [["bell"]],
+        [],
+        [["tab", "here"]],
+        [["x", "y"]],
+        [["ok", "\ufffd", "z"]],
+    ]
+    assert (out.control_char_lines, out.empty_sentences, out.invalid_utf8_lines) == (5, 1, 1)
+    # the key of sentence_to_index stays the line as written (stripped)
+    assert out.texts[:2] == ["a\x00b", "bell\x07 \x1b"]
+    # the same tokens as the shard stage makes of these lines
+    shard = tokenize_lines(b"\n".join(raw), make_tokenizer("whitespace"), 0, heldout_threshold(0.0))
+    assert shard.tokens("train") == [p[0] for p in out.pieces if p]
+    assert shard.stats.control_chars == out.control_char_lines
 
 
 def test_long_line_split_into_pieces_and_counted():

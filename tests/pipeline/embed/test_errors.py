@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from embed_fixtures import OPTIONS, WEIGHTS
@@ -136,15 +137,122 @@ def test_s3_output_missing_bucket_denied_and_unreachable(s3_server, corpus, caps
 def test_invalid_utf8_refused_by_a_worker_in_one_line(ray_local, tmp_path, capsys):
     path = tmp_path / "bad.txt"
     path.write_bytes(b"fine\nnot \xff fine\n")
+    output = tmp_path / "new" / "o"
     code, line = _run(
-        capsys, *_model_args(), "--input", str(path), "--output", str(tmp_path / "o"), "invalid_utf8=error"
+        capsys, *_model_args(), "--input", str(path), "--output", str(output), "invalid_utf8=error"
     )
     assert (
         code == 2
         and line
         == f"error: {path}: line 1 is not valid UTF-8 (byte 4); fix the input or set invalid_utf8=replace"
     )
-    assert not os.path.exists(tmp_path / "o" / "manifest.json")
+    # no shard was committed: the run took back its claim (_progress/run.json) and the folders it made,
+    # so the suggested rerun with invalid_utf8=replace is not refused as "a run with other settings"
+    assert not (tmp_path / "new").exists()
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every file (its bytes) and folder (None) under ``root``."""
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
+
+
+SHARD_MANIFEST = {
+    "format_version": 1,
+    "shards": {
+        "train": [{"name": "train-000000.tar", "sentences": 2, "tokens": 5, "sha256": "0" * 64}],
+        "heldout": [],
+    },
+    "totals": {"train": {"sentences": 2, "tokens": 5}, "heldout": {"sentences": 0, "tokens": 0}},
+    "vocab": {"file": "vocab.txt", "counts_file": "vocab_counts.tsv", "size": 8, "sha256": "0" * 64},
+}
+"""A shard stage manifest.json with the fields of the shard format's contract (``shard_format``)."""
+
+
+def test_an_output_that_is_not_this_stages_is_refused_and_left_as_it_was(tmp_path, corpus, capsys):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "manifest.json").write_text(json.dumps(SHARD_MANIFEST))
+    (shards / "vocab.txt").write_text("<S>\n</S>\n<UNK>\n")
+    (shards / "train-000000.tar").write_bytes(b"tar")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("the user's")
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    (stray / "embeddings-000000.hdf5").write_bytes(b"whose?")
+    other_manifest = tmp_path / "other"
+    other_manifest.mkdir()
+    (other_manifest / "manifest.json").write_text('{"something": "else"}')
+    existing = tmp_path / "existing.hdf5"
+    existing.write_bytes(b"an unrelated HDF5 file")
+    folder_hdf5 = tmp_path / "folder.hdf5"
+    folder_hdf5.mkdir()
+    before = _tree(tmp_path)
+    cases = {
+        shards: "is a shard directory (its manifest.json is the shard stage's); write the embeddings to another folder",
+        notes: "holds notes.txt, which elmo embed did not write; choose an empty or new output folder",
+        stray: "holds embeddings-000000.hdf5 but no _progress/run.json: not a resumable embed run; "
+        "choose an empty or new output folder, or delete it",
+        other_manifest: "holds a manifest.json that elmo embed did not write; choose an empty or new output folder",
+        existing: "already exists; pass --overwrite (overwrite=true) to replace it, or choose another path",
+        folder_hdf5: "is a folder, not a file; name a new .hdf5 file, or the folder without the suffix",
+    }
+    for output, message in cases.items():
+        code, line = _run(capsys, *_model_args(), "--input", corpus, "--output", str(output))
+        assert (code, line) == (2, f"error: output {output} {message}")
+    assert _tree(tmp_path) == before  # nothing written, no folder made
+    code, line = _run(capsys, *_model_args(), "--input", corpus, "--output", str(notes), "--overwrite")
+    assert code == 2 and line == (
+        "error: config key 'overwrite' must be false for a folder output "
+        "(only a single .hdf5/.h5 file is ever overwritten), got True"
+    )
+
+
+def test_s3_output_that_is_not_this_stages_is_refused(s3_prefix, corpus, capsys):
+    shards = storage.join(s3_prefix, "shards")
+    storage.write_bytes(storage.join(shards, "manifest.json"), json.dumps(SHARD_MANIFEST).encode())
+    existing = storage.join(s3_prefix, "existing.hdf5")
+    storage.write_bytes(existing, b"an unrelated HDF5 file")
+    before = storage.list_prefix(s3_prefix + "/")
+    code, line = _run(capsys, *_model_args(), "--input", corpus, "--output", shards)
+    assert code == 2 and line.startswith(f"error: output {shards} is a shard directory")
+    code, line = _run(capsys, *_model_args(), "--input", corpus, "--output", existing)
+    assert code == 2 and line.startswith(f"error: output {existing} already exists; pass --overwrite")
+    assert storage.list_prefix(s3_prefix + "/") == before
+    assert storage.read_bytes(existing) == b"an unrelated HDF5 file"
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_failed_run_takes_back_its_claim_and_the_folders_it_made(where, tmp_path, request):
+    root = str(tmp_path) if where == "local" else request.getfixturevalue("s3_prefix")
+    run = {"layers": "all"}
+
+    def failing_run(output: str, commit: bool = False) -> None:
+        with pytest.raises(EmbedError, match="a worker failed"):
+            with resume.taken_back_on_failure(output) as guard:
+                resume.check_writable(output)
+                guard.claimed = not resume.claim_output(output, run)
+                if commit:
+                    resume.commit_shard(output, {"index": 0}, b"shard")
+                raise EmbedError("a worker failed")
+
+    fresh = storage.join(root, "new", "deeper", "out")
+    failing_run(fresh)
+    assert storage.list_prefix(storage.join(root, "new") + "/") == []
+    assert where == "s3" or not os.path.exists(storage.join(root, "new"))
+    # an earlier run's claim, and a shard this run committed (with its claim), stay for a rerun
+    earlier = storage.join(root, "earlier")
+    resume.claim_output(earlier, run)
+    failing_run(earlier)
+    assert storage.exists(manifest.run_path(earlier))
+    committed = storage.join(root, "committed")
+    failing_run(committed, commit=True)
+    assert storage.exists(manifest.run_path(committed)) and storage.exists(manifest.shard_path(committed, 0))
+    # an empty folder that was there before stays
+    if where == "local":
+        os.mkdir(tmp_path / "empty")
+        failing_run(str(tmp_path / "empty"))
+        assert os.listdir(tmp_path / "empty") == []
 
 
 def test_rerun_with_other_settings_or_changed_input_is_refused(tmp_path):

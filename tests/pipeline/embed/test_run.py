@@ -11,13 +11,23 @@ import json
 import h5py
 import numpy as np
 import pytest
-from embed_fixtures import OPTIONS, WEIGHTS, expected_value, load_model, read_hdf5, sample_lines
+from embed_fixtures import (
+    OPTIONS,
+    WEIGHTS,
+    direct,
+    expected_value,
+    line_tokens,
+    load_model,
+    read_hdf5,
+    sample_lines,
+)
 from tests_reference import fixture_expected, fixture_sentences_batch_major
 
 from pipeline import storage
 from pipeline.config import load_config
 from pipeline.embed import manifest
 from pipeline.embed.config import EmbedConfig
+from pipeline.embed.errors import EmbedError
 from pipeline.embed.runner import run_embed
 
 MAX_TOKENS = 100
@@ -30,10 +40,12 @@ def _config(**overrides) -> EmbedConfig:
 
 
 def _corpus() -> list[bytes]:
-    """150 sample lines plus one of each bad kind: empty, invalid UTF-8, over max_sentence_tokens."""
+    """150 sample lines plus one of each bad kind: empty, invalid UTF-8, control characters, over
+    max_sentence_tokens."""
     lines = sample_lines(150)
     lines[7] = b""
     lines[50] = b"In the \xff beginning"
+    lines[60] = b"God\x00created\x07 the heaven"
     lines[90] = b" ".join([b"word"] * (2 * MAX_TOKENS + 5))
     return lines
 
@@ -66,12 +78,14 @@ def test_killed_run_on_s3_finishes_exactly_once(ray_local, s3_prefix, model):
     assert not storage.exists(manifest.manifest_path(output))
     # shards already in flight when the driver stopped may have been committed too
     done = storage.list_prefix(storage.join(output, "embeddings-"))
-    assert first.details["new_shards"] <= len(done) <= 4
+    entries = storage.list_prefix(storage.join(output, "_progress", "embeddings-"))
+    assert first.details["new_shards"] <= len(entries) <= len(done) <= 4
     storage.write_bytes(done[0], b"not hdf5: damaged after the kill")  # verify_resume must redo it
 
     second = run_embed(_config(**args))
-    # the damaged shard is redone; at most the shards missing when we looked are added to it
-    assert second.complete and 1 <= second.details["new_shards"] <= 4 - len(done) + 1
+    # the damaged shard is redone; at most the shards without an entry when we looked (a file whose
+    # entry was not yet written counts as missing) are added to it
+    assert second.complete and 1 <= second.details["new_shards"] <= 4 - len(entries) + 1
 
     pairs = _shard_values(output)
     keys = [k for k, _ in pairs]
@@ -80,15 +94,20 @@ def test_killed_run_on_s3_finishes_exactly_once(ray_local, s3_prefix, model):
         expected = expected_value(model, lines[key], "all", MAX_TOKENS)
         np.testing.assert_allclose(value, expected, atol=1e-6, rtol=1e-5, err_msg=f"line {key}")
     assert dict(pairs)[7].shape == (3, 0, 32) and dict(pairs)[90].shape == (3, 2 * MAX_TOKENS + 5, 32)
+    # control characters are spaces: the line's vectors are those of "God created the heaven"
+    np.testing.assert_allclose(
+        dict(pairs)[60], direct(model, ["God", "created", "the", "heaven"]), atol=1e-6, rtol=1e-5
+    )
 
     doc = json.loads(storage.read_bytes(manifest.manifest_path(output)))
     assert doc["totals"]["sentences"] == len(lines) and doc["totals"]["shards"] == 4
     assert (
         doc["totals"]["empty_sentences"],
         doc["totals"]["invalid_utf8_lines"],
+        doc["totals"]["control_char_lines"],
         doc["totals"]["split_sentences"],
-    ) == (1, 1, 1)
-    assert doc["totals"]["tokens"] == sum(len(x.decode("utf-8", "replace").split()) for x in lines)
+    ) == (1, 1, 1, 1)
+    assert doc["totals"]["tokens"] == sum(len(line_tokens(x)) for x in lines)
     assert [(s["first_line"], s["end_line"]) for s in doc["shards"]] == [
         (0, 40),
         (40, 80),
@@ -115,17 +134,20 @@ def test_single_file_has_allennlp_layout(ray_local, tmp_path, model):
     corpus = tmp_path / "in.txt"
     corpus.write_bytes(b"\n".join(lines))
     out = tmp_path / "out.hdf5"
-    result = run_embed(
-        _config(
-            options_file=str(OPTIONS),
-            weights_file=str(WEIGHTS),
-            input=[str(corpus)],
-            output=str(out),
-            layers="top",
-            lines_per_shard=12,
-            workers=2,
-        )
-    )
+    out.write_bytes(b"an older file")
+    args = {
+        "options_file": str(OPTIONS),
+        "weights_file": str(WEIGHTS),
+        "input": [str(corpus)],
+        "output": str(out),
+        "layers": "top",
+        "lines_per_shard": 12,
+        "workers": 2,
+    }
+    with pytest.raises(EmbedError, match=r"out.hdf5 already exists; pass --overwrite \(overwrite=true\)"):
+        run_embed(_config(**args))
+    assert out.read_bytes() == b"an older file" and not (tmp_path / "out.hdf5.parts").exists()
+    result = run_embed(_config(**args, overwrite=True))
     assert result.complete and result.details["shards"] == 3
     assert not (tmp_path / "out.hdf5.parts").exists()  # parts removed after the merge
     data = read_hdf5(out)

@@ -199,6 +199,7 @@ def test_rerun_refuses_an_input_that_changed_since_the_counting_pass(ray_local, 
     source.write_text("\n".join([lines[0] + " more words", *lines[1:]]) + "\n")
     with pytest.raises(ShardError, match="changed between the counting and writing passes"):
         run([source], out, chunk_bytes=20000)
+    assert (out / "vocab.txt").exists() and (out / "shard_plan.json").exists()  # kept, for a rerun
 
 
 def test_bad_input_lines_are_replaced_skipped_and_counted(ray_local, tmp_path):
@@ -206,6 +207,7 @@ def test_bad_input_lines_are_replaced_skipped_and_counted(ray_local, tmp_path):
     data = "\n".join(good).encode() + b"\n"
     data += b"\n   \n\t\n"  # 3 empty
     data += b"caf\xe9 au lait\n"  # latin-1: invalid UTF-8, kept with U+FFFD
+    data += b"nul\x00glued bell\x07\n"  # control characters: spaces, so three tokens
     data += b"w " * 300 + b"\n"  # 600 bytes: overlong (limit 200)
     data += b"z" * 5000 + b"\n"  # overlong, longer than a read: dropped by the reader
     data += b"final line"
@@ -213,14 +215,41 @@ def test_bad_input_lines_are_replaced_skipped_and_counted(ray_local, tmp_path):
     path.write_bytes(data)
     manifest = run([path], tmp_path / "out", max_line_bytes=200, chunk_bytes=256, heldout_fraction=0.0)
     lines = manifest["lines"]
-    assert lines["read"] == 40 + 3 + 1 + 2 + 1
+    assert lines["read"] == 40 + 3 + 1 + 1 + 2 + 1
     assert lines["skipped"] == {"empty": 3, "overlong": 2}
     assert lines["invalid_utf8_replaced"] == 1
-    assert lines["sentences"] == {"train": 42, "heldout": 0}
+    assert lines["control_chars_replaced"] == 1 == manifest["inputs_detail"][0]["control_chars_replaced"]
+    assert lines["sentences"] == {"train": 43, "heldout": 0}
     sentences = [
         " ".join(s) for b in _all_sentences(tmp_path / "out", manifest, "train") for s in b.sentences
     ]
     assert "caf\ufffd au lait" in sentences and "final line" in sentences
+    assert "nul glued bell" in sentences
+    vocab = (tmp_path / "out" / "vocab.txt").read_text(encoding="utf-8").split("\n")
+    assert {"nul", "glued", "bell"} <= set(vocab) and not any("\x00" in t or "\x07" in t for t in vocab)
+
+
+def test_a_run_that_fails_before_writing_leaves_no_folder_it_created(ray_local, tmp_path, capsys):
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n")
+    new = tmp_path / "new"
+    code, err = _cli(capsys, "--input", str(blank), "--output", str(new / "deeper" / "out"))
+    assert code == 2 and err.startswith("error: empty corpus")
+    assert not new.exists()  # the probe created new/deeper/out; the failed run took it back
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("the user's")
+    with pytest.raises(ShardError, match="empty corpus"):
+        run([blank], existing / "out")
+    assert sorted(p.name for p in existing.iterdir()) == ["notes.txt"]
+    with pytest.raises(ShardError, match="empty corpus"):
+        run([blank], existing)  # a folder that was there before stays, with what it held
+    assert sorted(p.name for p in existing.iterdir()) == ["notes.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ShardError, match="empty corpus"):
+        run([blank], empty)
+    assert empty.is_dir()
 
 
 def test_explicit_heldout_input_and_moses(ray_local, tmp_path):
@@ -294,6 +323,11 @@ def test_s3_errors_are_one_line(ray_local, corpus, s3_prefix, capsys):
         capsys, "--input", storage.join(s3_prefix, "missing.txt"), "--output", storage.join(s3_prefix, "o")
     )
     assert code == 2 and err.startswith("error: input ") and "missing.txt" in err
+    blank = storage.join(s3_prefix, "blank.txt")
+    storage.write_bytes(blank, b"\n\n")
+    code, err = _cli(capsys, "--input", blank, "--output", storage.join(s3_prefix, "o"))
+    assert code == 2 and err.startswith("error: empty corpus")
+    assert storage.list_prefix(storage.join(s3_prefix, "o") + "/") == []
     code, err = _cli(capsys, "--input", str(corpus[0]), "--output", "s3://no-such-bucket-for-shards/out")
     assert (
         code == 2 and err.startswith("error: s3://no-such-bucket-for-shards/out/") and "does not exist" in err

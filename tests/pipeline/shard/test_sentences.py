@@ -2,6 +2,7 @@ from collections import Counter
 
 import numpy as np
 
+from pipeline.control_chars import CONTROL_CHARS
 from pipeline.shard.sentences import LineStats, tokenize_lines
 from pipeline.shard.split import heldout_threshold
 from pipeline.shard.tokenizer import make_tokenizer
@@ -34,6 +35,36 @@ def test_every_line_is_accounted_for():
     assert (s.lines, s.empty, s.overlong, s.invalid_utf8) == (7, 2, 1, 1)
     assert s.lines == s.train_sentences + s.heldout_sentences + s.empty + s.overlong
     assert s.train_tokens == 12 and s.max_sentence_tokens == 4
+
+
+def test_control_characters_are_spaces_and_counted():
+    data = b"".join(
+        [
+            b"a\x00b c\n",  # NUL between two words: two tokens, not one "a\x00b"
+            b"bell\x07 ring\x1bend\n",  # BEL; ESC (as in a terminal colour code)
+            b"\x00\x01\x7f\n",  # nothing but control characters: empty
+            b"x\xc2\x85y\xc2\x9fz\n",  # C1 controls (U+0085, U+009F), UTF-8 encoded
+            b"tab\tand cr\r\n",  # tab and CR are plain whitespace: not counted
+            b"caf\xe9\x0c ok\n",  # invalid UTF-8 and a form feed: counted in both
+            b"\x00" * 60 + b"\n",  # overlong (limit 50): dropped, counted as overlong only
+            b"plain line",
+        ]
+    )
+    out = _run(data)
+    assert out.tokens("train") == [
+        ["a", "b", "c"],
+        ["bell", "ring", "end"],
+        ["x", "y", "z"],
+        ["tab", "and", "cr"],
+        ["caf\ufffd", "ok"],
+        ["plain", "line"],
+    ]
+    s = out.stats
+    assert (s.lines, s.empty, s.overlong, s.invalid_utf8, s.control_chars) == (8, 1, 1, 1, 5)
+    assert s.lines == s.train_sentences + s.heldout_sentences + s.empty + s.overlong
+    assert not any(CONTROL_CHARS.search(token) for token in out.vocab)
+    moses = _run(b"said\x00so, \x07then\n", "moses")
+    assert moses.tokens("train") == [["said", "so", ",", "then"]] and moses.stats.control_chars == 1
 
 
 def test_reader_dropped_lines_and_explicit_heldout():
