@@ -150,7 +150,8 @@ class TrainConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """Weights & Biases tracking."""
     max_failures: int = 3
-    """Times Ray restarts the worker group after a worker dies (each resumes from the latest checkpoint)."""
+    """Times the run is started again after a worker is lost (each start resumes from the latest
+    checkpoint); an error about the input or settings is never retried."""
     storage_endpoint: str = ""
     """S3 endpoint URL; empty = ``AWS_ENDPOINT_URL`` or AWS's default."""
     ray_address: str = ""

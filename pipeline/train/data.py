@@ -178,6 +178,22 @@ def _rng(*entropy: int) -> np.random.Generator:
     return np.random.default_rng(list(entropy))
 
 
+def rank_shards(n_shards: int, rank: int, world_size: int) -> tuple[list[int], tuple[int, int] | None]:
+    """The rank split (module docstring): the indices of the shards ``rank`` reads, and the
+    ``(rank, world_size)`` sentence stride it applies inside each (None: it keeps every sentence)."""
+    if n_shards >= world_size:
+        return list(range(rank, n_shards, world_size)), None
+    return list(range(n_shards)), (rank, world_size)
+
+
+def rank_sentence_count(shard_sentences: Sequence[int], rank: int, world_size: int) -> int:
+    """Sentences ``rank`` reads from shards holding ``shard_sentences`` (manifest counts) each."""
+    shards, stride = rank_shards(len(shard_sentences), rank, world_size)
+    if stride is None:
+        return sum(shard_sentences[i] for i in shards)
+    return sum(len(range(rank, shard_sentences[i], world_size)) for i in shards)
+
+
 class SentenceSource:
     """One direction's sentence generator for one rank (bilm-tf's ``LMDataset`` sentence stream).
 
@@ -219,12 +235,7 @@ class SentenceSource:
         self.reverse, self.test = reverse, test
         self.sizes = list(sizes) if sizes is not None else None
         self.reader = reader
-        if len(self.urls) >= world_size:
-            self.shards = list(range(rank, len(self.urls), world_size))
-            self.stride: tuple[int, int] | None = None
-        else:
-            self.shards = list(range(len(self.urls)))
-            self.stride = (rank, world_size)
+        self.shards, self.stride = rank_shards(len(self.urls), rank, world_size)
         self.pass_index = self.shard_pos = self.offset = 0
         self._loaded: tuple[tuple[int, int], WrappedSentences] | None = None
         self._empty_in_a_row = 0

@@ -18,12 +18,31 @@ from typing import Any
 import torch
 
 from elmo_model import TrainingLM
-from pipeline.train.data import LMBatch
+from pipeline.train.data import LMBatch, rank_sentence_count
 from pipeline.train.distributed import all_reduce_sum
+from pipeline.train.errors import TrainError
 from pipeline.train.objective import SharedSoftmax, direction_losses_full
 
 EVAL_UNROLL_STEPS = 1
 """run_test rebuilds the model with unroll_steps = 1."""
+
+
+def check_heldout_split(shard_sentences: list[int], batch_size: int, world_size: int) -> None:
+    """TrainError unless every rank's part of the held-out split (shards of ``shard_sentences``
+    sentences each, as the manifest counts them) fills one evaluation batch of ``batch_size`` rows.
+
+    With unroll 1 each row of the first batch starts on a sentence of its own, and every sentence
+    yields at least one prediction (its ``</S>``): a rank needs ``batch_size`` sentences, no more.
+    """
+    have = [rank_sentence_count(shard_sentences, rank, world_size) for rank in range(world_size)]
+    fewest = min(have)
+    if fewest < batch_size:
+        rank = have.index(fewest)
+        raise TrainError(
+            f"the held-out split ({sum(shard_sentences)} sentences) gives worker {rank} of {world_size} only "
+            f"{fewest} sentences, but an evaluation batch starts each of its eval_batch_size={batch_size} rows "
+            f"on a sentence of its own; lower eval_batch_size to {max(fewest, 1)} or use fewer workers"
+        )
 
 
 @dataclass
@@ -36,7 +55,7 @@ class HeldoutSums:
     def perplexities(self) -> dict[str, float]:
         """``eval/perplexity_fwd``, ``eval/perplexity_bwd``, ``eval/perplexity`` (the average's)."""
         if self.batches == 0:
-            raise ValueError(
+            raise TrainError(
                 "no held-out batch was scored: the held-out split is smaller than one evaluation batch"
             )
         mean = (self.losses / self.batches).tolist()

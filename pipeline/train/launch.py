@@ -3,8 +3,10 @@
 ``prepare_run`` validates the shards, vocabulary, run directory and cluster up front (one-line
 ``TrainError``s) and resolves the run's facts (``RunPlan``); ``run_training`` starts a
 ``TorchTrainer`` with ``workers`` workers: NCCL + CUDA when the cluster has GPUs, gloo on CPU.
-``FailureConfig(max_failures)`` restarts the worker group when a worker dies; the workers
-(``trainer.train_loop_per_worker``) then resume from the latest checkpoint in the run directory.
+When a worker is lost (its process died, its node went away, a collective broke with it) the run is
+started again, up to ``max_failures`` times, and the workers (``trainer.train_loop_per_worker``)
+resume from the latest checkpoint in the run directory. An error the run's own code raised about
+its input or settings is never retried: the same input would fail the same way.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import signal
+import sys
 import tempfile
 import time
 
 from elmo_model import BiLMOptions, OptionsError
 from pipeline import shard_format, storage
 from pipeline.config import UseGPU
+from pipeline.errors import PipelineError
 from pipeline.model_config import to_options
 from pipeline.stage_result import StageResult
 from pipeline.train import checkpoint as ckpt
@@ -25,6 +30,7 @@ from pipeline.train import export as export_mod
 from pipeline.train.config import TrainConfig
 from pipeline.train.data import steps_per_epoch
 from pipeline.train.errors import TrainError
+from pipeline.train.evaluate import check_heldout_split
 from pipeline.train.metrics import METRICS_FILE, read_metrics
 from pipeline.train.plan import RunPlan
 from pipeline.train.trainer import train_loop_per_worker
@@ -106,12 +112,7 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
             f"{manifest['totals']['train']['tokens']} training tokens are less than one global batch "
             f"(batch_size {batch} x unroll_steps {unroll} x workers {workers}); set max_steps or shrink the batch"
         )
-    heldout = manifest["totals"]["heldout"]
-    if heldout["tokens"] + heldout["sentences"] < cfg.eval_batch_size * workers:
-        raise TrainError(
-            f"the held-out split ({heldout['tokens']} tokens) cannot fill {cfg.eval_batch_size} rows on each of "
-            f"{workers} workers; lower eval_batch_size"
-        )
+    check_heldout_split([e["sentences"] for e in manifest["shards"]["heldout"]], cfg.eval_batch_size, workers)
     if cfg.softmax.sampled and not 0 < cfg.softmax.negatives < len(vocab):
         raise TrainError(
             f"softmax.negatives ({cfg.softmax.negatives}) must be in [1, vocabulary size {len(vocab)}); "
@@ -187,12 +188,39 @@ def run_training(cfg: TrainConfig, plan: RunPlan | None = None) -> StageResult:
     (computed here when None). The result's ``details`` are the final status row (end-of-run
     held-out perplexities); its tokens are this run's positions of one direction (a resumed run
     counts only the steps it ran)."""
-    from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train import TrainingFailedError
 
     plan = prepare_run(cfg) if plan is None else plan
     plan.use_gpu = _cluster_check(cfg)
     started, steps_before = time.perf_counter(), _logged_steps(plan.run_dir)
+    for attempt in range(cfg.max_failures + 1):
+        try:
+            _fit(cfg, plan)
+            break
+        except TrainingFailedError as err:  # surface the worker's own last line, not Ray's traceback
+            message = _failure_message(err)
+            if not _worth_retrying(err):
+                raise TrainError(f"training failed: {message} (not retried: it would fail again)") from None
+            if attempt == cfg.max_failures:
+                raise TrainError(
+                    f"training failed: {message} (after {cfg.max_failures} restarts, max_failures)"
+                ) from None
+            print(
+                f"training attempt {attempt + 1} failed: {message}; restarting from the latest checkpoint "
+                f"({attempt + 1} of max_failures={cfg.max_failures})",
+                file=sys.stderr,
+            )
+    final = final_status(plan.run_dir)
+    steps = int(final["step"]) - steps_before
+    tokens = steps * cfg.batch_size * cfg.unroll_steps * cfg.workers
+    return StageResult("train", plan.run_dir, time.perf_counter() - started, tokens, details=final)
+
+
+def _fit(cfg: TrainConfig, plan: RunPlan) -> None:
+    """One attempt: a ``TorchTrainer`` that Ray itself never restarts (``run_training`` decides)."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
     ray_storage = tempfile.mkdtemp(prefix="elmo-ray-train-")
     trainer = TorchTrainer(
         train_loop_per_worker,
@@ -204,21 +232,41 @@ def run_training(cfg: TrainConfig, plan: RunPlan | None = None) -> StageResult:
             resources_per_worker=None if plan.use_gpu else {"CPU": cfg.threads_per_worker},
         ),
         run_config=RunConfig(
-            name=plan.name,
-            storage_path=ray_storage,
-            failure_config=FailureConfig(max_failures=cfg.max_failures),
+            name=plan.name, storage_path=ray_storage, failure_config=FailureConfig(max_failures=0)
         ),
     )
+    previous_sigint = signal.getsignal(signal.SIGINT)
     try:
         trainer.fit()
-    except TrainingFailedError as err:  # surface the worker's own last line, not Ray's traceback
-        raise TrainError(f"training failed: {_failure_message(err)}") from None
+    except SystemExit:
+        # Ray Train's own SIGINT handler aborts the run (its workers stop; the latest complete
+        # checkpoint stays as it was) and then exits the process; here that is a Ctrl-C like any
+        # other, which the entry point reports as "interrupted" with exit status 130.
+        raise KeyboardInterrupt from None
     finally:
+        signal.signal(signal.SIGINT, previous_sigint)  # Ray leaves its handler installed
         shutil.rmtree(ray_storage, ignore_errors=True)
-    final = final_status(plan.run_dir)
-    steps = int(final["step"]) - steps_before
-    tokens = steps * cfg.batch_size * cfg.unroll_steps * cfg.workers
-    return StageResult("train", plan.run_dir, time.perf_counter() - started, tokens, details=final)
+
+
+DETERMINISTIC_ERRORS = (ValueError, TypeError, LookupError, AttributeError, AssertionError, ArithmeticError)
+"""Built-in errors that a bad input or a bug raises the same way on every attempt."""
+
+
+def _worth_retrying(err: BaseException) -> bool:
+    """Whether another attempt can succeed: every worker failed because a process, node or
+    connection was lost (a Ray error, a broken collective, a storage outage), none because the
+    run's own code refused its input (a PipelineError other than storage, or a built-in error
+    that bad data or a bug raises)."""
+    failures = list((getattr(err, "worker_failures", None) or {}).values())
+    if not failures:  # the controller itself failed (e.g. the workers could not be placed)
+        return False
+    return not any(_deterministic(failure) for failure in failures)
+
+
+def _deterministic(failure: BaseException) -> bool:
+    if isinstance(failure, storage.StorageError):
+        return False
+    return isinstance(failure, (PipelineError, *DETERMINISTIC_ERRORS))
 
 
 def _logged_steps(run_dir: str) -> int:

@@ -59,6 +59,23 @@ def test_empty_split(shards, tmp_path):
         prepare_run(cfg_for(shards, str(tmp_path / "run")))
 
 
+def test_heldout_split_too_small_for_the_workers(tmp_path):
+    """33 held-out sentences over 2 workers: 17 and 16, too few for 32 rows of one evaluation
+    batch on either, although the split has far more tokens than 2 x 32."""
+    sentences = sample_sentences(400)
+    out = str(tmp_path / "shards")
+    write_sample_shards(out, sentences[:300], sentences[300:333])
+    with pytest.raises(
+        TrainError,
+        match=r"held-out split \(33 sentences\) gives worker 1 of 2 only 16 sentences, .*eval_batch_size=32 .*"
+        r"lower eval_batch_size to 16 or use fewer workers",
+    ):
+        prepare_run(cfg_for(out, str(tmp_path / "run"), "workers=2"))
+    prepare_run(
+        cfg_for(out, str(tmp_path / "run"), "workers=2", "eval_batch_size=16", "softmax.negatives=100")
+    )
+
+
 def test_vocab_without_specials(shards, tmp_path):
     path = os.path.join(shards, shard_format.VOCAB_FILE)
     tokens = storage.read_bytes(path).decode().split("\n")
@@ -88,7 +105,10 @@ def test_cli_reports_one_line(shards, tmp_path, capsys):
     assert err.startswith("error: no manifest.json in") and err.count("\n") == 1
 
 
-def test_manifest_counts_that_disagree_with_a_shard_fail_the_run_with_one_line(shards, tmp_path, ray_local):
+def test_manifest_counts_that_disagree_with_a_shard_fail_the_run_with_one_line(
+    shards, tmp_path, ray_local, capsys
+):
+    """A deterministic error is not retried, however many restarts max_failures allows."""
     from pipeline.train.launch import run_training
 
     path = os.path.join(shards, "manifest.json")
@@ -99,15 +119,17 @@ def test_manifest_counts_that_disagree_with_a_shard_fail_the_run_with_one_line(s
         shards,
         str(tmp_path / "run"),
         "workers=2",
-        "max_failures=0",
+        "max_failures=2",
         "wandb.mode=disabled",
         "softmax.negatives=100",
     )
     with pytest.raises(
-        TrainError, match=r"training failed: .*train-000000.tar: manifest lists \d+ sentences"
+        TrainError,
+        match=r"training failed: .*train-000000.tar: manifest lists \d+ sentences.* \(not retried: it would fail again\)",
     ) as err:
         run_training(cfg)
     assert "\n" not in str(err.value)
+    assert "restarting" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from pipeline.train.data import (
     SentenceSource,
     load_char_cache,
     open_lm_batches,
+    rank_sentence_count,
     steps_per_epoch,
 )
 
@@ -204,6 +205,7 @@ def test_training_passes_shuffle_each_pass_and_direction(tmp_path, vocab):
 def test_rank_subsets_are_disjoint_and_cover_the_split(tmp_path, vocab, n_shards, world_size):
     all_sentences = many_shards_dir(str(tmp_path), vocab, n_shards=n_shards)
     urls = shard_format.shard_urls(str(tmp_path), "train")
+    counts = [e["sentences"] for e in shard_format.read_manifest(str(tmp_path))["shards"]["train"]]
     seen = []
     for rank in range(world_size):
         got = source_sentences(
@@ -212,6 +214,7 @@ def test_rank_subsets_are_disjoint_and_cover_the_split(tmp_path, vocab, n_shards
         )
         got = [s for s in got if s is not None]
         assert got, f"rank {rank} got no sentences"
+        assert len(got) == rank_sentence_count(counts, rank, world_size)  # what the pre-flight checks use
         seen += got
     assert sorted(seen) == sorted(tuple([BOS_ID, *word_ids(s, vocab), EOS_ID]) for s in all_sentences)
 

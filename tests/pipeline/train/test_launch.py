@@ -230,7 +230,7 @@ def _train_worker_pids() -> list[int]:
     ]
 
 
-def test_killed_worker_restarts_from_checkpoint_on_s3(shards, s3_prefix, ray_local):
+def test_killed_worker_restarts_from_checkpoint_on_s3(shards, s3_prefix, ray_local, capsys):
     s3_shards = storage.join(s3_prefix, "shards")
     for path in storage.list_prefix(shards + "/"):
         storage.upload_file(path, storage.join(s3_shards, os.path.basename(path)))
@@ -260,6 +260,7 @@ def test_killed_worker_restarts_from_checkpoint_on_s3(shards, s3_prefix, ray_loc
     final = run_training(cfg).details
     killer.join(timeout=5)
     assert killed, "no Ray Train worker was found to kill"
+    assert "restarting from the latest checkpoint (1 of max_failures=2)" in capsys.readouterr().err
     assert final["status"] == "done" and final["step"] == 40
     rows = read_metrics(storage.join(run_dir, METRICS_FILE))
     resumes = [r for r in rows if r.get("event") == "resume"]
@@ -295,3 +296,37 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(shards, tmp_path):
     good = ckpt.list_checkpoints(run_dir)
     assert good and good[-1][0] < 6 and str(good[-1][1]) in str(err.value)
     assert not storage.exists(os.path.join(run_dir, EXPORT_DIR, "weights.hdf5"))
+
+
+def test_ctrl_c_stops_the_run_keeps_its_checkpoint_and_exits_130(shards, tmp_path, ray_local):
+    """SIGINT to `elmo train` (here joining the session's cluster through RAY_ADDRESS) after its
+    first checkpoint: "interrupted", exit status 130, and that checkpoint loads."""
+    run_dir = str(tmp_path / "run")
+    command = [
+        sys.executable,
+        "-m",
+        "jobs.train",
+        "--shards",
+        shards,
+        "--output",
+        run_dir,
+        "--preset",
+        "tiny",
+    ]
+    settings = ["workers=1", "max_steps=100000", "checkpoint_every=5", "log_every=5", "wandb.mode=disabled"]
+    proc = subprocess.Popen([*command, *settings], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None and not ckpt.list_checkpoints(run_dir):
+            time.sleep(0.5)
+        assert proc.poll() is None and ckpt.list_checkpoints(run_dir), "no checkpoint before the deadline"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == "interrupted", err[-2000:]
+    latest = ckpt.latest_checkpoint(run_dir)
+    assert ckpt.load_model(latest)["step"] % 5 == 0
