@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import ray
+
+from pipeline.cluster_watchdog import MARKER_VAR, Watchdog
 
 
 @contextmanager
@@ -27,25 +30,37 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
 
     ``address``: a cluster address (``auto``, ``ray://...``, ``host:port``); default ``RAY_ADDRESS``.
     ``num_cpus``: CPUs of an embedded cluster (default: all of this machine's).
-    Joins an already-initialised Ray untouched (tests start one per session).
+    Joins an already-initialised Ray untouched (tests start one per session). An embedded cluster
+    gets a temp dir of its own and a watchdog (``pipeline.cluster_watchdog``) that stops it and
+    removes that dir when the driver exits, however it exits.
     """
     if ray.is_initialized():
         yield
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
     kwargs = {"logging_level": logging.WARNING}
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
-    # Library components (Ray Train's controller, for one) look the cluster up again by address;
-    # with several Ray clusters on one machine that lookup is ambiguous unless RAY_ADDRESS names ours.
+    watchdog = None
     previous = os.environ.get("RAY_ADDRESS")
-    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            # short: Ray's unix socket paths live under it and must stay within ~107 characters
+            watchdog = Watchdog(tempfile.mkdtemp(prefix="elmo-ray-", dir="/tmp"))
+            os.environ[MARKER_VAR] = watchdog.marker  # inherited by every process of the cluster
+            try:
+                ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=watchdog.temp_dir, **kwargs)
+            finally:
+                os.environ.pop(MARKER_VAR, None)
+                watchdog.start()
+        # Library components (Ray Train's controller, for one) look the cluster up again by address;
+        # with several Ray clusters on one machine that lookup is ambiguous unless RAY_ADDRESS names ours.
+        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
         yield
     finally:
         ray.shutdown()
+        if watchdog is not None:
+            watchdog.stop()
         if previous is None:
             os.environ.pop("RAY_ADDRESS", None)
         else:

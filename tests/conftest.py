@@ -117,6 +117,12 @@ def s3_prefix(s3_server, request) -> str:
 
 
 @pytest.fixture(scope="session")
+def fake_wandb_key() -> str:
+    """The made-up WANDB_API_KEY the embedded cluster's processes see (tests look for it in logs)."""
+    return FAKE_WANDB_KEY
+
+
+@pytest.fixture(scope="session")
 def ray_temp_dir():
     """The embedded Ray cluster's temp dir (its session logs live under it); removed at the end."""
     # short: Ray's unix socket paths live under it and must stay within ~107 characters

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import ray
 from tqdm import tqdm
@@ -106,19 +107,33 @@ def run_embed(cfg: EmbedConfig) -> StageResult:
     load_bilm(source)  # a broken weights file fails here, in one line, not inside an actor
     kind, paths = resolve_inputs(cfg.input)
     check_output(cfg.output, target, single, cfg.overwrite)
+    job = _EmbedJob(cfg, single, target, source, kind, paths)
     with taken_back_on_failure(target) as guard:
-        return _run(cfg, single, target, source, kind, paths, guard)
+        return _run(job, guard)
 
 
-def _run(
-    cfg: EmbedConfig,
-    single: bool,
-    target: str,
-    source: ModelSource,
-    kind: str,
-    paths: list[str],
-    guard: ClaimGuard,
-) -> StageResult:
+@dataclass(frozen=True)
+class _EmbedJob:
+    """What ``run_embed`` resolved before touching the output: ``target`` is where the shards go
+    (the output, or the parts folder of a ``single`` file); ``kind``/``paths`` the resolved input."""
+
+    cfg: EmbedConfig
+    single: bool
+    target: str
+    source: ModelSource
+    kind: str
+    paths: list[str]
+
+
+def _run(job: _EmbedJob, guard: ClaimGuard) -> StageResult:
+    cfg, single, target, source, kind, paths = (
+        job.cfg,
+        job.single,
+        job.target,
+        job.source,
+        job.kind,
+        job.paths,
+    )
     check_writable(target)
     specs = plan_shards(kind, paths, cfg.lines_per_shard, cfg.shard_splits)
     run = run_settings(cfg, kind, paths, source.sha256)

@@ -13,14 +13,15 @@ import json
 import os
 
 import h5py
-from conftest import FAKE_WANDB_KEY
 
 from jobs.cli import main as elmo
 from pipeline import storage
 from pipeline.end_to_end import SAMPLE_CORPUS
 
 
-def test_pipeline_end_to_end_on_s3(s3_prefix, s3_server, ray_local, ray_temp_dir, tmp_path, capsys):
+def test_pipeline_end_to_end_on_s3(
+    s3_prefix, s3_server, ray_local, ray_temp_dir, fake_wandb_key, tmp_path, capsys
+):
     corpus = tmp_path / "slice.txt"
     with gzip.open(SAMPLE_CORPUS, "rt", encoding="utf-8") as src:
         corpus.write_text("".join(itertools.islice(src, 3000)), encoding="utf-8")
@@ -63,7 +64,7 @@ def test_pipeline_end_to_end_on_s3(s3_prefix, s3_server, ray_local, ray_temp_dir
         key = sorted(f.keys(), key=int)[0]
         assert f[key].ndim == 3 and f[key].shape[0] == 3 and f[key].shape[2] == 2 * 64
 
-    secrets = {"AWS_SECRET_ACCESS_KEY": s3_server.secret_key, "WANDB_API_KEY": FAKE_WANDB_KEY}
+    secrets = {"AWS_SECRET_ACCESS_KEY": s3_server.secret_key, "WANDB_API_KEY": fake_wandb_key}
     places = {"console": (console.out + console.err).encode()}
     places |= {path: storage.read_bytes(path) for path in storage.list_prefix(f"{run}/")}
     places |= {path: _read(path) for path in _files_under(ray_temp_dir)}
