@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +24,21 @@ from contextlib import contextmanager
 import ray
 
 from pipeline.cluster_watchdog import MARKER_VAR, Watchdog
+
+LOOPBACK = "127.0.0.1"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def _say_dashboard(url: str | None, embedded: bool) -> None:
+    """One line naming the Ray dashboard (none when the cluster runs without one)."""
+    if url:
+        where = "embedded cluster, stops with this run" if embedded else "the job's cluster"
+        print(f"ray dashboard: http://{url} ({where})", file=sys.stderr, flush=True)
 
 
 @contextmanager
@@ -43,19 +60,29 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     previous = os.environ.get("RAY_ADDRESS")
     try:
         if address:
-            ray.init(address=address, **kwargs)
+            context = ray.init(address=address, **kwargs)
         else:
             # short: Ray's unix socket paths live under it and must stay within ~107 characters
             watchdog = Watchdog(tempfile.mkdtemp(prefix="elmo-ray-", dir="/tmp"))
             os.environ[MARKER_VAR] = watchdog.marker  # inherited by every process of the cluster
             try:
-                ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=watchdog.temp_dir, **kwargs)
+                context = ray.init(
+                    num_cpus=num_cpus,
+                    # Ray Train's placement-group cleaner asks the State API (served by the
+                    # dashboard) whether the controller lives; without it, it warns every second
+                    include_dashboard=True,
+                    dashboard_host=LOOPBACK,
+                    dashboard_port=_free_port(),
+                    _temp_dir=watchdog.temp_dir,
+                    **kwargs,
+                )
             finally:
                 os.environ.pop(MARKER_VAR, None)
                 watchdog.start()
         # Library components (Ray Train's controller, for one) look the cluster up again by address;
         # with several Ray clusters on one machine that lookup is ambiguous unless RAY_ADDRESS names ours.
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+        _say_dashboard(context.dashboard_url, embedded=watchdog is not None)
         yield
     finally:
         ray.shutdown()

@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass
 
@@ -54,6 +55,12 @@ class S3Server:
 
     def url(self, key: str = "") -> str:
         return f"s3://{self.bucket}/{key}"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _set_env(values: dict[str, str | None]) -> dict[str, str | None]:
@@ -141,7 +148,11 @@ def ray_local(s3_server, ray_temp_dir):
     wandb_key = _set_env({"WANDB_API_KEY": FAKE_WANDB_KEY})
     ray.init(
         num_cpus=2,
-        include_dashboard=False,
+        # as an embedded cluster of the stages: the State API (dashboard) lets Ray Train's
+        # placement-group cleaner see its controller end, and the secrets test searches its logs too
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        dashboard_port=_free_port(),
         object_store_memory=512 * 1024 * 1024,
         _temp_dir=ray_temp_dir,
         configure_logging=True,

@@ -46,9 +46,14 @@ def _data_context(preserve_order: bool) -> Iterator[None]:
     ctx.enable_progress_bars = False  # the stage draws its own bar
     ctx.print_on_execution_start = False
     logger.setLevel(logging.WARNING)  # per-dataset INFO lines would interleave with the bar
+    # Ray Data warns that its bars are off ("To enable, set ..."): they are off on purpose
+    progress_logger = logging.getLogger("ray.data._internal.progress")
+    progress_level = progress_logger.level
+    progress_logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
+        progress_logger.setLevel(progress_level)
         (
             ctx.execution_options.preserve_order,
             ctx.enable_progress_bars,

@@ -33,6 +33,7 @@ from pipeline.train.errors import TrainError
 from pipeline.train.evaluate import check_heldout_split
 from pipeline.train.metrics import METRICS_FILE, read_metrics
 from pipeline.train.plan import RunPlan
+from pipeline.train.progress import MetricsFollower
 from pipeline.train.trainer import train_loop_per_worker
 from pipeline.train.unigram import heldout_unigram_perplexity
 
@@ -188,15 +189,26 @@ def run_training(cfg: TrainConfig, plan: RunPlan | None = None) -> StageResult:
     (computed here when None). The result's ``details`` are the final status row (end-of-run
     held-out perplexities); its tokens are this run's positions of one direction (a resumed run
     counts only the steps it ran)."""
-    from ray.train import TrainingFailedError
-
     plan = prepare_run(cfg) if plan is None else plan
     plan.use_gpu = _cluster_check(cfg)
     started, steps_before = time.perf_counter(), _logged_steps(plan.run_dir)
+    with MetricsFollower(plan.run_dir, plan.total_steps, from_step=steps_before):
+        _fit_with_restarts(cfg, plan)
+    final = final_status(plan.run_dir)
+    steps = int(final["step"]) - steps_before
+    tokens = steps * cfg.batch_size * cfg.unroll_steps * cfg.workers
+    return StageResult("train", plan.run_dir, time.perf_counter() - started, tokens, details=final)
+
+
+def _fit_with_restarts(cfg: TrainConfig, plan: RunPlan) -> None:
+    """Attempts until one succeeds: a lost worker restarts the run (up to ``max_failures`` times,
+    each resuming from the latest checkpoint); an error about the input ends it at once."""
+    from ray.train import TrainingFailedError
+
     for attempt in range(cfg.max_failures + 1):
         try:
             _fit(cfg, plan)
-            break
+            return
         except TrainingFailedError as err:  # surface the worker's own last line, not Ray's traceback
             message = _failure_message(err)
             if not _worth_retrying(err):
@@ -210,15 +222,11 @@ def run_training(cfg: TrainConfig, plan: RunPlan | None = None) -> StageResult:
                 f"({attempt + 1} of max_failures={cfg.max_failures})",
                 file=sys.stderr,
             )
-    final = final_status(plan.run_dir)
-    steps = int(final["step"]) - steps_before
-    tokens = steps * cfg.batch_size * cfg.unroll_steps * cfg.workers
-    return StageResult("train", plan.run_dir, time.perf_counter() - started, tokens, details=final)
 
 
 def _fit(cfg: TrainConfig, plan: RunPlan) -> None:
     """One attempt: a ``TorchTrainer`` that Ray itself never restarts (``run_training`` decides)."""
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     ray_storage = tempfile.mkdtemp(prefix="elmo-ray-train-")
@@ -232,7 +240,12 @@ def _fit(cfg: TrainConfig, plan: RunPlan) -> None:
             resources_per_worker=None if plan.use_gpu else {"CPU": cfg.threads_per_worker},
         ),
         run_config=RunConfig(
-            name=plan.name, storage_path=ray_storage, failure_config=FailureConfig(max_failures=0)
+            name=plan.name,
+            storage_path=ray_storage,
+            failure_config=FailureConfig(max_failures=0),
+            # the run's own progress lines say what is going on; Ray Train's INFO lines (worker
+            # group sizes, process group setup) only repeat the config
+            logging_config=LoggingConfig(log_level="WARNING"),
         ),
     )
     previous_sigint = signal.getsignal(signal.SIGINT)

@@ -48,6 +48,13 @@ def test_pipeline_end_to_end_on_s3(
     console = capsys.readouterr()
     out = console.out
     assert code == 0, out[-2000:]
+    progress = [line for line in console.err.splitlines() if line.startswith(("train step", "eval  step"))]
+    assert [line.split(" (")[0] for line in progress] == [
+        "train step 4/12",
+        "train step 8/12",
+        "train step 12/12",
+        "eval  step 12/12: held-out perplexity " + progress[-1].split("perplexity ")[1].split(" (")[0],
+    ], progress
     assert "held-out perplexity" in out and "unigram baseline" in out
     run = f"{root}/e2e"
     manifest = json.loads(storage.read_bytes(f"{run}/shards/manifest.json"))

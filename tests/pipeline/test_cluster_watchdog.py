@@ -1,4 +1,5 @@
-"""An embedded Ray cluster does not outlive its driver, however the driver ends."""
+"""An embedded Ray cluster does not outlive its driver, however the driver ends; its dashboard
+(the State API) answers and its URL is printed."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ with ray_session(num_cpus=1):
         return os.environ.get(MARKER_VAR)
 
     assert MARKER_VAR not in os.environ  # the driver's own later children are not the cluster's
+    # the State API answers (Ray Train's placement-group cleaner relies on it)
+    from ray.util.state import list_actors
+    list_actors(limit=1)
     print(ray.get(marker.remote()), ray._private.worker._global_node.get_temp_dir_path(), flush=True)
     if sys.argv[1] == "wait":
         time.sleep(600)
@@ -64,6 +68,8 @@ def test_cluster_stops_with_its_driver(ending):
         if ending == "SIGKILL":
             proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
+        if ending == "clean exit":
+            assert "ray dashboard: http://127.0.0.1:" in proc.stderr.read()
         assert _gone(marker, temp_dir, timeout=30), [
             open(f"/proc/{pid}/cmdline", "rb").read()[:80] for pid in marked_pids(marker)
         ]

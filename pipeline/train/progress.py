@@ -1,0 +1,119 @@
+"""Training progress on the driver's console: a line per logged train row and per evaluation.
+
+The workers write their rows to ``metrics.jsonl`` (rank 0; local or s3://), which stays the one
+record. The driver follows that file while the run is going (:class:`MetricsFollower`, a thread that
+re-reads it every ``POLL_SECONDS``) and prints each new ``train`` / ``eval`` row once as a line
+(:func:`progress_line`). Reading the record rather than having rank 0 print keeps the lines free of
+Ray's per-process prefixes and the same on a laptop and under ``ray job submit``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+from collections.abc import Callable
+
+from pipeline import storage
+from pipeline.train.metrics import METRICS_FILE, read_metrics
+
+POLL_SECONDS = 2.0
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _ppl(value: float) -> str:
+    return f"{value:,.1f}" if math.isfinite(value) else "inf"
+
+
+class ProgressLines:
+    """Turns metrics rows into console lines; remembers the previous train row for the ETA.
+
+    ``total_steps``: the run's last step (for ``step/total`` and the ETA).
+    """
+
+    def __init__(self, total_steps: int):
+        self.total_steps = total_steps
+        self._last: tuple[int, float] | None = None  # (step, time) of the previous train row
+
+    def line(self, row: dict) -> str | None:
+        """The line for a ``train`` or ``eval`` row; None for other kinds."""
+        if row.get("kind") == "train":
+            return self._train(row)
+        if row.get("kind") == "eval":
+            return (
+                f"eval  step {row['step']}/{self.total_steps}: held-out perplexity "
+                f"{_ppl(row['eval/perplexity'])} (fwd {_ppl(row['eval/perplexity_fwd'])}, "
+                f"bwd {_ppl(row['eval/perplexity_bwd'])}; unigram {_ppl(row['eval/unigram_perplexity'])})"
+            )
+        return None
+
+    def _train(self, row: dict) -> str:
+        step, elapsed = int(row["step"]), float(row["time"])
+        eta = ""
+        if self._last is not None and step > self._last[0] and elapsed > self._last[1]:
+            per_step = (elapsed - self._last[1]) / (step - self._last[0])
+            eta = f" | ETA {_duration(per_step * (self.total_steps - step))}"
+        self._last = (step, elapsed)
+        return (
+            f"train step {step}/{self.total_steps} (epoch {row['epoch']:.2f}) | perplexity fwd "
+            f"{_ppl(row['train/perplexity_fwd'])} bwd {_ppl(row['train/perplexity_bwd'])} | "
+            f"{row['train/tokens_per_s']:,.0f} tok/s | MFU {100 * row['train/mfu']:.2f}%{eta}"
+        )
+
+
+class MetricsFollower:
+    """While the body of ``with MetricsFollower(run_dir, total_steps):`` runs, print the new rows
+    of ``run_dir/metrics.jsonl`` (those of steps after ``from_step``) as lines on ``out``; a last
+    read on exit catches the final rows."""
+
+    def __init__(
+        self,
+        run_dir: str,
+        total_steps: int,
+        from_step: int = 0,
+        out: Callable[[str], None] | None = None,
+        poll_seconds: float = POLL_SECONDS,
+    ):
+        self.path = storage.join(run_dir, METRICS_FILE)
+        self.lines = ProgressLines(total_steps)
+        self.out = out or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.poll_seconds = poll_seconds
+        self._printed: set[tuple[str, int]] = set()
+        self._from_step = from_step
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="metrics-follower", daemon=True)
+
+    def __enter__(self) -> MetricsFollower:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.print_new()
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            self.print_new()
+
+    def print_new(self) -> None:
+        """Print the rows not printed yet. A read that fails (the file not there yet, a storage
+        hiccup) is skipped: the record is the workers', and the next poll reads it again."""
+        try:
+            rows = read_metrics(self.path) if storage.exists(self.path) else []
+        except (storage.StorageError, ValueError):
+            return
+        for row in rows:
+            key = (str(row.get("kind")), int(row.get("step", 0)))
+            if key in self._printed or key[1] <= self._from_step:
+                continue
+            text = self.lines.line(row)
+            if text is not None:
+                self._printed.add(key)
+                self.out(text)

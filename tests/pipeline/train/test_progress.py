@@ -1,0 +1,67 @@
+"""Console progress: each train/eval row of metrics.jsonl becomes one line, once."""
+
+from __future__ import annotations
+
+from pipeline.train.metrics import MetricsLog
+from pipeline.train.progress import MetricsFollower, ProgressLines
+
+
+def train_row(step: int, time: float) -> dict:
+    return {
+        "kind": "train",
+        "step": step,
+        "epoch": step / 100,
+        "train/perplexity_fwd": 812.25,
+        "train/perplexity_bwd": float("inf"),
+        "train/tokens_per_s": 12345.6,
+        "train/mfu": 0.1234,
+        "time": time,
+    }
+
+
+EVAL = {
+    "kind": "eval",
+    "step": 20,
+    "eval/perplexity": 120.5,
+    "eval/perplexity_fwd": 119.0,
+    "eval/perplexity_bwd": 122.04,
+    "eval/unigram_perplexity": 346.09,
+}
+
+
+def test_lines_say_step_rates_and_eta():
+    lines = ProgressLines(total_steps=400)
+    assert lines.line(train_row(10, 5.0)) == (
+        "train step 10/400 (epoch 0.10) | perplexity fwd 812.2 bwd inf | 12,346 tok/s | MFU 12.34%"
+    )
+    # 10 steps took 20 s: 380 more take 760 s
+    assert lines.line(train_row(20, 25.0)).endswith("| MFU 12.34% | ETA 12m40s")
+    assert lines.line(EVAL) == (
+        "eval  step 20/400: held-out perplexity 120.5 (fwd 119.0, bwd 122.0; unigram 346.1)"
+    )
+    assert lines.line({"kind": "status", "step": 20}) is None
+
+
+def test_follower_prints_each_new_row_once(tmp_path):
+    run = str(tmp_path / "run")
+    log = MetricsLog(run, None)
+    log.append({"kind": "config", "step": 0})
+    log.append(train_row(5, 1.0))  # before from_step: an earlier run's, not printed again
+    printed: list[str] = []
+    follower = MetricsFollower(run, 40, from_step=5, out=printed.append, poll_seconds=0.05)
+    with follower:
+        log.append(train_row(10, 2.0))
+        follower.print_new()
+        follower.print_new()
+        log.append(EVAL)
+    assert [line.split(" (")[0] for line in printed] == [
+        "train step 10/40",
+        "eval  step 20/40: held-out perplexity 120.5",
+    ]
+
+
+def test_follower_waits_for_a_file_not_written_yet(tmp_path):
+    printed: list[str] = []
+    with MetricsFollower(str(tmp_path / "not-yet"), 10, out=printed.append, poll_seconds=0.05):
+        pass
+    assert printed == []
