@@ -41,7 +41,7 @@ SIZES = {
     "small": "2x1024_128_2048cnn_1xhighway",
     "original": "2x4096_512_2048cnn_2xhighway",
 }
-"""Benchmarked presets (configs/<name>.yaml) and the released model each one matches."""
+"""Benchmarked presets (pipeline/presets/<name>.yaml) and the released model each one matches."""
 TOKEN = re.compile(r"\w+|[^\w\s]")
 
 

@@ -5,7 +5,7 @@ forward throughput of the same model on the same batches in one process, and the
     python benchmarks/embed.py                       # the size: 200,000 sentences, small model
     python benchmarks/embed.py --sentences 2000 --raw-sentences 1000   # a quick run
 
-The model is the ``--preset`` size (configs/<preset>.yaml) with random bilm-tf initialisation; the corpus
+The model is the ``--preset`` size (pipeline/presets/<preset>.yaml) with random bilm-tf initialisation; the corpus
 is the shipped sample (pipeline/data/kjv-sample.txt.gz) cycled to ``--sentences`` lines. The job runs as
 ``python -m jobs.embed`` in a subprocess with its own embedded Ray cluster of ``workers x
 cpus_per_worker`` CPUs; its memory is the summed PSS of its whole process tree (driver, raylet, actors),

@@ -17,7 +17,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # the stage must come before the key=value list, so it is declared first
     parser.add_argument("stage", choices=list(STAGES), help="which stage's config")
-    parser.add_argument("--preset", help="model size preset from configs/ (train, pipeline)")
+    parser.add_argument("--preset", help="model size preset from pipeline/presets/ (train, pipeline)")
     add_config_args(parser)
     args = parser.parse_intermixed_args(main_argv(argv))
 

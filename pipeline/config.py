@@ -15,8 +15,9 @@ import difflib
 import enum
 import importlib
 from collections.abc import Iterable, Sequence
+from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 from omegaconf import DictConfig, EnumNode, OmegaConf, StringNode
@@ -24,10 +25,14 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from pipeline.errors import PipelineError
 
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
 T = TypeVar("T")
 
-PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
-"""Preset YAML files (``configs/<name>.yaml``) shipped at the repository root."""
+PRESETS = resources.files("pipeline") / "presets"
+"""Preset YAML files (``pipeline/presets/<name>.yaml``): package data, read through importlib.resources
+so that an installed wheel finds them wherever it is installed."""
 
 STAGES = {
     "shard": "pipeline.shard.config:ShardConfig",
@@ -77,16 +82,19 @@ def stage_schema(stage: str) -> type:
 
 
 def preset_names() -> list[str]:
-    """Names of the presets in ``configs/`` (``tiny``, ``small``, ...)."""
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+    """Names of the presets in ``pipeline/presets/`` (``tiny``, ``small``, ...)."""
+    return sorted(
+        p.name.removesuffix(".yaml") for p in PRESETS.iterdir() if p.name.endswith(".yaml") and p.is_file()
+    )
 
 
-def preset_path(name: str) -> Path:
-    """Path of preset ``name``; a ConfigError listing the known presets when it does not exist."""
-    path = PRESET_DIR / f"{name}.yaml"
-    if not path.is_file():
+def preset_path(name: str) -> Traversable:
+    """The package resource of preset ``name`` (a ``Path`` when the package is installed as files);
+    a ConfigError listing the known presets when it does not exist."""
+    resource = PRESETS / f"{name}.yaml"
+    if not resource.is_file():
         raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(preset_names())}")
-    return path
+    return resource
 
 
 def valid_keys(schema: Any, prefix: str = "") -> list[str]:
@@ -187,7 +195,7 @@ def resolve_config(
 ) -> DictConfig:
     """The merged config as an OmegaConf node (for printing, or for a caller that derives keys).
 
-    Merge order: ``schema`` defaults, then ``configs/<preset>.yaml``, then ``config_file``, then
+    Merge order: ``schema`` defaults, then ``pipeline/presets/<preset>.yaml``, then ``config_file``, then
     ``overrides`` (``["train.workers=2", ...]``). Values are validated against the dataclass
     types and choices. Raises ConfigError, also for a required key left without a value unless
     ``allow_missing``.
@@ -195,7 +203,8 @@ def resolve_config(
     cfg = OmegaConf.structured(schema)
     OmegaConf.set_struct(cfg, True)
     if preset:
-        layer = _select_preset(_load_yaml(preset_path(preset)), schema, preset)
+        with resources.as_file(preset_path(preset)) as path:  # a real file even from a zipped package
+            layer = _select_preset(_load_yaml(path), schema, preset)
         cfg = _merge(cfg, layer, schema, f"preset {preset!r}")
     if config_file:
         cfg = _merge(cfg, _load_yaml(config_file), schema, str(config_file))

@@ -88,7 +88,7 @@ def to_options(model: ModelConfig) -> dict:
 
 
 def preset_options(name: str) -> dict:
-    """The options.json dict of preset ``name``'s model (``configs/<name>.yaml``), e.g. for a
+    """The options.json dict of preset ``name``'s model (``pipeline/presets/<name>.yaml``), e.g. for a
     randomly initialised model of a released size in a benchmark."""
     from pipeline.config import resolve_config, stage_schema, to_object
 

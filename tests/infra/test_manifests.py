@@ -4,17 +4,28 @@ Each ``python -m jobs.<stage> ...`` command found in a manifest (RayJob entrypoi
 lines of the cluster-launcher file), and each stage command shown in the README, is parsed by that
 stage's own argument parser and resolved against its config schema, so a renamed flag or config
 key breaks this test, not a cluster job or a newcomer's first command.
+
+The Ray version is pinned once, in pyproject.toml's ``cluster`` extra; the Dockerfile's base image,
+the RayJobs' ``rayVersion`` and every image tag in infra/ must name that same version.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import re
 import shlex
 from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pytest itself depends on tomli there
+    import tomli as tomllib
 
 from jobs.stage_args import flag_overrides, parse_stage_args
 from pipeline.config import resolve_config, stage_schema, to_object
@@ -23,6 +34,26 @@ INFRA = Path(__file__).resolve().parents[2] / "infra"
 REPO = INFRA.parent
 MANIFESTS = sorted(INFRA.glob("*.yaml"))
 SECRET_NAME = re.compile(r"(SECRET|KEY|TOKEN|PASSWORD)", re.IGNORECASE)
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+IMAGE_REPOSITORY = "ghcr.io/elmo-pipeline/elmo-pipeline"
+BASE_IMAGE = re.compile(
+    r"^FROM rayproject/ray:(?P<ray>[0-9.]+)-py(?P<py>3)(?P<minor>[0-9]+)-(?:gpu|cu[0-9]+)\s*$", re.M
+)
+"""The official Ray image, GPU flavour: ``rayproject/ray:<ray version>-py3XX-gpu`` (or ``-cuXXX``)."""
+
+
+def _ray_pin() -> str:
+    """The one exact Ray version: the ``ray==X`` requirement of the ``cluster`` extra."""
+    pins = [Requirement(r) for r in PROJECT["optional-dependencies"]["cluster"]]
+    (pin,) = [r for r in pins if r.name == "ray"]
+    (spec,) = pin.specifier
+    assert spec.operator == "==", f"the cluster extra must pin ray exactly, not {pin}"
+    return spec.version
+
+
+def _image_tag() -> str:
+    """The tag every manifest runs: ``<project version>-ray<pinned Ray version>``."""
+    return f"{IMAGE_REPOSITORY}:{PROJECT['version']}-ray{_ray_pin()}"
 
 
 def _job_commands(text: str) -> list[list[str]]:
@@ -121,12 +152,46 @@ def test_cluster_launcher_has_gpu_workers_and_no_inline_credentials():
 
 def test_dockerfile_copies_existing_paths_and_installs_the_project():
     text = (INFRA / "Dockerfile").read_text()
-    assert re.search(r"^FROM nvidia/cuda:", text, re.MULTILINE)
+    assert len(re.findall(r"^FROM ", text, re.MULTILINE)) == 1 and BASE_IMAGE.search(text)
+    # the Ray image runs as its non-root user `ray`; this one must not switch back to root
+    assert not re.findall(r"^USER (?!ray\b)", text, re.MULTILINE), "the image must run as the user `ray`"
     for line in re.findall(r"^COPY (.+)$", text, re.MULTILINE):
-        *sources, _dest = line.split()
+        *sources, _dest = [part for part in line.split() if not part.startswith("--")]
         for source in sources:
             assert (REPO / source).exists(), source
-    assert "pip install -e ." in text
+    # a regular install (the wheel carries the presets), with the cluster extra's Ray pin
+    assert 'pip install ".[cluster]"' in text and "pip install -e" not in text
+
+
+def test_ray_version_is_pinned_once_and_agrees_everywhere():
+    pin = _ray_pin()
+    (ray,) = [Requirement(r) for r in PROJECT["dependencies"] if Requirement(r).name == "ray"]
+    assert pin in ray.specifier, f"ray=={pin} does not meet the package's own bound {ray}"
+
+    dockerfile = (INFRA / "Dockerfile").read_text()
+    base = BASE_IMAGE.search(dockerfile)
+    assert base["ray"] == pin, f"Dockerfile base image has Ray {base['ray']}, pyproject pins {pin}"
+    python = f"{base['py']}.{base['minor']}"
+    assert python in SpecifierSet(PROJECT["requires-python"]), (
+        f"the base image's Python {python} is unsupported"
+    )
+    assert f"-t {_image_tag()} " in dockerfile, "the Dockerfile's build command names another tag"
+
+    rayjobs = [p for p in MANIFESTS if p.name.startswith("rayjob-")]
+    assert rayjobs
+    for path in rayjobs:
+        doc = yaml.safe_load(path.read_text())
+        assert doc["spec"]["rayClusterSpec"]["rayVersion"] == pin, path.name
+        for container in _containers(doc):
+            assert container["image"] == _image_tag(), f"{path.name}: {container['name']}"
+    launcher = yaml.safe_load((INFRA / "cluster-gpu.yaml").read_text())
+    assert launcher["docker"]["image"] == _image_tag(), "cluster-gpu.yaml runs another image"
+
+
+def test_tests_run_the_clusters_ray():
+    """The dev extra installs the cluster extra: what the tests exercise is what the cluster runs."""
+    assert "elmo-pipeline[cluster]" in PROJECT["optional-dependencies"]["dev"]
+    assert importlib.metadata.version("ray") == _ray_pin()
 
 
 def test_local_s3_script_runs_the_project_module():

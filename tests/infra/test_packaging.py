@@ -1,0 +1,195 @@
+"""The built wheel carries everything the ``elmo`` CLI needs.
+
+The wheel is built from a copy of the sources (so the checkout gets no ``build/`` folder), installed
+with ``--no-deps`` into a fresh virtualenv outside the checkout that sees this environment's
+dependencies through a ``.pth`` file, and run from a directory outside the checkout with no
+``PYTHONPATH``: ``elmo config`` must find the presets and a short ``elmo pipeline`` (its own embedded
+Ray cluster, local storage) must run end to end, all from the installed package, none of it from the
+repository's sources.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import itertools
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pytest itself depends on tomli there
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parents[2]
+PRESETS = sorted(p.stem for p in (REPO / "pipeline" / "presets").glob("*.yaml"))
+ENV_DROPPED = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "RAY_ADDRESS")
+"""Variables that would let a subprocess import the checkout or join another Ray cluster."""
+
+
+def _run(argv: list, cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _source_copy(dest: Path) -> Path:
+    """What the build backend reads: pyproject.toml, the readme and the packages it finds."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    include = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    dest.mkdir()
+    shutil.copy2(REPO / "pyproject.toml", dest)
+    shutil.copy2(REPO / project["project"]["readme"], dest)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for path in REPO.iterdir():
+        if path.is_dir() and any(fnmatch.fnmatch(path.name, pattern) for pattern in include):
+            shutil.copytree(path, dest / path.name, ignore=ignore)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """``(wheel, venv, purelib, env, workdir)``: the wheel built and installed in a fresh venv."""
+    root = tmp_path_factory.mktemp("packaging")
+    src, dist, venv, work = _source_copy(root / "src"), root / "dist", root / "venv", root / "work"
+    build = _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q"]
+        + ["-w", dist, src],
+        root,
+        dict(os.environ),
+        300,
+    )
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    (wheel,) = dist.glob("elmo_pipeline-*.whl")
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = Path(
+        subprocess.check_output(
+            [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], text=True
+        ).strip()
+    )
+    # this environment's dependencies (and pip) without reinstalling them: a .pth path line appends
+    # them after the fresh venv's own site-packages and, unlike a site dir, runs none of their .pth
+    # files, so the checkout's editable install stays invisible
+    deps = dict.fromkeys(
+        [*site.getsitepackages(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]
+    )
+    assert str(REPO) not in deps, "the checkout itself must not be on the fresh venv's path"
+    (purelib / "_elmo_test_deps.pth").write_text("".join(f"{d}\n" for d in deps))
+
+    work.mkdir()
+    state = root / "home-state"
+    env = {k: v for k, v in os.environ.items() if k not in ENV_DROPPED}
+    env |= {
+        "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+        "RAY_AUTH_MODE": "disabled",  # no ~/.ray/auth_token for the embedded cluster
+        "MPLCONFIGDIR": str(state / "matplotlib"),
+        "WANDB_CONFIG_DIR": str(state / "wandb-config"),
+        "WANDB_CACHE_DIR": str(state / "wandb-cache"),
+        "WANDB_DATA_DIR": str(state / "wandb-data"),
+    }
+    install = _run([python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel], work, env, 300)
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    return wheel, venv, purelib, env, work
+
+
+def test_wheel_carries_presets_sample_corpus_and_an_spdx_license(installed):
+    wheel = installed[0]
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        headers = zf.read(metadata).decode()
+    assert {"tiny", "small", "medium", "original"} <= set(PRESETS)
+    assert {n for n in names if n.startswith("pipeline/presets/")} == {
+        f"pipeline/presets/{name}.yaml" for name in PRESETS
+    }
+    assert "pipeline/data/kjv-sample.txt.gz" in names
+    assert "License-Expression: Apache-2.0" in headers.splitlines()
+
+
+def test_installed_cli_reads_its_presets_outside_the_checkout(installed):
+    _, venv, purelib, env, work = installed
+    probe = _run(
+        [
+            venv / "bin" / "python",
+            "-c",
+            "import json, elmo_model, jobs.cli, pipeline.end_to_end as e, pipeline.config as c;"
+            "print(json.dumps({'modules': [elmo_model.__file__, jobs.cli.__file__, e.__file__],"
+            " 'sample': str(e.SAMPLE_CORPUS), 'presets': c.preset_names()}))",
+        ],
+        work,
+        env,
+        120,
+    )
+    assert probe.returncode == 0, probe.stderr
+    found = json.loads(probe.stdout)
+    for path in [*found["modules"], found["sample"]]:
+        assert Path(path).resolve().is_relative_to(purelib.resolve()), path
+    assert Path(found["sample"]).is_file()
+    assert found["presets"] == PRESETS
+
+    result = _run([venv / "bin" / "elmo", "config", "train", "--preset", "tiny"], work, env, 120)
+    assert result.returncode == 0, result.stderr
+    printed = yaml.safe_load(result.stdout)
+    tiny = yaml.safe_load((purelib / "pipeline" / "presets" / "tiny.yaml").read_text())
+    assert _subset(tiny, printed), result.stdout
+    assert printed["model"]["lstm"]["projection_dim"] == 64 and printed["optimizer"]["name"] == "adam"
+
+    unknown = _run([venv / "bin" / "elmo", "config", "train", "--preset", "huge"], work, env, 120)
+    assert unknown.returncode != 0
+    assert f"known presets: {', '.join(PRESETS)}" in unknown.stderr, unknown.stderr
+
+
+def _subset(part, whole) -> bool:
+    """Whether every key of ``part`` has the same value in ``whole`` (nested mappings compared by key)."""
+    if isinstance(part, dict):
+        return isinstance(whole, dict) and all(k in whole and _subset(v, whole[k]) for k, v in part.items())
+    return part == whole
+
+
+def test_installed_pipeline_runs_from_another_directory(installed):
+    _, venv, purelib, env, work = installed
+    corpus = work / "slice.txt"
+    with gzip.open(purelib / "pipeline" / "data" / "kjv-sample.txt.gz", "rt", encoding="utf-8") as src:
+        corpus.write_text("".join(itertools.islice(src, 3000)), encoding="utf-8")
+    runs = work / "runs"
+    result = _run(
+        [
+            venv / "bin" / "elmo",
+            "pipeline",
+            "--preset",
+            "tiny",
+            f"storage={runs}",
+            "name=wheel",
+            f"corpus=[{corpus}]",
+            "shard.heldout_fraction=0.05",
+            "shard.progress=false",
+            "train.max_steps=12",
+            "train.eval_every=0",
+            "train.checkpoint_every=12",
+            "train.log_every=4",
+            "train.eval_max_batches=5",
+            "embed.progress=false",
+            "embed.lines_per_shard=100",
+        ],
+        work,
+        env,
+        400,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "held-out perplexity" in result.stdout
+    run = runs / "wheel"
+    for name in ("options.json", "weights.hdf5", "vocab.txt"):
+        assert (run / "train" / "export" / name).is_file(), name
+    assert json.loads((run / "embeddings" / "manifest.json").read_text())["shards"]
