@@ -486,12 +486,19 @@ class _S3Write(io.BufferedIOBase):
     def write(self, data) -> int:
         if self.closed:
             raise ValueError(f"{self.path}: write to a closed stream")
-        before = len(self.buffer)
-        self.buffer += data
-        size = len(self.buffer) - before
+        view = memoryview(data)
+        if view.ndim != 1 or view.format != "B":
+            view = view.cast("B")
+        size = view.nbytes
         self.written += size
-        while len(self.buffer) >= self._part_size():
-            self._start_part(self._part_size())
+        # a part at a time: torch.save hands over a whole multi-GB tensor in one write, and
+        # appending it to the buffer at once would hold a second copy of it in memory
+        while view.nbytes:
+            room = self._part_size() - len(self.buffer)
+            self.buffer += view[:room]
+            view = view[room:]
+            if len(self.buffer) >= self._part_size():
+                self._start_part(self._part_size())
         return size
 
     def _part_size(self) -> int:

@@ -11,7 +11,20 @@ Layout: ``RUN/checkpoints/step-000001250/`` holds
 - ``COMPLETE`` (rank 0, last, after every rank's file is written): ``{"step", "world_size"}``.
 
 A checkpoint counts only once ``COMPLETE`` exists, so a run killed while writing one resumes from
-the previous one. Files hold only tensors and plain containers and are read with
+the previous one.
+
+Saving is off the training step's critical path: at a save point every rank takes a snapshot of its
+parts (on a GPU the device-to-host copy is the snapshot; CPU tensors are copied, since training goes
+on changing them) and a background thread streams it with ``torch.save`` straight into
+``storage.open_write`` (a temp file + rename, or an S3 multipart upload), so no serialised copy is
+ever held in memory: a save costs about one state size of host memory, the snapshot. Rank 0's thread
+then waits until every rank's file exists and writes ``COMPLETE``; no collective runs in the thread
+(gloo and NCCL process groups are not safe to share with the training's collectives). The next save,
+the last step's save (which finishes before it returns) and ``wait()`` wait for the previous save
+and raise its error; ``restore`` first deletes the incomplete checkpoints an earlier attempt left,
+whose rank files rank 0 would otherwise count.
+
+Files hold only tensors and plain containers and are read with
 ``torch.load(weights_only=True)``: loading a checkpoint never runs code from it. Ray's own
 checkpoint storage is not used: the run directory must hold the checkpoints whether it is local or
 on S3 (through the one storage layer), and a rerun with the same name must find them without Ray's
@@ -25,12 +38,16 @@ import json
 import os
 import random
 import re
+import shutil
+import time
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from pipeline import storage
+from pipeline.background import in_thread
 from pipeline.train.distributed import barrier
 from pipeline.train.errors import TrainError
 
@@ -39,6 +56,8 @@ FORMAT = 2
 CHECKPOINTS = "checkpoints"
 MODEL_FILE = "model.pt"
 COMPLETE_FILE = "COMPLETE"
+RANKS_TIMEOUT_S = 1800.0
+"""How long rank 0 waits for the other ranks' files of a checkpoint before giving up on it."""
 _STEP_DIR = re.compile(r"step-(\d{9})$")
 
 
@@ -76,10 +95,11 @@ def latest_checkpoint(run_dir: str) -> str | None:
     return found[-1][1] if found else None
 
 
-def _to_bytes(payload: Any) -> bytes:
-    buf = io.BytesIO()
-    torch.save(payload, buf)
-    return buf.getvalue()
+def _save_file(file: str, payload: Any) -> None:
+    """``torch.save`` streamed into ``file``: each tensor goes from its memory to the file (or the
+    S3 upload's parts) as it is written, never into a serialised copy of the whole payload."""
+    with storage.open_write(file) as stream:
+        torch.save(payload, stream)
 
 
 def _from_bytes(data: bytes, where: str) -> Any:
@@ -95,12 +115,12 @@ def _from_bytes(data: bytes, where: str) -> Any:
 
 def save_model(path: str, payload: dict) -> None:
     """Rank 0's part (weights, optimizer, step, config)."""
-    storage.write_bytes(storage.join(path, MODEL_FILE), _to_bytes(payload))
+    _save_file(storage.join(path, MODEL_FILE), payload)
 
 
 def save_rank(path: str, rank: int, payload: dict) -> None:
     """One rank's part (data position, LSTM states, RNG states)."""
-    storage.write_bytes(storage.join(path, rank_file(rank)), _to_bytes(payload))
+    _save_file(storage.join(path, rank_file(rank)), payload)
 
 
 def mark_complete(path: str, step: int, world_size: int) -> None:
@@ -143,22 +163,39 @@ def prune(run_dir: str, keep: int) -> list[str]:
     if len(complete) <= keep:
         return []
     oldest_kept = complete[-keep][0] if keep > 0 else complete[-1][0] + 1
-    doomed = sorted(
-        {p.rstrip("/").rpartition("/")[0] for p in storage.list_prefix(checkpoints_root(run_dir) + "/")}
-    )
-    deleted = []
+    doomed = [path for step, path in _step_dirs(run_dir) if step < oldest_kept]
     for path in doomed:
-        match = _STEP_DIR.search(path)
-        if not match or int(match.group(1)) >= oldest_kept:
-            continue
-        # COMPLETE goes first so a half-deleted checkpoint is never taken for a usable one
-        files = storage.list_prefix(path + "/")
-        for file in sorted(files, key=lambda f: not f.endswith(COMPLETE_FILE)):
-            storage.delete(file)
-        if not storage.is_s3(path) and os.path.isdir(path):
-            os.rmdir(path)
-        deleted.append(path)
-    return deleted
+        delete_checkpoint(path)
+    return doomed
+
+
+def drop_incomplete(run_dir: str) -> list[str]:
+    """Delete every checkpoint directory without ``COMPLETE`` (what a killed attempt left); returns
+    their paths. Rank 0 counts a checkpoint's rank files to complete it, so a rerun must not find
+    an earlier attempt's files under a step it saves again."""
+    complete = {path for _, path in list_checkpoints(run_dir)}
+    doomed = [path for _, path in _step_dirs(run_dir) if path not in complete]
+    for path in doomed:
+        delete_checkpoint(path)
+    return doomed
+
+
+def _step_dirs(run_dir: str) -> list[tuple[int, str]]:
+    """Every checkpoint directory holding a file, complete or not, as ``(step, path)``, oldest first."""
+    parents = {p.rstrip("/").rpartition("/")[0] for p in storage.list_prefix(checkpoints_root(run_dir) + "/")}
+    found = [(int(m.group(1)), path) for path in parents if (m := _STEP_DIR.search(path))]
+    return sorted(found)
+
+
+def delete_checkpoint(path: str) -> None:
+    """Delete checkpoint directory ``path``, ``COMPLETE`` first, so that a half-deleted checkpoint is
+    never taken for a usable one."""
+    files = storage.list_prefix(path + "/")
+    for file in sorted(files, key=lambda f: not f.endswith(COMPLETE_FILE)):
+        storage.delete(file)
+    if not storage.is_s3(path) and os.path.isdir(path):
+        # listings skip the temp files of a write that a killed process left behind
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # ---- the parts a run saves ---------------------------------------------------------------------
@@ -206,6 +243,46 @@ class RNGStates:
         self.generator.set_state(state["sampler"])
 
 
+def snapshot(payload: Any) -> Any:
+    """A copy of ``payload`` that training can no longer change: every tensor copied to the CPU
+    (detached; a tensor met twice is copied once), dicts, lists and tuples rebuilt, anything else
+    (numbers, strings, bytes) kept. On a GPU the copy is the device-to-host transfer the file needs
+    anyway; on a CPU it is a second copy of the state, the price of saving while training goes on."""
+    memo: dict[int, torch.Tensor] = {}
+
+    def copy(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            if id(value) not in memo:
+                memo[id(value)] = value.detach().to("cpu", copy=True)
+            return memo[id(value)]
+        if isinstance(value, dict):
+            return {key: copy(item) for key, item in value.items()}
+        if type(value) in (list, tuple):
+            return type(value)(copy(item) for item in value)
+        return value
+
+    return copy(payload)
+
+
+def await_rank_files(path: str, world_size: int, timeout_s: float, poll_s: float = 0.05) -> None:
+    """Wait until every rank's file of checkpoint ``path`` exists (rank 0 marks it complete then).
+
+    Polls storage rather than joining a barrier: this runs in the saving thread, beside the training
+    step's collectives. A TimeoutError after ``timeout_s``: a rank that never writes its file was
+    lost, and another attempt may succeed (``launch`` retries what is not a PipelineError)."""
+    deadline = time.monotonic() + timeout_s
+    for rank in range(1, world_size):
+        file = storage.join(path, rank_file(rank))
+        while not storage.exists(file):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"checkpoint {path}: rank {rank}'s {rank_file(rank)} did not appear within "
+                    f"{timeout_s:g} s; was that worker lost?"
+                )
+            time.sleep(poll_s)
+            poll_s = min(2 * poll_s, 1.0)
+
+
 class Checkpointer:
     """Saves and restores a run's parts (``state_dict()`` of each) in ``run_dir``.
 
@@ -213,6 +290,11 @@ class Checkpointer:
     itself; ``meta``: facts rank 0 writes beside the shared parts (the model's options, which a
     restore checks, the config, the vocabulary for export). Saves every ``every`` steps and at the
     last step, keeping the newest ``keep`` checkpoints.
+
+    ``background`` (default): a save takes a snapshot and writes it in a thread while training goes
+    on (module docstring); otherwise it writes the parts themselves, streamed, before it returns
+    (no snapshot, so no extra memory, but the loop waits). ``ranks_timeout_s``: how long rank 0
+    waits for the other ranks' files.
     """
 
     def __init__(
@@ -225,32 +307,64 @@ class Checkpointer:
         shared: dict[str, Stateful],
         own: dict[str, Stateful],
         meta: dict[str, Any],
+        background: bool = True,
+        ranks_timeout_s: float = RANKS_TIMEOUT_S,
     ):
         self.run_dir, self.rank, self.world_size = run_dir, rank, world_size
         self.every, self.keep = every, keep
         self.shared, self.own, self.meta = shared, own, meta
+        self.background, self.ranks_timeout_s = background, ranks_timeout_s
+        self._pending: Future | None = None
 
     def due(self, step: int, last_step: bool) -> bool:
+        """Whether ``step`` saves. Also raises the error of a background save that failed since."""
+        if self._pending is not None and self._pending.done():
+            self.wait()
         return last_step or step % self.every == 0
 
     def save(self, step: int, last_step: bool = False) -> bool:
-        """Save the checkpoint of ``step`` if one is due; every rank calls it alike (it waits for
-        all ranks before marking the checkpoint complete). Returns whether it saved."""
+        """Save the checkpoint of ``step`` if one is due; every rank calls it alike. Returns whether
+        it saved. It first waits for the previous save (raising its error); in the background
+        mode it returns once the snapshot is taken, except at the last step, whose checkpoint is
+        complete (rank 0) or written (other ranks) when it returns."""
         if not self.due(step, last_step):
             return False
+        self.wait()
         path = checkpoint_path(self.run_dir, step)
-        save_rank(path, self.rank, {name: part.state_dict() for name, part in self.own.items()})
-        if self.rank == 0:
-            shared = {name: part.state_dict() for name, part in self.shared.items()}
-            save_model(path, {**self.meta, **shared, "step": step, "format": FORMAT})
-        barrier()
-        if self.rank == 0:
-            mark_complete(path, step, self.world_size)
-            prune(self.run_dir, self.keep)
+        own = {name: part.state_dict() for name, part in self.own.items()}
+        shared = {name: part.state_dict() for name, part in self.shared.items()} if self.rank == 0 else {}
+        if not self.background or last_step:
+            self._write(path, step, own, shared)
+            return True
+        own, shared = snapshot(own), snapshot(shared)
+        self._pending = in_thread(lambda: self._write(path, step, own, shared), name=f"checkpoint-{step}")
         return True
 
+    def _write(self, path: str, step: int, own: dict, shared: dict) -> None:
+        """This rank's files of checkpoint ``path``; rank 0 then completes it and prunes."""
+        save_rank(path, self.rank, own)
+        if self.rank != 0:
+            return
+        save_model(path, {**self.meta, **shared, "step": step, "format": FORMAT})
+        await_rank_files(path, self.world_size, self.ranks_timeout_s)
+        mark_complete(path, step, self.world_size)
+        prune(self.run_dir, self.keep)
+
+    def wait(self) -> None:
+        """Wait for the save in flight, if any; raises the error it failed with."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
     def restore(self) -> int | None:
-        """Load every part from the newest complete checkpoint; returns its step (None: no checkpoint)."""
+        """Load every part from the newest complete checkpoint; returns its step (None: no checkpoint).
+
+        Every rank calls it before training: rank 0 first deletes incomplete checkpoints, and all
+        ranks meet at a barrier before any of them can save again."""
+        self.wait()
+        if self.rank == 0:
+            drop_incomplete(self.run_dir)
+        barrier()
         path = latest_checkpoint(self.run_dir)
         if path is None:
             return None
@@ -263,7 +377,8 @@ class Checkpointer:
         if payload["options"] != self.meta["options"]:
             raise CheckpointError(f"checkpoint {path} holds a different model than the config asks for")
         for name, part in self.shared.items():
-            part.load_state_dict(payload[name])
+            if name in payload or not getattr(part, "optional", False):
+                part.load_state_dict(payload[name])
         mine = load_rank(path, self.rank, self.world_size)
         for name, part in self.own.items():
             part.load_state_dict(mine[name])

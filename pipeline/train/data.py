@@ -6,7 +6,9 @@ Pieces, from the shard up:
   ``pipeline.shard_format.read_shard``); :func:`wrap_sentences` lays them out in reading order,
   each wrapped as ``[<S>] + w + [</S>]`` (reversed stream: ``[</S>] + reversed(w) + [<S>]``).
 - :class:`SentenceSource` is one direction's endless (training) or one-pass (test) sentence
-  generator for one rank, with a small resumable position.
+  generator for one rank, with a small resumable position. When it starts a shard it reads and
+  lays out the next shard of its order in a background thread, so a shard boundary does not stall
+  the step loop (the layout is a function of the position alone: the batches are the same).
 - :class:`RowStreams` is bilm-tf's ``_get_batch``: B rows, each owning a current-sentence buffer,
   cut into windows of U tokens.
 - :class:`LMBatchStream` pairs a forward and an independently shuffled reversed stream and yields
@@ -23,6 +25,7 @@ same on every rank and uneven shards cannot hang DDP.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +33,7 @@ import numpy as np
 import torch
 
 from pipeline import shard_format
+from pipeline.background import in_thread
 from pipeline.train.char_cache import CharCache
 
 BOS_ID, EOS_ID, UNK_ID = (
@@ -205,6 +209,10 @@ class SentenceSource:
 
     Position: ``pass_index``, ``shard_pos`` (index into this pass's shard order) and ``offset``
     (sentences already handed out from that shard).
+
+    ``prefetch`` (default): on starting a shard, read and lay out the next one of the order in a
+    thread (one shard ahead, so at most two shards' layouts are held); a read error surfaces when
+    that shard is needed. Without it every shard is read when the stream reaches it.
     """
 
     def __init__(
@@ -220,6 +228,7 @@ class SentenceSource:
         test: bool = False,
         sizes: Sequence[tuple[int, int]] | None = None,
         reader: Callable[..., ShardSentences] = read_shard_sentences,
+        prefetch: bool = True,
     ):
         if not urls:
             raise ValueError("SentenceSource: no shards to read")
@@ -235,9 +244,12 @@ class SentenceSource:
         self.reverse, self.test = reverse, test
         self.sizes = list(sizes) if sizes is not None else None
         self.reader = reader
+        self.prefetch = prefetch
         self.shards, self.stride = rank_shards(len(self.urls), rank, world_size)
         self.pass_index = self.shard_pos = self.offset = 0
         self._loaded: tuple[tuple[int, int], WrappedSentences] | None = None
+        self._ahead: tuple[tuple[int, int], Future] | None = None
+        """The next shard's position and its layout, read in a thread."""
         self._empty_in_a_row = 0
 
     def shard_order(self, pass_index: int) -> list[int]:
@@ -247,20 +259,42 @@ class SentenceSource:
         perm = _rng(self.seed, self.stream, _SHARD_ORDER_TAG, pass_index).permutation(len(self.shards))
         return [self.shards[i] for i in perm.tolist()]
 
-    def _load(self) -> WrappedSentences:
-        where = (self.pass_index, self.shard_pos)
-        if self._loaded is not None and self._loaded[0] == where:
-            return self._loaded[1]
-        shard = self.shard_order(self.pass_index)[self.shard_pos]
+    def _read(self, where: tuple[int, int]) -> WrappedSentences:
+        """The layout of the shard at ``where`` = (pass, index into its order): read, decoded and
+        shuffled. A function of ``where`` alone, so it may run in a thread ahead of the stream."""
+        pass_index, shard_pos = where
+        shard = self.shard_order(pass_index)[shard_pos]
         expected = self.sizes[shard] if self.sizes is not None else None
         sentences = self.reader(self.urls[shard], self.vocab_size, self.stride, expected)
         n = sentences.lengths.shape[0]
         if self.test:
             order = np.arange(n)
         else:
-            order = _rng(self.seed, self.stream, _SENTENCE_ORDER_TAG, self.pass_index, shard).permutation(n)
-        wrapped = wrap_sentences(sentences, order, self.reverse)
+            order = _rng(self.seed, self.stream, _SENTENCE_ORDER_TAG, pass_index, shard).permutation(n)
+        return wrap_sentences(sentences, order, self.reverse)
+
+    def _following(self, where: tuple[int, int]) -> tuple[int, int] | None:
+        """The position of the shard after ``where`` (None: the end of a test pass)."""
+        if where[1] + 1 < len(self.shards):
+            return where[0], where[1] + 1
+        return None if self.test else (where[0] + 1, 0)
+
+    def _read_ahead(self, where: tuple[int, int]) -> None:
+        following = self._following(where)
+        if not self.prefetch or following is None:
+            return
+        self._ahead = (following, in_thread(lambda: self._read(following), "shard-prefetch"))
+
+    def _load(self) -> WrappedSentences:
+        where = (self.pass_index, self.shard_pos)
+        if self._loaded is not None and self._loaded[0] == where:
+            return self._loaded[1]
+        # a read ahead for another position (the stream was moved by set_position) is dropped
+        ahead, self._ahead = self._ahead, None
+        wrapped = ahead[1].result() if ahead is not None and ahead[0] == where else self._read(where)
         self._loaded = (where, wrapped)
+        self._read_ahead(where)
+        n = wrapped.n_sentences
         self._empty_in_a_row = 0 if n else self._empty_in_a_row + 1
         if not self.test and self._empty_in_a_row >= len(self.shards):
             raise ValueError(
@@ -426,6 +460,7 @@ class LMBatchStream:
     Test (``test=True``, held-out evaluation as ``run_test``): every sentence of the rank's shards
     once in a fixed order, both directions aligned, each row a continuous stream; it stops at the
     first batch that cannot be filled (that partial batch is dropped).
+    ``prefetch``: each direction reads its next shard ahead in a thread (:class:`SentenceSource`).
     """
 
     def __init__(
@@ -441,6 +476,7 @@ class LMBatchStream:
         test: bool = False,
         sizes: Sequence[tuple[int, int]] | None = None,
         reader: Callable[..., ShardSentences] = read_shard_sentences,
+        prefetch: bool = True,
     ):
         if unroll_steps < 1:
             raise ValueError(f"unroll_steps must be >= 1, got {unroll_steps}")
@@ -460,6 +496,7 @@ class LMBatchStream:
                     test=test,
                     sizes=sizes,
                     reader=reader,
+                    prefetch=prefetch,
                 ),
                 batch_size,
             )
@@ -551,6 +588,7 @@ def open_lm_batches(
     seed: int = 0,
     test: bool = False,
     manifest: dict | None = None,
+    prefetch: bool = True,
 ) -> LMBatchStream:
     """An :class:`LMBatchStream` over ``split`` (``train`` / ``heldout``) of a shard directory,
     checking each shard against the manifest's sentence and token counts as it is read."""
@@ -574,6 +612,7 @@ def open_lm_batches(
         seed=seed,
         test=test,
         sizes=sizes,
+        prefetch=prefetch,
     )
 
 

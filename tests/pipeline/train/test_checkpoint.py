@@ -1,4 +1,6 @@
 import os
+import threading
+import time
 
 import pytest
 import torch
@@ -130,3 +132,142 @@ def test_a_checkpoint_that_would_run_code_is_refused(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match="tampered with"):
         ckpt.load_model(path)
     assert not marker.exists()
+
+
+# ---- saving in the background ------------------------------------------------------------------
+
+
+class _Tensor:
+    """A part whose state_dict hands out its live tensor, as a module's or an optimizer's does."""
+
+    def __init__(self, values):
+        self.tensor = torch.tensor(values, dtype=torch.float32)
+
+    def state_dict(self):
+        return {"t": self.tensor}
+
+    def load_state_dict(self, state):
+        self.tensor.copy_(state["t"])
+
+
+def _checkpointer(run, part, rank=0, world=1, **kwargs):
+    return ckpt.Checkpointer(
+        run,
+        rank,
+        world,
+        every=10,
+        keep=2,
+        shared={"w": part},
+        own={"d": part},
+        meta={"options": {}},
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def gated_writes(monkeypatch):
+    """Holds every checkpoint file write until the returned event is set."""
+    gate = threading.Event()
+    save_file = ckpt._save_file
+
+    def held(file, payload):
+        assert gate.wait(timeout=30)
+        save_file(file, payload)
+
+    monkeypatch.setattr(ckpt, "_save_file", held)
+    yield gate
+    gate.set()
+
+
+def test_a_background_save_holds_the_state_of_its_step(tmp_path, gated_writes):
+    run = str(tmp_path / "run")
+    part = _Tensor([1.0, 2.0])
+    saver = _checkpointer(run, part)
+    assert saver.save(10)  # returns with the files still to be written
+    part.tensor.add_(100.0)  # training goes on changing the live tensors
+    assert ckpt.list_checkpoints(run) == []
+    gated_writes.set()
+    saver.wait()
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [10]
+    assert _checkpointer(run, part).restore() == 10 and part.tensor.tolist() == [1.0, 2.0]
+
+
+def test_a_failed_background_save_raises_in_the_loop_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    run = str(tmp_path / "run")
+    part = _Tensor([1.0])
+    saver = _checkpointer(run, part)
+    saver.save(10)
+    saver.wait()
+    failed = threading.Event()
+
+    def broken(file, payload):
+        failed.set()
+        raise storage.StorageError(f"{file}: connection reset")
+
+    monkeypatch.setattr(ckpt, "_save_file", broken)
+    assert saver.save(20)
+    assert failed.wait(timeout=30)
+    # the original error (a StorageError: launch retries those) at the loop's next question
+    with pytest.raises(storage.StorageError, match="rank-00000.pt: connection reset"):
+        for step in range(21, 30):
+            saver.due(step, last_step=False)
+            time.sleep(0.01)
+    saver.wait()  # raised once
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [10]
+
+
+def test_rank_zero_completes_a_checkpoint_once_every_rank_wrote_its_file(tmp_path):
+    run = str(tmp_path / "run")
+    zero, one = _checkpointer(run, _Tensor([0.0]), 0, 2), _checkpointer(run, _Tensor([1.0]), 1, 2)
+    zero.save(10)
+    time.sleep(0.3)
+    assert ckpt.list_checkpoints(run) == []  # rank 0's files are written; rank 1's is missing
+    one.save(10)
+    one.wait()
+    zero.wait()
+    path = ckpt.checkpoint_path(run, 10)
+    assert ckpt.list_checkpoints(run) == [(10, path)]
+    assert [ckpt.load_rank(path, r, 2)["d"]["t"].tolist() for r in (0, 1)] == [[0.0], [1.0]]
+    # the last step's save waits: once rank 0's returns, the checkpoint is complete
+    assert one.save(13, last_step=True) and zero.save(13, last_step=True)
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [10, 13]
+
+
+def test_rank_zero_gives_up_on_a_rank_that_never_writes(tmp_path):
+    run = str(tmp_path / "run")
+    zero = _checkpointer(run, _Tensor([0.0]), 0, 2, ranks_timeout_s=0.2)
+    zero.save(10)
+    with pytest.raises(TimeoutError, match="rank 1's rank-00001.pt did not appear within 0.2 s"):
+        zero.wait()
+    assert ckpt.list_checkpoints(run) == []
+
+
+def test_restore_drops_the_incomplete_checkpoints_of_an_earlier_attempt(tmp_path):
+    run = str(tmp_path / "run")
+    part = _Tensor([5.0])
+    _checkpointer(run, part).save(10, last_step=True)
+    stale = ckpt.checkpoint_path(run, 20)
+    ckpt.save_rank(stale, 1, {"d": {"t": torch.zeros(1)}})  # killed before rank 0 completed it
+    (tmp_path / "run" / "checkpoints" / "step-000000020" / ".model.pt.0a1b.elmo-partial").write_bytes(b"x")
+    part.tensor.zero_()
+    assert _checkpointer(run, part).restore() == 10 and part.tensor.tolist() == [5.0]
+    assert not os.path.exists(stale)
+
+
+def test_background_checkpoint_streams_to_s3_in_parts(s3_prefix):
+    run = storage.join(s3_prefix, "run")
+    part = _Tensor([0.0])
+    part.tensor = torch.arange(3 * 1024 * 1024, dtype=torch.float32)  # 12 MiB: a multipart upload
+    saver = _checkpointer(run, part)
+    saver.save(10)
+    saver.wait()
+    assert ckpt.load_model(ckpt.latest_checkpoint(run))["w"]["t"].equal(part.tensor)
+
+
+def test_snapshot_copies_tensors_once_and_rebuilds_containers():
+    shared = torch.ones(2)
+    payload = {"a": shared, "b": [shared, (1, "x")], "c": b"vocab"}
+    copy = ckpt.snapshot(payload)
+    shared.add_(1.0)
+    assert copy["a"].tolist() == [1.0, 1.0] and copy["b"][0] is copy["a"]
+    assert copy["b"][1] == (1, "x") and copy["c"] == b"vocab" and copy["b"] is not payload["b"]

@@ -3,7 +3,9 @@ resumable positions, rank splits and the per-epoch step count."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -22,6 +24,7 @@ from pipeline.train.data import (
     load_char_cache,
     open_lm_batches,
     rank_sentence_count,
+    read_shard_sentences,
     steps_per_epoch,
 )
 
@@ -323,3 +326,84 @@ def test_lm_batch_stream_checks_arguments(fixture_dir, cache):
         LMBatchStream(urls, cache, 2, 2, rank=2, world_size=2)
     with pytest.raises(ValueError, match="no shards to read"):
         LMBatchStream([], cache, 2, 2)
+
+
+# ---- reading the next shard ahead ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rank,world_size,test", [(0, 1, False), (1, 2, False), (0, 1, True), (1, 3, True)])
+def test_prefetched_stream_equals_the_synchronous_one(tmp_path, vocab, cache, rank, world_size, test):
+    many_shards_dir(str(tmp_path), vocab, n_shards=4)
+
+    def stream(prefetch):
+        return open_lm_batches(
+            str(tmp_path),
+            "train",
+            cache,
+            2,
+            3,
+            rank=rank,
+            world_size=world_size,
+            seed=4,
+            test=test,
+            prefetch=prefetch,
+        )
+
+    n = 40  # several passes for a training stream, the whole pass for a test one
+    expected = list(itertools.islice(stream(False), n))
+    assert_same_batches(list(itertools.islice(stream(True), n)), expected)
+
+
+def test_prefetched_stream_resumes_exactly(tmp_path, vocab, cache):
+    many_shards_dir(str(tmp_path), vocab)
+
+    def stream(prefetch):
+        return open_lm_batches(str(tmp_path), "train", cache, 3, 4, seed=3, prefetch=prefetch)
+
+    reference = stream(False)
+    take(reference, 6)
+    state = json.loads(json.dumps(reference.state_dict()))
+    expected = take(reference, 25)
+    resumed = stream(True)
+    take(resumed, 11)  # its read-ahead is for another shard than the saved position needs
+    resumed.load_state_dict(state)
+    assert_same_batches(take(resumed, 25), expected)
+    assert resumed.state_dict() == reference.state_dict()
+
+
+class RecordingReader:
+    """``read_shard_sentences`` that records which thread read which shard, and fails on ``fail``."""
+
+    def __init__(self, fail: str | None = None):
+        self.calls: list[tuple[str, str]] = []
+        self.fail = fail
+
+    def __call__(self, url, *args):
+        self.calls.append((url.rsplit("/", 1)[-1], threading.current_thread().name))
+        if url == self.fail:
+            raise shard_format.FormatError(f"shard {url}: broken")
+        return read_shard_sentences(url, *args)
+
+
+def test_the_next_shard_is_read_in_a_thread_when_a_shard_starts(tmp_path, vocab):
+    many_shards_dir(str(tmp_path), vocab)
+    urls = shard_format.shard_urls(str(tmp_path), "train")
+    reader = RecordingReader()
+    source = SentenceSource(urls, len(vocab), test=True, reader=reader)
+    source.next_sentence()
+    source._ahead[1].result()  # the read ahead has finished
+    names = [u.rsplit("/", 1)[-1] for u in urls]
+    assert reader.calls == [(names[0], threading.current_thread().name), (names[1], "shard-prefetch")]
+    source_sentences(source, 7)  # into the second shard: the third is read ahead, nothing read twice
+    source._ahead[1].result()
+    assert [name for name, _ in reader.calls] == names
+    assert source_sentences(source, 20)[-1] is None and len(reader.calls) == 3  # no read past a test pass
+
+
+def test_a_failed_read_ahead_raises_where_its_shard_is_needed(tmp_path, vocab):
+    many_shards_dir(str(tmp_path), vocab)
+    urls = shard_format.shard_urls(str(tmp_path), "train")
+    source = SentenceSource(urls, len(vocab), test=True, reader=RecordingReader(fail=urls[1]))
+    assert None not in source_sentences(source, 7)  # the whole first shard, though its successor failed
+    with pytest.raises(shard_format.FormatError, match="train-000001.tar: broken"):
+        source.next_sentence()
