@@ -9,8 +9,9 @@
 #   2. benchmarks/train_step.py --device cuda: small and original, bf16 and float32, batch 128 up,
 #      with a profiler kernel summary of original bf16 at batch 128
 #   3. a real run through Ray Train: shard the sample corpus, 300 steps of small on 1 GPU (NCCL,
-#      bf16), a rerun to 400 steps that resumes, the export loaded on the CPU; 300 steps in float32
-#      with the same seed for the held-out perplexity comparison
+#      bf16, the divergence guard on), a rerun to 400 steps that resumes, the export loaded on the
+#      CPU; 300 steps in float32 with the same seed for the held-out perplexity comparison
+#   5. checkpoints and shard reads off the critical path (issue 14): train_step.py --tables io
 set -u
 out=${1:?usage: gpu_train_session.sh OUTDIR}
 mkdir -p "$out"
@@ -41,14 +42,16 @@ step() {  # step NAME SECONDS CMD...: run with a limit, log to logs/NAME.txt, ne
 if [ "$device" = cuda ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
     gpu="use_gpu=true"
-    bench=(--device cuda --json "$logs/train_step.json" --profile "$logs/profile" --steps 10 --warmup 5)
-    sizes=(--batch-sizes 128,256,512,1024,2048)
+    bench=(--device cuda --json "$logs/train_step.json" --steps 10 --warmup 5)
+    sizes=(--batch-sizes 128,512,2048)
     small_sizes=(--batch-sizes 128,1024)
+    io=(--device cuda --tables io --checkpoint-batch-size 128 --memory-presets original --memory-vocabs 793471)
 else
     gpu="use_gpu=false threads_per_worker=2"
     bench=(--device cpu --steps 1 --warmup 1 --workers 1)
     sizes=()
     small_sizes=()
+    io=(--device cpu --tables io --checkpoint-steps 20 --checkpoint-every 10 --checkpoint-repeats 1 --memory-presets small --memory-vocabs 20000 --boundary-steps 100 --boundary-sentences 4000)
 fi
 $py -c "import torch, ray; print('torch', torch.__version__, 'ray', ray.__version__)"
 
@@ -58,21 +61,12 @@ if [ "$part" != run ]; then
     step train_check 60 $py benchmarks/gpu_train_check.py --device "$device"
 fi
 
-# 2. the step benchmark of original (its profile decides what to speed up next)
-if [ "$part" != run ]; then
-    if [ "$device" = cuda ]; then
-        step bench_original 150 $py benchmarks/train_step.py "${bench[@]}" --presets original "${sizes[@]}"
-    else
-        step bench_cpu 120 $py benchmarks/train_step.py "${bench[@]}"
-    fi
-fi
-
 # 3. the Ray Train run
 if [ "$part" != bench ]; then
 train() {  # train NAME LIMIT STEPS [key=value ...]
     local name=$1 limit=$2 steps=$3; shift 3
     step "$name" "$limit" $py -m jobs.cli train --shards "$work/shards" --output "$work/$name" --preset small \
-        --workers 1 $gpu --max-steps "$steps" wandb.mode=disabled log_every=100 seed=0 $extra "$@"
+        --workers 1 $gpu --max-steps "$steps" wandb.mode=disabled log_every=50 checkpoint_every=100 seed=0 $extra "$@"
 }
 step shard 40 $py -m jobs.cli shard --input pipeline/data/kjv-sample.txt.gz --output "$work/shards"
 train run_bf16 70 "$steps"
@@ -84,8 +78,20 @@ cp "$work/run_f32/metrics.jsonl" "$logs/run_f32.metrics.jsonl" 2>/dev/null
 step export_check 45 $py benchmarks/gpu_train_check.py --device "$device" --export "$work/run_bf16/export" --skip-step-checks
 fi
 
+# 2. the step benchmark of original (its profile decides what to speed up next)
+if [ "$part" != run ]; then
+    if [ "$device" = cuda ]; then
+        step bench_original 110 $py benchmarks/train_step.py "${bench[@]}" --presets original "${sizes[@]}"
+    else
+        step bench_cpu 120 $py benchmarks/train_step.py "${bench[@]}"
+    fi
+fi
+
+# 5. checkpoints and shard reads off the critical path
+[ "$part" != run ] && step io 80 $py benchmarks/train_step.py "${io[@]}"
+
 # 2. continued: small
-if [ "$device" = cuda ] && [ "$part" != run ]; then
+if [ "$device" = cuda ] && [ "$part" != run ] && [ "${SMALL:-0}" = 1 ]; then
     step bench_small 45 $py benchmarks/train_step.py --device cuda --json "$logs/train_step_small.json" \
         --presets small "${small_sizes[@]}" --modes graph --steps 10 --warmup 5
 fi
@@ -94,6 +100,13 @@ fi
     echo "== held-out perplexity at the end of each run (eval rows)"
     for f in "$logs"/run_*.metrics.jsonl; do
         echo "$(basename "$f"): $(grep '"kind": "eval"' "$f" | tail -n 1)"
+        $py - "$f" <<'PYEOF'
+import json, sys
+for row in map(json.loads, open(sys.argv[1])):
+    if "guard/perplexity_fwd" in row or row.get("kind") == "guard":
+        print(f"  {row['kind']:5} step {row['step']:4}: full-softmax guard fwd {row['guard/perplexity_fwd']:,.1f} "
+              f"bwd {row['guard/perplexity_bwd']:,.1f} {row.get('message', '')}")
+PYEOF
         echo "  $(grep -c '"event": "resume"' "$f") resume event(s); train rows at steps $(grep -o '"kind": "train", "step": [0-9]*' "$f" | grep -o '[0-9]*$' | tr '\n' ' ')"
     done
 } >>"$out/summary.txt"

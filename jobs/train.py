@@ -32,7 +32,9 @@ def build_parser():
     parser.add_argument(
         "--output", metavar="RUN_DIR_OR_S3", help="run directory: metrics, plot, checkpoints, export/"
     )
-    parser.add_argument("--preset", choices=preset_names(), help="model size and recipe from configs/")
+    parser.add_argument(
+        "--preset", choices=preset_names(), help="model size and recipe from pipeline/presets/"
+    )
     parser.add_argument("--workers", type=int, metavar="N", help="Ray Train workers (DDP ranks)")
     parser.add_argument(
         "--max-steps", dest="max_steps", type=int, metavar="N", help="stop after N steps (0 = n_epochs)"
@@ -42,12 +44,16 @@ def build_parser():
 
 
 def summary(final: dict, run_dir: str) -> str:
-    """One line: the end-of-run held-out perplexities and where the run landed."""
-    return (
+    """The end-of-run held-out perplexities and where the run landed; for an offline wandb run, a
+    second line with the command that uploads it."""
+    line = (
         f"trained to step {final.get('step')}: held-out perplexity {final['eval/perplexity']:.2f} "
         f"(fwd {final['eval/perplexity_fwd']:.2f}, bwd {final['eval/perplexity_bwd']:.2f}; "
         f"unigram {final['eval/unigram_perplexity']:.2f}); run directory {run_dir}"
     )
+    if final.get("wandb_sync"):
+        line += f"\nwandb (offline) uploads with: {final['wandb_sync']}"
+    return line
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -93,7 +93,7 @@ def summary(results: dict[str, Any]) -> str:
         f"shards      {results['shard'].output}",
         f"weights     {storage.join(run_dir, 'export', 'options.json')} + weights.hdf5",
         f"embeddings  {results['embed'].output}",
-        f"wandb run   {train.get('wandb_dir', storage.join(run_dir, 'wandb'))} (offline; `wandb sync` uploads it)",
+        *([f"wandb sync  {train['wandb_sync']}"] if train.get("wandb_sync") else []),
         f"plot        {storage.join(run_dir, 'perplexity.png')}",
         f"metrics     {storage.join(run_dir, 'metrics.jsonl')}",
         "=" * 72,

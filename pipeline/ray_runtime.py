@@ -28,6 +28,15 @@ from pipeline.cluster_watchdog import MARKER_VAR, Watchdog
 LOOPBACK = "127.0.0.1"
 
 
+_embedded = False
+
+
+def embedded() -> bool:
+    """Whether this process runs on an embedded cluster that `ray_session` started: one that never
+    grows (a joined cluster may autoscale, see ``pipeline.cluster_capacity``)."""
+    return _embedded
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind((LOOPBACK, 0))
@@ -41,6 +50,23 @@ def _say_dashboard(url: str | None, embedded: bool) -> None:
         print(f"ray dashboard: http://{url} ({where})", file=sys.stderr, flush=True)
 
 
+def _dashboard_installed() -> bool:
+    """Whether Ray's dashboard can start: a minimal Ray (``pip install ray``, no ``[default]``
+    extra) lacks its packages, and ``include_dashboard=True`` would then refuse to start Ray."""
+    try:
+        from ray._private.utils import get_dashboard_dependency_error
+    except ImportError:  # the helper moved: let Ray decide
+        return True
+    if get_dashboard_dependency_error() is None:
+        return True
+    print(
+        "ray dashboard: off (this Ray lacks the dashboard's packages: pip install 'ray[default]')",
+        file=sys.stderr,
+        flush=True,
+    )
+    return False
+
+
 @contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[None]:
     """Run the body with Ray initialised.
@@ -51,6 +77,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     gets a temp dir of its own and a watchdog (``pipeline.cluster_watchdog``) that stops it and
     removes that dir when the driver exits, however it exits.
     """
+    global _embedded
     if ray.is_initialized():
         yield
         return
@@ -66,11 +93,12 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
             watchdog = Watchdog(tempfile.mkdtemp(prefix="elmo-ray-", dir="/tmp"))
             os.environ[MARKER_VAR] = watchdog.marker  # inherited by every process of the cluster
             try:
+                dashboard = _dashboard_installed()
                 context = ray.init(
                     num_cpus=num_cpus,
                     # Ray Train's placement-group cleaner asks the State API (served by the
                     # dashboard) whether the controller lives; without it, it warns every second
-                    include_dashboard=True,
+                    include_dashboard=dashboard,
                     dashboard_host=LOOPBACK,
                     dashboard_port=_free_port(),
                     _temp_dir=watchdog.temp_dir,
@@ -82,9 +110,11 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         # Library components (Ray Train's controller, for one) look the cluster up again by address;
         # with several Ray clusters on one machine that lookup is ambiguous unless RAY_ADDRESS names ours.
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+        _embedded = watchdog is not None
         _say_dashboard(context.dashboard_url, embedded=watchdog is not None)
         yield
     finally:
+        _embedded = False
         ray.shutdown()
         if watchdog is not None:
             watchdog.stop()

@@ -117,6 +117,8 @@ class EmbedConfig:
     """Ray cluster address; empty: ``RAY_ADDRESS`` or an embedded local cluster."""
     num_cpus: int = 0
     """CPUs of an embedded local cluster; 0: all of this machine's."""
+    resources_timeout_s: float = 900.0
+    """On a cluster that autoscales, how long to wait for it to add the actors' resources."""
     stop_after_shards: int = 0
     """Testing only: stop the job once this many new shards are written, as if it had been killed
     (0: off). The rerun must then complete the output."""

@@ -8,15 +8,14 @@ only when every shard is complete.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-import ray
 from tqdm import tqdm
 
+from pipeline import cluster_capacity, ray_runtime
 from pipeline.config import UseGPU, to_dict
 from pipeline.embed import manifest
 from pipeline.embed.config import EmbedConfig, is_single_file
@@ -57,27 +56,29 @@ def run_settings(cfg, kind: str, paths: list[str], model_sha256: str) -> dict:
     }
 
 
-def gpus_per_worker(use_gpu: UseGPU, share: float) -> float:
-    """``share`` when actors should take GPUs (``auto``: the cluster has one), else 0."""
-    available = ray.cluster_resources().get("GPU", 0)
-    if use_gpu is UseGPU.true and not available:
-        raise EmbedError("use_gpu=true but the Ray cluster has no GPU; set use_gpu=auto or false")
-    return share if use_gpu is not UseGPU.false and available else 0.0
-
-
-def check_capacity(workers: int, cpus_per_worker: float, gpus: float, embedded: bool) -> None:
-    """An embedded cluster never grows: refuse a pool it cannot hold instead of waiting forever.
-    (A joined cluster may autoscale, so there the pool is left to Ray.)"""
+def gpus_per_worker(use_gpu: UseGPU, share: float, embedded: bool) -> float:
+    """``share`` when actors should take GPUs (``auto``: the cluster has one, or its autoscaler can
+    add one), else 0."""
+    if use_gpu is UseGPU.false:
+        return 0.0
+    available = cluster_capacity.cluster_resources().get("GPU", 0)
     if not embedded:
-        return
-    have = ray.cluster_resources()
-    for name, each in (("CPU", cpus_per_worker), ("GPU", gpus)):
-        if each and workers * each > have.get(name, 0):
-            raise EmbedError(
-                f"workers={workers} actors need {workers * each:g} {name}s but the local Ray cluster has "
-                f"{have.get(name, 0):g}; lower workers or "
-                + ("gpu_share" if name == "GPU" else "cpus_per_worker (or set num_cpus)")
-            )
+        available = max(available, (cluster_capacity.autoscaler_maximum() or {}).get("GPU", 0))
+    if use_gpu is UseGPU.true and not available and embedded:
+        raise EmbedError("use_gpu=true but the Ray cluster has no GPU; set use_gpu=auto or false")
+    return share if use_gpu is UseGPU.true or available else 0.0
+
+
+def check_capacity(cfg, workers: int, gpus: float, embedded: bool) -> None:
+    """The pool's resources, asked of an autoscaling cluster (``pipeline.cluster_capacity``);
+    refused at once on an embedded cluster too small for it, which never grows."""
+    bundle = {"CPU": cfg.cpus_per_worker, **({"GPU": gpus} if gpus else {})}
+    hint = "lower workers or " + ("gpu_share" if gpus else "cpus_per_worker (or set num_cpus)")
+    need = cluster_capacity.Need((bundle,) * workers, f"workers={workers} actors", hint)
+    try:
+        cluster_capacity.secure(need, embedded, cfg.resources_timeout_s)
+    except cluster_capacity.CapacityError as err:
+        raise EmbedError(str(err)) from None
 
 
 def settings_for(cfg, device: str) -> EmbedSettings:
@@ -158,11 +159,10 @@ def _run(job: _EmbedJob, guard: ClaimGuard) -> StageResult:
         file=sys.stderr,
     )
     with bar, ray_session(cfg.ray_address or None, cfg.num_cpus or None) if todo else nullcontext():
-        gpus = gpus_per_worker(cfg.use_gpu, cfg.gpu_share) if todo else 0.0
+        embedded = ray_runtime.embedded()
+        gpus = gpus_per_worker(cfg.use_gpu, cfg.gpu_share, embedded) if todo else 0.0
         if todo:
-            embedded = not (cfg.ray_address or os.environ.get("RAY_ADDRESS"))
-            workers = 1 if cfg.stateful else cfg.workers
-            check_capacity(workers, cfg.cpus_per_worker, gpus, embedded)
+            check_capacity(cfg, 1 if cfg.stateful else cfg.workers, gpus, embedded)
         settings = settings_for(cfg, "cuda" if gpus else "cpu")
         stream = embed_stream(todo, source, settings, target, cfg.workers, cfg.cpus_per_worker, gpus)
         for result in stream:

@@ -1,7 +1,7 @@
 """TrainConfig: everything ``elmo train`` reads, as a typed config (schema -> preset -> file -> key=value).
 
 Field defaults are the original bilm-tf recipe (docs/training.md#schedule-and-checkpoints) except where a default must be a path
-(``shards``, ``output``), which have no default. Presets in ``configs/*.yaml`` set the model size
+(``shards``, ``output``), which have no default. Presets in ``pipeline/presets/*.yaml`` set the model size
 and the recipe keys for that size. Each field is documented under it; each range rule is checked
 once, in ``TrainConfig.__post_init__``.
 """
@@ -38,7 +38,7 @@ class WandbMode(enum.Enum):
     offline = "offline"
     """The run lands in RUN_DIR/wandb; ``wandb sync`` uploads it."""
     online = "online"
-    """Needs WANDB_API_KEY."""
+    """Needs WANDB_API_KEY or ``wandb login``."""
     disabled = "disabled"
     """No wandb run."""
 
@@ -77,12 +77,44 @@ class SoftmaxConfig:
     """Exchange softmax gradients as (row ids, rows) between workers; false = dense all-reduce."""
 
 
+class OnDivergence(enum.Enum):
+    warn = "warn"
+    """Say so (console, metrics.jsonl, wandb) and train on."""
+    stop = "stop"
+    """Say so and end the run (status ``diverged``); its checkpoints stay."""
+    rollback = "rollback"
+    """Reload the last checkpoint saved before the divergence, scale the learning rate by
+    ``guard.lr_factor`` and train on; stop after ``guard.max_rollbacks``."""
+
+
+@dataclass
+class GuardConfig:
+    """The divergence guard (docs/training.md#divergence): a full-softmax perplexity of each
+    direction on a fixed held-out sample at every log interval."""
+
+    enabled: bool = True
+    """Measure the guard perplexities; false turns the guard off."""
+    batches: int = 16
+    """Held-out batches of each rank in the sample (``eval_batch_size`` rows x 1 token, scored as
+    the held-out evaluation scores them: the first ``batches`` tokens of every row)."""
+    factor: float = 3.0
+    """A direction diverges when its guard perplexity exceeds ``factor`` x its best so far."""
+    on_divergence: OnDivergence = OnDivergence.warn
+    """``warn`` (the default: rollbacks did not rescue the runs measured, docs/training.md#divergence),
+    ``stop`` or ``rollback``."""
+    lr_factor: float = 0.5
+    """Learning-rate multiplier each rollback applies (kept by later checkpoints and resumes)."""
+    max_rollbacks: int = 3
+    """Rollbacks before a run that keeps diverging stops."""
+
+
 @dataclass
 class WandbConfig:
     """Weights & Biases tracking."""
 
     mode: WandbMode = WandbMode.offline
-    """``offline`` (default; the run lands in RUN_DIR/wandb), ``online`` (needs WANDB_API_KEY) or ``disabled``."""
+    """``offline`` (default; the run lands in RUN_DIR/wandb, one directory per attempt, all under the
+    run's wandb id), ``online`` (needs WANDB_API_KEY or ``wandb login``) or ``disabled``."""
     project: str = "elmo-pipeline"
     """wandb project name."""
     entity: str = ""
@@ -149,6 +181,8 @@ class TrainConfig:
     (softmax.hdf5 + vocab.txt there are used too when the vocabulary is the same)."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """Weights & Biases tracking."""
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    """The divergence guard."""
     max_failures: int = 3
     """Times the run is started again after a worker is lost (each start resumes from the latest
     checkpoint); an error about the input or settings is never retried."""
@@ -156,6 +190,8 @@ class TrainConfig:
     """S3 endpoint URL; empty = ``AWS_ENDPOINT_URL`` or AWS's default."""
     ray_address: str = ""
     """Ray cluster to join; empty = ``RAY_ADDRESS`` or an embedded local cluster."""
+    resources_timeout_s: float = 900.0
+    """On a cluster that autoscales, how long to wait for it to add the workers' resources."""
 
     def __post_init__(self) -> None:
         check_rules(
@@ -165,6 +201,10 @@ class TrainConfig:
                 ("dropout", self.dropout, 0 <= self.dropout < 1, "in [0, 1)"),
                 ("softmax.negatives", self.softmax.negatives, self.softmax.negatives >= 1, ">= 1"),
                 ("optimizer.lr", self.optimizer.lr, self.optimizer.lr > 0, "> 0"),
+                ("guard.batches", self.guard.batches, self.guard.batches >= 1, ">= 1"),
+                ("guard.factor", self.guard.factor, self.guard.factor > 1, "> 1"),
+                ("guard.lr_factor", self.guard.lr_factor, 0 < self.guard.lr_factor < 1, "in (0, 1)"),
+                ("guard.max_rollbacks", self.guard.max_rollbacks, self.guard.max_rollbacks >= 0, ">= 0"),
                 (
                     "optimizer.warmup_steps",
                     self.optimizer.warmup_steps,

@@ -124,10 +124,23 @@ class Evaluator:
         """``eval/perplexity{,_fwd,_bwd}``, ``eval/unigram_perplexity``, ``eval/batches`` (all ranks)."""
         cfg = self.cfg
         max_batches = -(-cfg.eval_max_batches // self.world) if cfg.eval_max_batches else 0
-        sums = heldout_sums(lm, softmax, self.batches(), device, max_batches, autocast_dtype)
-        counts = torch.cat([sums.losses, torch.tensor([float(sums.batches)], dtype=torch.float64)])
-        total = all_reduce_sum(counts.to(device)).cpu()  # NCCL reduces only CUDA tensors
-        result = HeldoutSums(total[:3], int(total[3])).perplexities()
+        result = heldout_perplexities(lm, softmax, self.batches(), device, autocast_dtype, max_batches)
         result["eval/unigram_perplexity"] = self.unigram
-        result["eval/batches"] = int(total[3])
         return result
+
+
+def heldout_perplexities(
+    lm: TrainingLM,
+    softmax: SharedSoftmax,
+    batches: Iterable[LMBatch],
+    device: torch.device,
+    autocast_dtype,
+    max_batches: int = 0,
+) -> dict:
+    """`heldout_sums` of this rank's ``batches`` summed over the ranks (every rank calls it alike): ``eval/perplexity{,_fwd,_bwd}`` and ``eval/batches``."""
+    sums = heldout_sums(lm, softmax, batches, device, max_batches, autocast_dtype)
+    counts = torch.cat([sums.losses, torch.tensor([float(sums.batches)], dtype=torch.float64)])
+    total = all_reduce_sum(counts.to(device)).cpu()  # NCCL reduces only CUDA tensors
+    result = HeldoutSums(total[:3], int(total[3])).perplexities()
+    result["eval/batches"] = int(total[3])
+    return result

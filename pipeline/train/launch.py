@@ -20,14 +20,14 @@ import tempfile
 import time
 
 from elmo_model import BiLMOptions, OptionsError
-from pipeline import shard_format, storage
+from pipeline import cluster_capacity, ray_runtime, shard_format, storage
 from pipeline.config import UseGPU
 from pipeline.errors import PipelineError
 from pipeline.model_config import to_options
 from pipeline.stage_result import StageResult
 from pipeline.train import checkpoint as ckpt
 from pipeline.train import export as export_mod
-from pipeline.train.config import TrainConfig
+from pipeline.train.config import TrainConfig, WandbMode
 from pipeline.train.data import steps_per_epoch
 from pipeline.train.errors import TrainError
 from pipeline.train.evaluate import check_heldout_split
@@ -36,6 +36,7 @@ from pipeline.train.plan import RunPlan
 from pipeline.train.progress import MetricsFollower
 from pipeline.train.trainer import train_loop_per_worker
 from pipeline.train.unigram import heldout_unigram_perplexity
+from pipeline.train.wandb_run import new_wandb_id, sync_command
 
 RUN_FILE = "run.json"
 
@@ -76,20 +77,26 @@ def _model_options(cfg: TrainConfig) -> dict:
         raise TrainError(f"init_from {path}: {err}") from None
 
 
-def _claim_run_dir(run_dir: str, name: str) -> None:
+def _claim_run_dir(run_dir: str, name: str) -> str:
+    """Claim ``run_dir`` for run ``name`` (``run.json``), or check that it is this run's; returns the
+    run's wandb id, made at the first claim (a run claimed before ids existed gets one now)."""
     path = storage.join(run_dir, RUN_FILE)
     if storage.exists(path):
-        owner = json.loads(storage.read_bytes(path)).get("name")
+        claim = json.loads(storage.read_bytes(path))
+        owner = claim.get("name")
         if owner != name:
             raise TrainError(
                 f"run directory {run_dir} belongs to run {owner!r}; use name={owner} to resume it or another output"
             )
-        return
-    if ckpt.list_checkpoints(run_dir):
+        if claim.get("wandb_id"):
+            return claim["wandb_id"]
+    elif ckpt.list_checkpoints(run_dir):
         raise TrainError(
             f"run directory {run_dir} holds checkpoints but no {RUN_FILE}; choose another output"
         )
-    storage.write_bytes(path, json.dumps({"name": name}).encode())
+    wandb_id = new_wandb_id()
+    storage.write_bytes(path, json.dumps({"name": name, "wandb_id": wandb_id}).encode())
+    return wandb_id
 
 
 def prepare_run(cfg: TrainConfig) -> RunPlan:
@@ -121,7 +128,7 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
         )
     options = _model_options(cfg)
     name = cfg.name or run_dir.rstrip("/").rsplit("/", 1)[-1]
-    _claim_run_dir(run_dir, name)
+    wandb_id = _claim_run_dir(run_dir, name)
     return RunPlan(
         run_dir=run_dir,
         name=name,
@@ -134,43 +141,34 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
         options=options,
         init_from=storage.absolute(cfg.init_from),
         storage_endpoint=cfg.storage_endpoint,
+        wandb_id=wandb_id,
     )
 
 
-CLUSTER_QUERY_TIMEOUT_S = 60.0
-
-
-def _cluster_resources() -> dict:
-    """``ray.cluster_resources()``, asked on a helper thread: its GCS query has no timeout of its own,
-    and a stalled answer should not stall the run (Ray Train waits for resources anyway)."""
-    import threading
-
-    import ray
-
-    answer: dict = {}
-    query = threading.Thread(target=lambda: answer.update(ray.cluster_resources()), daemon=True)
-    query.start()
-    query.join(CLUSTER_QUERY_TIMEOUT_S)
-    if query.is_alive():
-        raise TrainError(f"the Ray cluster did not report its resources within {CLUSTER_QUERY_TIMEOUT_S:g} s")
-    return answer
-
-
-def _cluster_check(cfg: TrainConfig) -> bool:
-    """Whether to use GPUs; a TrainError when the cluster cannot hold the workers."""
-    resources = _cluster_resources()
-    workers, threads = cfg.workers, cfg.threads_per_worker
-    gpus = resources.get("GPU", 0)
-    use_gpu = {UseGPU.auto: gpus >= 1, UseGPU.true: True, UseGPU.false: False}[cfg.use_gpu]
-    if use_gpu and gpus < workers:
-        raise TrainError(f"workers={workers} need {workers} GPUs but the Ray cluster has {gpus:g}")
-    cpus = resources.get("CPU", 0)
-    need = workers * (1 if use_gpu else threads)
-    if cpus < need:
-        raise TrainError(
-            f"workers={workers} x threads_per_worker={threads} need {need} CPUs but the Ray cluster has {cpus:g}; "
-            "lower workers or threads_per_worker"
-        )
+def _cluster_check(cfg: TrainConfig, embedded: bool | None = None) -> bool:
+    """Whether to use GPUs, once the cluster holds the workers (an autoscaling cluster is asked for
+    them, see ``pipeline.cluster_capacity``); a TrainError when it cannot. ``embedded``: the
+    cluster never grows (default: whether this process started it)."""
+    embedded = ray_runtime.embedded() if embedded is None else embedded
+    try:
+        resources = cluster_capacity.cluster_resources()
+        most = cluster_capacity.autoscaler_maximum() or {}
+        gpus = max(resources.get("GPU", 0), 0 if embedded else most.get("GPU", 0))
+        use_gpu = {UseGPU.auto: gpus >= 1, UseGPU.true: True, UseGPU.false: False}[cfg.use_gpu]
+        workers, threads = cfg.workers, cfg.threads_per_worker
+        if use_gpu:
+            bundles = ({"GPU": 1.0, "CPU": 1.0},) * workers
+            what, hint = f"workers={workers}", "lower workers"
+        else:
+            bundles = ({"CPU": float(threads)},) * workers
+            what, hint = (
+                f"workers={workers} x threads_per_worker={threads}",
+                "lower workers or threads_per_worker",
+            )
+        need = cluster_capacity.Need(bundles, what, hint)
+        cluster_capacity.secure(need, embedded, cfg.resources_timeout_s)
+    except cluster_capacity.CapacityError as err:
+        raise TrainError(str(err)) from None
     return use_gpu
 
 
@@ -195,6 +193,8 @@ def run_training(cfg: TrainConfig, plan: RunPlan | None = None) -> StageResult:
     with MetricsFollower(plan.run_dir, plan.total_steps, from_step=steps_before):
         _fit_with_restarts(cfg, plan)
     final = final_status(plan.run_dir)
+    if cfg.wandb.mode is WandbMode.offline:
+        final["wandb_sync"] = sync_command(plan.run_dir, plan.wandb_id, cfg.wandb.project, cfg.wandb.entity)
     steps = int(final["step"]) - steps_before
     tokens = steps * cfg.batch_size * cfg.unroll_steps * cfg.workers
     return StageResult("train", plan.run_dir, time.perf_counter() - started, tokens, details=final)
@@ -226,7 +226,7 @@ def _fit_with_restarts(cfg: TrainConfig, plan: RunPlan) -> None:
 
 def _fit(cfg: TrainConfig, plan: RunPlan) -> None:
     """One attempt: a ``TorchTrainer`` that Ray itself never restarts (``run_training`` decides)."""
-    from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     ray_storage = tempfile.mkdtemp(prefix="elmo-ray-train-")
@@ -243,9 +243,7 @@ def _fit(cfg: TrainConfig, plan: RunPlan) -> None:
             name=plan.name,
             storage_path=ray_storage,
             failure_config=FailureConfig(max_failures=0),
-            # the run's own progress lines say what is going on; Ray Train's INFO lines (worker
-            # group sizes, process group setup) only repeat the config
-            logging_config=LoggingConfig(log_level="WARNING"),
+            **_quiet_train_logging(),
         ),
     )
     previous_sigint = signal.getsignal(signal.SIGINT)
@@ -259,6 +257,16 @@ def _fit(cfg: TrainConfig, plan: RunPlan) -> None:
     finally:
         signal.signal(signal.SIGINT, previous_sigint)  # Ray leaves its handler installed
         shutil.rmtree(ray_storage, ignore_errors=True)
+
+
+def _quiet_train_logging() -> dict:
+    """``RunConfig`` keywords that keep Ray Train's INFO lines (worker group sizes, process group
+    setup) off the console: the run's own progress lines say what is going on. ``LoggingConfig``
+    came with a Ray newer than the lowest one supported; without it those lines stay."""
+    import ray.train
+
+    logging_config = getattr(ray.train, "LoggingConfig", None)
+    return {"logging_config": logging_config(log_level="WARNING")} if logging_config else {}
 
 
 DETERMINISTIC_ERRORS = (ValueError, TypeError, LookupError, AttributeError, AssertionError, ArithmeticError)

@@ -1,4 +1,4 @@
-"""Training metrics: the matmul peak behind MFU (the FLOPs are elmo_model.flops), and the sinks (metrics.jsonl, wandb, the perplexity plot).
+"""Training metrics: the matmul peak behind MFU (the FLOPs are elmo_model.flops), and the sinks (metrics.jsonl, wandb (``wandb_run.py``), the perplexity plot).
 
 ``ray.train.report`` is the third sink; the training loop calls it (every rank must).
 Only rank 0 owns a ``MetricsLog``.
@@ -9,16 +9,16 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
-import tempfile
 import time
 from typing import Any
 
 import torch
 
 from pipeline import storage
-from pipeline.train.config import WandbMode
+from pipeline.config import to_dict
 from pipeline.train.distributed import barrier
+from pipeline.train.plan import RunPlan
+from pipeline.train.wandb_run import WandbRun
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "perplexity.png"
@@ -103,24 +103,19 @@ class RunLog:
     rank, which Ray Train requires alike on all ranks, when ``report``). Train rows are due every
     ``cfg.log_every`` steps and at the last step.
 
+    ``plan``: the run's ``RunPlan`` (its directory, name, step count and wandb id);
     ``resumed_from``: the step a resumed run continues from (rows logged after it are dropped and
     a ``resume`` event is logged), or None for a new run (a ``config`` row is logged).
     """
 
-    def __init__(
-        self,
-        cfg: Any,
-        run_dir: str,
-        name: str,
-        config: dict,
-        total_steps: int,
-        rank: int,
-        resumed_from: int | None,
-        report: bool,
-    ):
+    def __init__(self, cfg: Any, plan: RunPlan, rank: int, resumed_from: int | None, report: bool):
         self.every, self.report = cfg.log_every, report
-        self.metrics = MetricsLog(run_dir, resumed_from) if rank == 0 else None
-        self.wandb = WandbSink(cfg.wandb, run_dir, name, config) if rank == 0 else None
+        config = to_dict(cfg)
+        self.metrics = MetricsLog(plan.run_dir, resumed_from) if rank == 0 else None
+        self.wandb = (
+            WandbRun(cfg.wandb, plan.run_dir, plan.name, config, plan.wandb_id) if rank == 0 else None
+        )
+        total_steps = plan.total_steps
         if self.metrics is not None:
             if resumed_from is None:
                 self.metrics.append(
@@ -150,6 +145,11 @@ class RunLog:
 
             ray.train.report(row)
 
+    def save_tracking(self) -> None:
+        """Bring the wandb files of an s3:// run directory up to date there (with each checkpoint)."""
+        if self.wandb is not None:
+            self.wandb.upload()
+
     def finish_with(self, status: dict) -> None:
         """Close the run with its ``status`` row (metrics.jsonl and Ray, after every rank finished
         its wandb run)."""
@@ -162,63 +162,6 @@ class RunLog:
             import ray.train
 
             ray.train.report(status)
-
-
-# ---- wandb -----------------------------------------------------------------------------------
-
-
-class WandbSink:
-    """A wandb run (offline by default). Offline runs are written under ``RUN/wandb`` (for an s3
-    run directory: written locally, then uploaded there by ``finish``)."""
-
-    def __init__(self, settings: Any, run_dir: str, name: str, config: dict):
-        mode = settings.mode
-        if mode is WandbMode.online and not os.environ.get("WANDB_API_KEY"):
-            raise ValueError(
-                "wandb.mode=online needs WANDB_API_KEY in the environment; use wandb.mode=offline"
-            )
-        self.run_dir = run_dir
-        self.run = None
-        self._tmp: tempfile.TemporaryDirectory | None = None
-        if mode is WandbMode.disabled:
-            return
-        import wandb
-
-        if storage.is_s3(run_dir):
-            self._tmp = tempfile.TemporaryDirectory(prefix="elmo-wandb-")
-            local = self._tmp.name
-        else:
-            local = run_dir
-            os.makedirs(local, exist_ok=True)
-        self.run = wandb.init(
-            mode=mode.value,
-            dir=local,
-            project=settings.project,
-            entity=settings.entity or None,
-            name=name,
-            config=config,
-            settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
-        )
-
-    def log(self, row: dict, step: int) -> None:
-        if self.run is not None:
-            self.run.log(
-                {k: v for k, v in row.items() if isinstance(v, int | float) and k != "step"}, step=step
-            )
-
-    def finish(self) -> None:
-        if self.run is None:
-            return
-        self.run.finish()
-        self.run = None
-        if self._tmp is not None:
-            root = self._tmp.name
-            for dirpath, _, files in os.walk(root):
-                for name in files:
-                    full = os.path.join(dirpath, name)
-                    if not os.path.islink(full):
-                        storage.upload_file(full, storage.join(self.run_dir, os.path.relpath(full, root)))
-            self._tmp.cleanup()
 
 
 # ---- plot ------------------------------------------------------------------------------------

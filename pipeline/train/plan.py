@@ -11,7 +11,7 @@ class RunPlan:
 
     ``options``: the model's inference options.json dict; ``total_steps``: steps of the whole run
     (a resumed run continues up to it); ``unigram_perplexity``: the held-out baseline;
-    ``use_gpu``: set from the cluster just before launch."""
+    ``wandb_id``: the run's wandb id (``run.json``); ``use_gpu``: set from the cluster just before launch."""
 
     run_dir: str
     name: str
@@ -24,4 +24,5 @@ class RunPlan:
     options: dict
     init_from: str
     storage_endpoint: str
+    wandb_id: str
     use_gpu: bool = False

@@ -51,6 +51,8 @@ class ProgressLines:
                 f"{_ppl(row['eval/perplexity'])} (fwd {_ppl(row['eval/perplexity_fwd'])}, "
                 f"bwd {_ppl(row['eval/perplexity_bwd'])}; unigram {_ppl(row['eval/unigram_perplexity'])})"
             )
+        if row.get("kind") == "guard":
+            return f"guard step {row['step']}/{self.total_steps}: {row['message']} [{row['action']}]"
         return None
 
     def _train(self, row: dict) -> str:
@@ -60,10 +62,13 @@ class ProgressLines:
             per_step = (elapsed - self._last[1]) / (step - self._last[0])
             eta = f" | ETA {_duration(per_step * (self.total_steps - step))}"
         self._last = (step, elapsed)
+        guard = ""
+        if "guard/perplexity_fwd" in row:
+            guard = f"full-softmax fwd {_ppl(row['guard/perplexity_fwd'])} bwd {_ppl(row['guard/perplexity_bwd'])} | "
         return (
             f"train step {step}/{self.total_steps} (epoch {row['epoch']:.2f}) | perplexity fwd "
             f"{_ppl(row['train/perplexity_fwd'])} bwd {_ppl(row['train/perplexity_bwd'])} | "
-            f"{row['train/tokens_per_s']:,.0f} tok/s | MFU {100 * row['train/mfu']:.2f}%{eta}"
+            f"{guard}{row['train/tokens_per_s']:,.0f} tok/s | MFU {100 * row['train/mfu']:.2f}%{eta}"
         )
 
 
@@ -84,7 +89,7 @@ class MetricsFollower:
         self.lines = ProgressLines(total_steps)
         self.out = out or (lambda text: print(text, file=sys.stderr, flush=True))
         self.poll_seconds = poll_seconds
-        self._printed: set[tuple[str, int]] = set()
+        self._printed: set[tuple[str, int, int]] = set()
         self._from_step = from_step
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="metrics-follower", daemon=True)
@@ -110,7 +115,8 @@ class MetricsFollower:
         except (storage.StorageError, ValueError):
             return
         for row in rows:
-            key = (str(row.get("kind")), int(row.get("step", 0)))
+            # a rollback of the divergence guard logs its steps again
+            key = (str(row.get("kind")), int(row.get("step", 0)), int(row.get("guard/rollbacks", 0)))
             if key in self._printed or key[1] <= self._from_step:
                 continue
             text = self.lines.line(row)

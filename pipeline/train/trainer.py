@@ -22,6 +22,7 @@ dry (``data``).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import tempfile
@@ -41,7 +42,7 @@ from pipeline.config import to_dict
 from pipeline.train import export as export_mod
 from pipeline.train.char_cache import CharCache
 from pipeline.train.checkpoint import Checkpointer, CheckpointError, RNGStates, latest_checkpoint
-from pipeline.train.config import TrainConfig
+from pipeline.train.config import OnDivergence, TrainConfig
 from pipeline.train.cuda_graph import WARMUP_DDP, WARMUP_SINGLE, GraphedStep
 from pipeline.train.data import LMBatch, open_lm_batches
 from pipeline.train.distributed import (
@@ -53,6 +54,7 @@ from pipeline.train.distributed import (
     rows_exchange_bytes,
     world,
 )
+from pipeline.train.divergence import DivergenceGuard, GuardReading
 from pipeline.train.errors import TrainError
 from pipeline.train.evaluate import EVAL_UNROLL_STEPS, Evaluator
 from pipeline.train.metrics import PLOT_FILE, RunLog, measure_matmul_peak, perplexity, plot_perplexity
@@ -183,6 +185,8 @@ class StepRunner:
         self.nonfinite = torch.zeros((), device=device)
         """Steps skipped for a non-finite loss or gradient, counted on the device."""
         self.step = 0
+        self.lr_scale = 1.0
+        """Multiplies the configured learning rate (the divergence guard lowers it on a rollback)."""
         self.model: nn.Module = self.lm
         self.timer: PhaseTimer | None = None
         self.inputs: StepInputs | None = None
@@ -229,6 +233,11 @@ class StepRunner:
         # no weight-cast cache: a CUDA graph must re-run the casts on every replay
         return torch.autocast(self.device.type, dtype=self.autocast_dtype, cache_enabled=False)
 
+    def reset_graph(self) -> None:
+        """Capture the step again at its next run (after state tensors were replaced)."""
+        if self.graph is not None:
+            self.graph.reset()
+
     def nonfinite_steps(self) -> int:
         """Steps skipped so far for a non-finite loss or gradient (synchronises with the device)."""
         return int(self.nonfinite.item())
@@ -241,7 +250,11 @@ class StepRunner:
         ``nonfinite``.
         """
         opt = self.cfg.optimizer
-        lr = opt.lr * lr_factor(self.step, total_steps, opt.schedule, opt.warmup_steps, opt.final_lr_fraction)
+        lr = (
+            opt.lr
+            * self.lr_scale
+            * lr_factor(self.step, total_steps, opt.schedule, opt.warmup_steps, opt.final_lr_fraction)
+        )
         self.optimizer.set_lr(lr)
         negatives = (
             sample_negatives(self.negatives, self.vocab_size, self.generator) if self.negatives else None
@@ -370,19 +383,22 @@ class Trainer:
         self.vocab_bytes = storage.read_bytes(shard_format.vocab_path(plan.shards, plan.manifest))
         self.cache = CharCache(shard_format.parse_vocab(self.vocab_bytes.decode("utf-8")))
         self.batches = self._batches("train", cfg.batch_size, cfg.unroll_steps, seed=cfg.seed)
+        self.guard = DivergenceGuard(cfg.guard, self._guard_sample()) if cfg.guard.enabled else None
+        guarded = {"guard": self.guard} if self.guard is not None else {}
         self.checkpointer = Checkpointer(
             plan.run_dir,
             self.rank,
             self.world,
             every=cfg.checkpoint_every,
             keep=cfg.keep_checkpoints,
-            shared={"bilm": runner.bilm, "softmax": runner.softmax, "optimizer": runner.optimizer},
+            shared={"bilm": runner.bilm, "softmax": runner.softmax, "optimizer": runner.optimizer, **guarded},
             own={"data": self.batches, "lstm": runner.state, "rng": RNGStates(runner.generator)},
             meta={"options": plan.options, "config": to_dict(cfg), "vocab": self.vocab_bytes},
         )
         self.resumed_from = self.checkpointer.restore()
         if self.resumed_from is not None:
             runner.step = self.resumed_from
+            runner.lr_scale = self.guard.lr_scale if self.guard is not None else 1.0
         elif plan.init_from:
             self._init_from(plan.init_from)
         runner.distribute()
@@ -392,9 +408,7 @@ class Trainer:
             plan.unigram_perplexity,
             self.world,
         )
-        self.log = RunLog(
-            cfg, plan.run_dir, plan.name, to_dict(cfg), plan.total_steps, self.rank, self.resumed_from, report
-        )
+        self.log = RunLog(cfg, plan, self.rank, self.resumed_from, report)
         self.flops_per_step = runner.flops_per_step(cfg.batch_size, cfg.unroll_steps)
         self.peak_flops = measure_matmul_peak(device, runner.autocast_dtype or torch.float32)
 
@@ -410,6 +424,13 @@ class Trainer:
             manifest=self.plan.manifest,
             **kwargs,
         )
+
+    def _guard_sample(self) -> list:
+        """The guard's fixed sample: this rank's first ``guard.batches`` held-out batches."""
+        batches = self._batches(
+            "heldout", self.cfg.eval_batch_size, EVAL_UNROLL_STEPS, test=True, prefetch=False
+        )
+        return list(itertools.islice(batches, self.cfg.guard.batches))
 
     @property
     def step(self) -> int:
@@ -444,6 +465,52 @@ class Trainer:
                     with torch.no_grad():
                         self.runner.softmax.weight.copy_(torch.from_numpy(weight))
                         self.runner.softmax.bias.copy_(torch.from_numpy(bias))
+
+    def _read_guard(self) -> GuardReading | None:
+        if self.guard is None:
+            return None
+        runner = self.runner
+        return self.guard.read(self.step, runner.lm, runner.softmax, self.device, runner.autocast_dtype)
+
+    def _on_divergence(self, reading: GuardReading) -> dict | None:
+        """Act on a divergence as ``guard.on_divergence`` says; returns the run's final status row
+        when the run stops, None when it goes on (after a warning, or rolled back)."""
+        cfg, guard, runner = self.cfg.guard, self.guard, self.runner
+        message, action = reading.message(cfg.factor), cfg.on_divergence
+        row = {"kind": "guard", "step": self.step, "guard/diverged": 1, **reading.metrics()}
+        if action is OnDivergence.rollback and guard.rollbacks >= cfg.max_rollbacks:
+            action = OnDivergence.stop
+            message += f"; it already rolled back {guard.rollbacks} times (guard.max_rollbacks)"
+        if action is OnDivergence.rollback:
+            rollbacks, lr_scale = guard.rollbacks, guard.lr_scale
+            self.checkpointer.wait()
+            restored = self.checkpointer.restore()  # every part, the guard's too
+            if restored is None:
+                action = OnDivergence.stop
+                message += "; no checkpoint to roll back to"
+            else:
+                # what this run went through stays: the restored guard state is of before it
+                guard.rollbacks, guard.lr_scale = rollbacks, lr_scale
+                guard.rolled_back()
+                runner.step, runner.lr_scale = restored, guard.lr_scale
+                runner.reset_graph()  # the optimizer's state tensors are new ones
+                message += (
+                    f"; rolled back to the checkpoint of step {restored}, learning rate x{guard.lr_scale:g} "
+                    f"(rollback {guard.rollbacks} of at most {cfg.max_rollbacks})"
+                )
+                row.update({"guard/rollbacks": guard.rollbacks, "to_step": restored})
+        row.update(action=action.value, message=message)
+        self.log.emit(row)
+        if action is not OnDivergence.stop:
+            return None
+        self.checkpointer.wait()
+        return {
+            "kind": "status",
+            "step": self.step,
+            "status": "diverged",
+            "message": f"{message}; stopped (guard.on_divergence={cfg.on_divergence.value}), the last "
+            f"checkpoint is {latest_checkpoint(self.plan.run_dir) or 'none'}",
+        }
 
     def evaluate(self) -> dict:
         runner = self.runner
@@ -488,6 +555,7 @@ class Trainer:
             skipped = runner.nonfinite_steps()  # waits for the device
             compute += time.perf_counter() - window
             if skipped:
+                self.checkpointer.wait()  # a save still in flight is the last good checkpoint
                 status = {
                     "kind": "status",
                     "step": self.step,
@@ -497,12 +565,27 @@ class Trainer:
                     f"{latest_checkpoint(plan.run_dir) or 'none'}",
                 }
                 break
+            # the guard reads before every log line and every checkpoint: a checkpoint is saved only
+            # after a reading, so a rollback finds the state of before a divergence
+            reading = self._read_guard() if due[0] or due[2] else None
             if due[0]:
-                log.emit(self._train_row(out, steps_timed, compute, time.perf_counter() - start))
+                row = self._train_row(out, steps_timed, compute, time.perf_counter() - start)
+                if reading is not None:
+                    row.update(reading.metrics(), **{"guard/rollbacks": self.guard.rollbacks})
+                log.emit(row)
                 compute, steps_timed = 0.0, 0
+            if reading is not None and reading.diverged:
+                stop = self._on_divergence(reading)
+                if stop is not None:
+                    status = stop
+                    break
+                if self.step < reading.step:  # rolled back: that step's evaluation and checkpoint are moot
+                    window = time.perf_counter()
+                    continue
             if due[1]:
                 log.emit({"kind": "eval", "step": self.step, **self.evaluate()})
-            self.checkpointer.save(self.step, last)
+            if self.checkpointer.save(self.step, last):
+                log.save_tracking()  # the wandb history reaches an s3 run directory with each checkpoint
             window = time.perf_counter()  # evaluation and checkpoints are not training time
         status["step"] = self.step
         if status["status"] == "done":

@@ -193,3 +193,17 @@ def test_installed_pipeline_runs_from_another_directory(installed):
     for name in ("options.json", "weights.hdf5", "vocab.txt"):
         assert (run / "train" / "export" / name).is_file(), name
     assert json.loads((run / "embeddings" / "manifest.json").read_text())["shards"]
+    # the README's recipes for reading the outputs with plain webdataset and h5py work on them
+    for snippet in _readme_snippets("## Using the outputs without this package"):
+        code = snippet.replace("runs/demo/", "runs/wheel/")
+        ran = _run([venv / "bin" / "python", "-c", code], work, env, 120)
+        assert ran.returncode == 0, code + ran.stderr[-3000:]
+
+
+def _readme_snippets(section: str) -> list[str]:
+    """The ```python blocks of README section ``section`` (up to the next ``## `` heading)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    body = text.split(section, 1)[1].split("\n## ", 1)[0]
+    blocks = [b.split("```", 1)[0] for b in body.split("```python\n")[1:]]
+    assert len(blocks) == 2, f"README section {section!r} should hold the shard and embedding recipes"
+    return blocks

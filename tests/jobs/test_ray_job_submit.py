@@ -7,6 +7,8 @@ stopped, never `ray stop`, which would kill every Ray on the machine.
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import json
 import os
 import secrets
@@ -19,6 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from pipeline import storage
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -143,3 +147,98 @@ def test_shard_job_submitted_to_a_running_head(ray_head, tmp_path):
     for shard in manifest["shards"]["train"] + manifest["shards"]["heldout"]:
         assert (out / shard["name"]).is_file()
     assert (out / "vocab.txt").read_text().split("\n")[:3] == ["<S>", "</S>", "<UNK>"]
+
+
+def _start_node(env: dict, temp_dir: str, *args: str) -> None:
+    ports = _free_ports(4)
+    cmd = [str(BIN / "ray"), "start", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}"]
+    cmd += [f"--node-manager-port={ports[0]}", f"--object-manager-port={ports[1]}"]
+    cmd += [f"--dashboard-agent-listen-port={ports[2]}", f"--metrics-export-port={ports[3]}"]
+    cmd += ["--disable-usage-stats", *args]
+    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def two_nodes(s3_server):
+    """A head that runs no work (0 CPUs) and a second node with 2 CPUs, each with its own temp
+    dir, both seeing the S3 server's credentials in their environment (as cluster nodes would,
+    from their instance profile or secrets), none in the job's runtime_env."""
+    head_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")
+    node_dir = tempfile.mkdtemp(prefix="rn", dir="/tmp")
+    gcs, dashboard, client = _free_ports(3)
+    env = dict(
+        os.environ,
+        PATH=f"{BIN}:{os.environ['PATH']}",
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=secrets.token_hex(32),
+    )
+    env.pop("RAY_ADDRESS", None)
+    try:
+        _start_node(
+            env,
+            head_dir,
+            "--head",
+            f"--port={gcs}",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard}",
+            f"--ray-client-server-port={client}",
+            "--num-cpus=0",
+        )
+        _start_node(env, node_dir, f"--address=127.0.0.1:{gcs}", "--num-cpus=2")
+        yield f"http://127.0.0.1:{dashboard}", env
+    finally:
+        _stop_head(node_dir)
+        _stop_head(head_dir)
+        subprocess.run(["rm", "-rf", head_dir, node_dir], check=False)
+
+
+def _ray_json(env: dict, address: str, *args: str) -> list[dict]:
+    listed = subprocess.run(
+        [str(BIN / "ray"), *args, "--address", address, "--format", "json", "--detail", "--limit", "10000"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    return json.loads(listed.stdout)
+
+
+def test_whole_pipeline_on_a_second_node_over_s3(two_nodes, s3_prefix, tmp_path):
+    """Every stage submitted with `ray job submit --working-dir .`, every path s3://: the workers
+    all run on the second node, which has nothing of the driver's but the working dir Ray ships."""
+    address, env = two_nodes
+    root = s3_prefix.rstrip("/")
+    corpus = f"{root}/corpus/slice.txt"
+    with gzip.open(SAMPLE, "rt", encoding="utf-8") as src:
+        storage.write_bytes(corpus, "".join(itertools.islice(src, 3000)).encode())
+    submit = [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(REPO)]
+    submit += [
+        "--runtime-env-json",
+        json.dumps({"excludes": [".git", ".venv", ".whl", "runs", "tests/data"]}),
+    ]
+    submit += ["--", "python", "-m", "jobs.pipeline", "--preset", "tiny", f"storage={root}", "name=two-node"]
+    submit += [f"corpus=[{corpus}]", "shard.heldout_fraction=0.05", "shard.progress=false"]
+    submit += ["train.max_steps=8", "train.eval_every=0", "train.checkpoint_every=8", "train.log_every=4"]
+    submit += ["train.eval_max_batches=5", "train.wandb.mode=disabled", "embed.progress=false"]
+    result = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=900)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0 and "succeeded" in log.lower(), log[-4000:]
+    assert "held-out perplexity" in log
+    run = f"{root}/two-node"
+    assert json.loads(storage.read_bytes(f"{run}/shards/manifest.json"))["totals"]["train"]["tokens"] > 0
+    assert storage.exists(f"{run}/train/export/weights.hdf5")
+    assert json.loads(storage.read_bytes(f"{run}/embeddings/manifest.json"))["shards"]
+    # where the work ran: whatever needed a CPU (every shard task, training worker and embedding
+    # actor) on the second node; the head has none to give
+    nodes = {n["node_id"]: n for n in _ray_json(env, address, "list", "nodes")}
+    (head,) = [i for i, n in nodes.items() if n["is_head_node"]]
+    actors = _ray_json(env, address, "list", "actors")
+    assert "RayTrainWorker" in {a.get("class_name") for a in actors}
+    work = [*actors, *_ray_json(env, address, "list", "tasks")]
+    cpu = [w for w in work if (w.get("required_resources") or {}).get("CPU", 0) > 0]
+    assert cpu and all(w.get("node_id") != head for w in cpu), [
+        w.get("name") for w in cpu if w.get("node_id") == head
+    ]

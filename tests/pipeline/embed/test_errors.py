@@ -11,7 +11,7 @@ import pytest
 from embed_fixtures import OPTIONS, WEIGHTS
 
 from jobs.embed import main
-from pipeline import storage
+from pipeline import cluster_capacity, storage
 from pipeline.embed import inputs, manifest, resume
 from pipeline.embed.errors import EmbedError
 from pipeline.local_s3 import free_ports
@@ -280,11 +280,18 @@ def test_rerun_with_other_settings_or_changed_input_is_refused(tmp_path):
 
 
 def test_pool_larger_than_the_embedded_cluster_is_refused(ray_local, monkeypatch):
+    from pipeline.embed.config import EmbedConfig
     from pipeline.embed.runner import check_capacity
 
-    check_capacity(2, 1.0, 0.0, embedded=True)  # the session cluster has 2 CPUs
-    with pytest.raises(EmbedError, match=r"workers=3 actors need 3 CPUs but the local Ray cluster has 2"):
-        check_capacity(3, 1.0, 0.0, embedded=True)
-    with pytest.raises(EmbedError, match=r"need 2 GPUs but the local Ray cluster has 0"):
-        check_capacity(2, 1.0, 1.0, embedded=True)
-    check_capacity(8, 1.0, 0.0, embedded=False)  # a joined cluster may autoscale
+    cfg = EmbedConfig(model="m", input=["i"], output="o", cpus_per_worker=1.0)
+    check_capacity(cfg, 2, 0.0, embedded=True)  # the session cluster has 2 CPUs
+    with pytest.raises(EmbedError, match=r"workers=3 actors need 3 CPUs but the Ray cluster has 2"):
+        check_capacity(cfg, 3, 0.0, embedded=True)
+    with pytest.raises(
+        EmbedError, match=r"need 2 GPUs but the Ray cluster has 0; lower workers or gpu_share"
+    ):
+        check_capacity(cfg, 2, 1.0, embedded=True)
+    # a joined cluster is asked first; this one has no autoscaler, so no node comes
+    monkeypatch.setattr(cluster_capacity, "PROBE_S", 2.0)
+    with pytest.raises(EmbedError, match=r"need 8 CPUs but the Ray cluster has 2.*no node was on its way"):
+        check_capacity(cfg, 8, 0.0, embedded=False)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 from shard_builder import sample_sentences, write_sample_shards
 
 from jobs.train import main as train_main
-from pipeline import shard_format, storage
+from pipeline import cluster_capacity, shard_format, storage
 from pipeline.config import ConfigError, load_config
 from pipeline.shard_format import FormatError
 from pipeline.train.config import TrainConfig
@@ -89,11 +90,17 @@ def test_too_many_negatives(shards, tmp_path):
         prepare_run(cfg_for(shards, str(tmp_path / "run"), "softmax.negatives=100000"))
 
 
-def test_more_workers_than_the_cluster_has(shards, tmp_path, ray_local):
-    with pytest.raises(
-        TrainError, match="workers=3 x threads_per_worker=1 need 3 CPUs but the Ray cluster has 2"
-    ):
-        _cluster_check(cfg_for(shards, str(tmp_path / "run"), "workers=3"))
+def test_more_workers_than_the_cluster_has(shards, tmp_path, ray_local, monkeypatch):
+    cfg = cfg_for(shards, str(tmp_path / "run"), "workers=3")
+    message = "workers=3 x threads_per_worker=1 need 3 CPUs but the Ray cluster has 2"
+    started = time.monotonic()
+    with pytest.raises(TrainError, match=message + "; lower workers or threads_per_worker$"):
+        _cluster_check(cfg, embedded=True)  # an embedded cluster never grows: at once
+    assert time.monotonic() - started < 5
+    # a joined cluster might autoscale: it is asked, and refused once no node is on its way
+    monkeypatch.setattr(cluster_capacity, "PROBE_S", 3.0)
+    with pytest.raises(TrainError, match=message + r".*no node was on its way 3 s after asking"):
+        _cluster_check(cfg, embedded=False)
 
 
 def test_cli_reports_one_line(shards, tmp_path, capsys):

@@ -1,0 +1,84 @@
+"""One wandb run per training run: a stable id, every offline attempt synced into it, s3 uploads."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+from omegaconf import OmegaConf
+
+from pipeline import storage
+from pipeline.train.config import WandbConfig
+from pipeline.train.wandb_run import WandbRun, new_wandb_id, sync_command
+
+
+@pytest.fixture(autouse=True)
+def own_wandb_service(monkeypatch):
+    """wandb.init leaves its service's address in os.environ; a Ray cluster started later in this
+    process would hand it to its workers, so it goes after each test."""
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
+    yield
+    os.environ.pop("WANDB_SERVICE", None)
+
+
+def settings(mode: str):
+    return OmegaConf.to_object(OmegaConf.structured(WandbConfig(mode=mode)))
+
+
+def test_online_needs_credentials(monkeypatch, tmp_path):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ValueError, match="set WANDB_API_KEY or run `wandb login`"):
+        WandbRun(settings("online"), str(tmp_path / "run"), "run", {}, new_wandb_id())
+
+
+def test_ids_are_wandb_ids():
+    ids = {new_wandb_id() for _ in range(100)}
+    assert len(ids) == 100 and all(len(i) == 12 and i.isalnum() and i.islower() for i in ids)
+
+
+def test_sync_commands():
+    assert sync_command("/runs/a b", "abc123", "elmo") == (
+        "wandb sync --id abc123 -p elmo '/runs/a b/wandb'/attempt-*/wandb/offline-run-*-abc123"
+    )
+    assert sync_command("s3://bucket/runs/x", "abc123", "elmo", "team") == (
+        "aws s3 cp --recursive s3://bucket/runs/x/wandb ./wandb && "
+        "wandb sync --id abc123 -p elmo -e team ./wandb/attempt-*/wandb/offline-run-*-abc123"
+    )
+
+
+def _attempt(run_dir: str, wandb_id: str, steps: range) -> None:
+    run = WandbRun(settings("offline"), run_dir, "run", {"lr": 0.1}, wandb_id)
+    for step in steps:
+        run.log({"kind": "train", "step": step, "train/loss": 1.0 / step}, step)
+    run.finish()
+
+
+def test_every_attempt_logs_under_the_run_id(tmp_path):
+    """A restarted run writes a second offline directory with the same id, even within the same
+    second (wandb names its directory to the second); the sync command's glob names both, in
+    order, so `wandb sync --id` uploads them into one run."""
+    run_dir, wandb_id = str(tmp_path / "run"), new_wandb_id()
+    _attempt(run_dir, wandb_id, range(1, 4))
+    _attempt(run_dir, wandb_id, range(4, 7))
+    pattern = sync_command(run_dir, wandb_id, "elmo").rsplit(" ", 1)[1]
+    found = sorted(glob.glob(pattern))  # as the shell expands it
+    assert len(found) == 2 and all(d.endswith(f"-{wandb_id}") for d in found)
+    assert [d.split("/wandb/")[1].split("/")[0] for d in found] == ["attempt-001", "attempt-002"]
+    assert all(glob.glob(os.path.join(d, f"run-{wandb_id}.wandb")) for d in found)
+
+
+def test_s3_run_directory_gets_the_files_on_each_upload(s3_prefix):
+    run_dir, wandb_id = storage.join(s3_prefix, "run"), new_wandb_id()
+    run = WandbRun(settings("offline"), run_dir, "run", {}, wandb_id)
+    run.log({"train/loss": 1.0}, 1)
+    run.upload()  # what each checkpoint does: the history so far is on s3 before the run ends
+    uploaded = storage.list_prefix(storage.join(run_dir, "wandb") + "/")
+    assert any(path.endswith(f"run-{wandb_id}.wandb") for path in uploaded), uploaded
+    assert all("/wandb/attempt-001/wandb/offline-run-" in path for path in uploaded), uploaded
+    run.log({"train/loss": 0.5}, 2)
+    run.finish()
+    final = storage.list_prefix(storage.join(run_dir, "wandb") + "/")
+    assert set(uploaded) <= set(final)
