@@ -105,9 +105,11 @@ def _secure(address: str, need: Need, timeout_s: float, probe_s: float) -> subpr
         f"ray.init(address={address!r}, logging_level='ERROR')\n"
         "from pipeline.cluster_capacity import Need, secure\n"
         f"need = Need({need.bundles!r}, {need.what!r}, {need.hint!r})\n"
-        f"print(json.dumps(secure(need, embedded=False, timeout_s={timeout_s}, probe_s={probe_s})))\n"
+        f"got = secure(need, embedded=False, timeout_s={timeout_s}, probe_s={probe_s})\n"
+        "print('RESOURCES', json.dumps(got), flush=True)\n"
     )
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    # RAY_SCHEDULER_EVENTS=0: the autoscaler's event lines would otherwise join the driver's output
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO), "RAY_SCHEDULER_EVENTS": "0"}
     env.pop("RAY_ADDRESS", None)
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
 
@@ -116,7 +118,8 @@ def test_a_stage_waits_for_the_autoscaler_to_add_its_workers(autoscaling_cluster
     need = Need(({"CPU": 2.0},) * 2, "workers=2 x threads_per_worker=2", "lower workers")
     ran = _secure(autoscaling_cluster, need, timeout_s=180, probe_s=60)
     assert ran.returncode == 0, ran.stderr[-3000:]
-    have = json.loads(ran.stdout.strip().splitlines()[-1])
+    (line,) = [line for line in ran.stdout.splitlines() if line.startswith("RESOURCES ")]
+    have = json.loads(line.removeprefix("RESOURCES "))
     assert not shortfall(need.total(), have) and have["CPU"] >= 5  # the head's 1 + two 2-CPU nodes
     assert (
         "waiting up to 180 s for the Ray autoscaler to add 3 more CPUs for workers=2 x threads_per_worker=2"
