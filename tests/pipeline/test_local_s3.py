@@ -307,8 +307,14 @@ def test_main_prints_exports_and_stops_on_sigint(tmp_path):
         port = int(exports["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
         assert _port_open(port)
     finally:
-        process.send_signal(2)  # SIGINT, as Ctrl-C
-        assert process.wait(timeout=30) == 0
+        process.send_signal(signal.SIGINT)  # as Ctrl-C
+        try:
+            code = process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.terminate()  # SIGTERM: its handler stops the weed process group too
+            process.wait(timeout=30)
+            raise
+    assert code == 0
     assert not _port_open(port)
 
 
