@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+
+from pipeline.background import in_thread
 
 QUERY_TIMEOUT_S = 60.0
 """How long a question to the cluster (its resources) may take before the stage gives up."""
@@ -62,21 +64,24 @@ def _describe(need: Need, have: dict[str, float]) -> str:
     return f"{need.what} need {' and '.join(parts)}; {need.hint}"
 
 
-def _in_thread(query: Callable[[], dict], what: str) -> dict:
-    """``query()`` on a helper thread: a GCS query has no timeout of its own."""
-    answer: dict = {}
-    worker = threading.Thread(target=lambda: answer.update(query()), daemon=True)
-    worker.start()
-    worker.join(QUERY_TIMEOUT_S)
-    if worker.is_alive():
-        raise CapacityError(f"the Ray cluster did not report {what} within {QUERY_TIMEOUT_S:g} s")
-    return answer
-
-
 def cluster_resources() -> dict[str, float]:
+    """``ray.cluster_resources()``, asked on a helper thread: a GCS query has no timeout of its own."""
     import ray
 
-    return _in_thread(ray.cluster_resources, "its resources")
+    try:
+        return in_thread(ray.cluster_resources, "cluster-resources").result(timeout=QUERY_TIMEOUT_S)
+    except FutureTimeout:
+        raise CapacityError(
+            f"the Ray cluster did not report its resources within {QUERY_TIMEOUT_S:g} s"
+        ) from None
+
+
+def gpus_to_be_had(embedded: bool) -> float:
+    """GPUs the cluster has, or (a joined cluster) the most its autoscaler may grow it to."""
+    have = cluster_resources().get("GPU", 0.0)
+    if embedded:
+        return have
+    return max(have, (autoscaler_maximum() or {}).get("GPU", 0.0))
 
 
 def autoscaler_maximum() -> dict[str, float] | None:

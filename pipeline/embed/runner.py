@@ -61,9 +61,7 @@ def gpus_per_worker(use_gpu: UseGPU, share: float, embedded: bool) -> float:
     add one), else 0."""
     if use_gpu is UseGPU.false:
         return 0.0
-    available = cluster_capacity.cluster_resources().get("GPU", 0)
-    if not embedded:
-        available = max(available, (cluster_capacity.autoscaler_maximum() or {}).get("GPU", 0))
+    available = cluster_capacity.gpus_to_be_had(embedded)
     if use_gpu is UseGPU.true and not available and embedded:
         raise EmbedError("use_gpu=true but the Ray cluster has no GPU; set use_gpu=auto or false")
     return share if use_gpu is UseGPU.true or available else 0.0

@@ -151,9 +151,7 @@ def _cluster_check(cfg: TrainConfig, embedded: bool | None = None) -> bool:
     cluster never grows (default: whether this process started it)."""
     embedded = ray_runtime.embedded() if embedded is None else embedded
     try:
-        resources = cluster_capacity.cluster_resources()
-        most = cluster_capacity.autoscaler_maximum() or {}
-        gpus = max(resources.get("GPU", 0), 0 if embedded else most.get("GPU", 0))
+        gpus = cluster_capacity.gpus_to_be_had(embedded) if cfg.use_gpu is UseGPU.auto else 0
         use_gpu = {UseGPU.auto: gpus >= 1, UseGPU.true: True, UseGPU.false: False}[cfg.use_gpu]
         workers, threads = cfg.workers, cfg.threads_per_worker
         if use_gpu:

@@ -67,12 +67,9 @@ def _stop_head(temp_dir: str) -> None:
             return
 
 
-@pytest.fixture
-def ray_head():
-    temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's unix socket paths are length-limited
-    gcs, dashboard, client, node_manager, object_manager, agent, metrics = _free_ports(7)
-    # Token authentication on, with a token of our own in the environment: the head and the
-    # submitting client agree without either reading or writing ~/.ray/auth_token.
+def _cluster_env() -> dict:
+    """Token authentication on, with a token of our own in the environment: the nodes and the
+    submitting client agree without any of them reading or writing ~/.ray/auth_token."""
     env = dict(
         os.environ,
         PATH=f"{BIN}:{os.environ['PATH']}",
@@ -81,27 +78,43 @@ def ray_head():
         RAY_AUTH_TOKEN=secrets.token_hex(32),
     )
     env.pop("RAY_ADDRESS", None)
-    cmd = [
-        str(BIN / "ray"),
-        "start",
+    return env
+
+
+def _start_node(env: dict, temp_dir: str, *args: str) -> None:
+    """`ray start` on loopback with free ports and its own temp dir; ``args``: the rest."""
+    ports = _free_ports(4)
+    cmd = [str(BIN / "ray"), "start", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}"]
+    cmd += [f"--node-manager-port={ports[0]}", f"--object-manager-port={ports[1]}"]
+    cmd += [f"--dashboard-agent-listen-port={ports[2]}", f"--metrics-export-port={ports[3]}"]
+    cmd += ["--disable-usage-stats", *args]
+    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=120)
+
+
+def _start_head(env: dict, temp_dir: str, num_cpus: int) -> tuple[str, str]:
+    """A head with the dashboard (the job API); returns (dashboard URL, GCS address)."""
+    gcs, dashboard, client = _free_ports(3)
+    _start_node(
+        env,
+        temp_dir,
         "--head",
         f"--port={gcs}",
-        "--node-ip-address=127.0.0.1",
         "--include-dashboard=true",
         "--dashboard-host=127.0.0.1",
         f"--dashboard-port={dashboard}",
         f"--ray-client-server-port={client}",
-        f"--node-manager-port={node_manager}",
-        f"--object-manager-port={object_manager}",
-        f"--dashboard-agent-listen-port={agent}",
-        f"--metrics-export-port={metrics}",
-        "--num-cpus=2",
-        f"--temp-dir={temp_dir}",
-        "--disable-usage-stats",
-    ]
+        f"--num-cpus={num_cpus}",
+    )
+    return f"http://127.0.0.1:{dashboard}", f"127.0.0.1:{gcs}"
+
+
+@pytest.fixture
+def ray_head():
+    temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's unix socket paths are length-limited
+    env = _cluster_env()
     try:
-        subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=120)
-        yield f"http://127.0.0.1:{dashboard}", env
+        address, _ = _start_head(env, temp_dir, num_cpus=2)
+        yield address, env
     finally:
         _stop_head(temp_dir)
         subprocess.run(["rm", "-rf", temp_dir], check=False)
@@ -149,15 +162,6 @@ def test_shard_job_submitted_to_a_running_head(ray_head, tmp_path):
     assert (out / "vocab.txt").read_text().split("\n")[:3] == ["<S>", "</S>", "<UNK>"]
 
 
-def _start_node(env: dict, temp_dir: str, *args: str) -> None:
-    ports = _free_ports(4)
-    cmd = [str(BIN / "ray"), "start", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}"]
-    cmd += [f"--node-manager-port={ports[0]}", f"--object-manager-port={ports[1]}"]
-    cmd += [f"--dashboard-agent-listen-port={ports[2]}", f"--metrics-export-port={ports[3]}"]
-    cmd += ["--disable-usage-stats", *args]
-    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=120)
-
-
 @pytest.fixture
 def two_nodes(s3_server):
     """A head that runs no work (0 CPUs) and a second node with 2 CPUs, each with its own temp
@@ -165,29 +169,11 @@ def two_nodes(s3_server):
     from their instance profile or secrets), none in the job's runtime_env."""
     head_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")
     node_dir = tempfile.mkdtemp(prefix="rn", dir="/tmp")
-    gcs, dashboard, client = _free_ports(3)
-    env = dict(
-        os.environ,
-        PATH=f"{BIN}:{os.environ['PATH']}",
-        RAY_USAGE_STATS_ENABLED="0",
-        RAY_AUTH_MODE="token",
-        RAY_AUTH_TOKEN=secrets.token_hex(32),
-    )
-    env.pop("RAY_ADDRESS", None)
+    env = _cluster_env()
     try:
-        _start_node(
-            env,
-            head_dir,
-            "--head",
-            f"--port={gcs}",
-            "--include-dashboard=true",
-            "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={dashboard}",
-            f"--ray-client-server-port={client}",
-            "--num-cpus=0",
-        )
-        _start_node(env, node_dir, f"--address=127.0.0.1:{gcs}", "--num-cpus=2")
-        yield f"http://127.0.0.1:{dashboard}", env
+        address, gcs = _start_head(env, head_dir, num_cpus=0)
+        _start_node(env, node_dir, f"--address={gcs}", "--num-cpus=2")
+        yield address, env
     finally:
         _stop_head(node_dir)
         _stop_head(head_dir)
