@@ -10,7 +10,8 @@
 #      with a profiler kernel summary of original bf16 at batch 128
 #   3. a real run through Ray Train: shard the sample corpus, 300 steps of small on 1 GPU (NCCL,
 #      bf16, the divergence guard on), a rerun to 400 steps that resumes, the export loaded on the
-#      CPU; 300 steps in float32 with the same seed for the held-out perplexity comparison
+#      CPU; 300 steps in float32 with the same seed for the held-out perplexity comparison; 300
+#      steps in bf16 without the offset penalty (issue 13's fix) for the contrast
 #   5. checkpoints and shard reads off the critical path (issue 14): train_step.py --tables io
 set -u
 out=${1:?usage: gpu_train_session.sh OUTDIR}
@@ -71,11 +72,14 @@ train() {  # train NAME LIMIT STEPS [key=value ...]
 step shard 40 $py -m jobs.cli shard --input pipeline/data/kjv-sample.txt.gz --output "$work/shards"
 train run_bf16 70 "$steps"
 cp "$work/run_bf16/metrics.jsonl" "$logs/run_bf16.metrics.jsonl" 2>/dev/null
-train run_bf16 50 "$resume_steps"   # the same output: resumes from the last checkpoint
+train run_bf16 90 "$resume_steps"   # the same output: resumes from the last checkpoint
 cp "$work/run_bf16/metrics.jsonl" "$logs/run_bf16_resumed.metrics.jsonl" 2>/dev/null
 train run_f32 70 "$steps" bf16=false
 cp "$work/run_f32/metrics.jsonl" "$logs/run_f32.metrics.jsonl" 2>/dev/null
 step export_check 45 $py benchmarks/gpu_train_check.py --device "$device" --export "$work/run_bf16/export" --skip-step-checks
+# the same bf16 run without the divergence fix (docs/training.md#divergence), for the contrast
+train run_bf16_no_offset_penalty 70 "$steps" softmax.offset_penalty=0
+cp "$work/run_bf16_no_offset_penalty/metrics.jsonl" "$logs/run_bf16_no_offset_penalty.metrics.jsonl" 2>/dev/null
 fi
 
 # 2. the step benchmark of original (its profile decides what to speed up next)

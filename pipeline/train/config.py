@@ -1,7 +1,8 @@
 """TrainConfig: everything ``elmo train`` reads, as a typed config (schema -> preset -> file -> key=value).
 
 Field defaults are the original bilm-tf recipe (docs/training.md#schedule-and-checkpoints) except where a default must be a path
-(``shards``, ``output``), which have no default. Presets in ``pipeline/presets/*.yaml`` set the model size
+(``shards``, ``output``), which have no default, and ``softmax.offset_penalty``, the divergence fix
+(docs/training.md#divergence), which is 0 in bilm-tf. Presets in ``pipeline/presets/*.yaml`` set the model size
 and the recipe keys for that size. Each field is documented under it; each range rule is checked
 once, in ``TrainConfig.__post_init__``.
 """
@@ -75,6 +76,10 @@ class SoftmaxConfig:
     """Unique log-uniform negatives per step, direction and worker (bilm-tf n_negative_samples_batch)."""
     sparse_exchange: bool = True
     """Exchange softmax gradients as (row ids, rows) between workers; false = dense all-reduce."""
+    offset_penalty: float = 0.05
+    """Weight of a penalty on |batch mean of each direction's softmax input|^2, added to the loss.
+    Without it a sampled-softmax run can diverge for some seeds (docs/training.md#divergence);
+    0 is bilm-tf's recipe exactly."""
 
 
 class OnDivergence(enum.Enum):
@@ -200,6 +205,12 @@ class TrainConfig:
                 ("max_steps", self.max_steps, self.max_steps >= 0, ">= 0 (0: n_epochs epochs)"),
                 ("dropout", self.dropout, 0 <= self.dropout < 1, "in [0, 1)"),
                 ("softmax.negatives", self.softmax.negatives, self.softmax.negatives >= 1, ">= 1"),
+                (
+                    "softmax.offset_penalty",
+                    self.softmax.offset_penalty,
+                    self.softmax.offset_penalty >= 0,
+                    ">= 0",
+                ),
                 ("optimizer.lr", self.optimizer.lr, self.optimizer.lr > 0, "> 0"),
                 ("guard.batches", self.guard.batches, self.guard.batches >= 1, ">= 1"),
                 ("guard.factor", self.guard.factor, self.guard.factor > 1, "> 1"),

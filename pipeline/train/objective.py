@@ -230,23 +230,37 @@ class StepLoss:
     rows: SoftmaxRows | None
 
 
+def offset_penalty(hidden: torch.Tensor) -> torch.Tensor:
+    """Mean over directions of |mean over positions of h|^2: hidden (2, B, U, P) -> float32 scalar.
+
+    The common offset of the softmax input is a direction the sampled softmax barely sees
+    (docs/training.md#divergence): it shifts the logit of every row by w . offset, and only the
+    rows a step draws feel it. The softmax bias can absorb any offset, so penalising it costs the
+    model nothing it could express.
+    """
+    return hidden.reshape(2, -1, hidden.shape[-1]).float().mean(dim=1).pow(2).sum(dim=-1).mean()
+
+
 def bidirectional_loss(
     hidden: torch.Tensor,
     targets: torch.Tensor,
     softmax: SharedSoftmax,
     negatives: NegativeSample | None,
     logits_dtype: torch.dtype | None = None,
+    offset_weight: float = 0.0,
 ) -> StepLoss:
     """The biLM training loss (docs/training.md#loss).
 
     hidden (2, B, U, P) top-layer outputs of the forward [0] and backward [1] LM; targets (2, B, U)
     vocabulary ids. ``negatives``: each direction's S unique negatives (ids (2, S) and tries (2,),
     from `sample_negatives`, on the hidden states' device) for the sampled softmax, None for the
-    full softmax. ``logits_dtype``: see `sampled_softmax_losses`.
+    full softmax. ``logits_dtype``: see `sampled_softmax_losses`. ``offset_weight``: the weight of
+    `offset_penalty` added to the loss (``per_direction`` stays the cross-entropies).
     """
+    penalty = offset_weight * offset_penalty(hidden) if offset_weight else 0.0
     if negatives is None:
         per_direction = direction_losses_full(hidden, targets, softmax)
-        return StepLoss(per_direction.mean(), per_direction.detach(), None)
+        return StepLoss(per_direction.mean() + penalty, per_direction.detach(), None)
     flat_h = hidden.reshape(2, -1, hidden.shape[-1])
     flat_t = targets.reshape(2, -1)
     n, s = flat_t.shape[1], negatives.ids.shape[1]
@@ -260,7 +274,7 @@ def bidirectional_loss(
         softmax.vocab_size,
         logits_dtype,
     )
-    return StepLoss(per_direction.mean(), per_direction.detach(), rows)
+    return StepLoss(per_direction.mean() + penalty, per_direction.detach(), rows)
 
 
 def direction_losses_full(

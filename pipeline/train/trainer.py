@@ -301,7 +301,12 @@ class StepRunner:
         with self.autocast():
             top, c, h = self.model(inputs.chars, inputs.positions, self.state.c, self.state.h)
         step_loss = bidirectional_loss(
-            top, inputs.targets, self.softmax, inputs.negatives, self.autocast_dtype
+            top,
+            inputs.targets,
+            self.softmax,
+            inputs.negatives,
+            self.autocast_dtype,
+            self.cfg.softmax.offset_penalty,
         )
         mark("forward")
         # bilm-tf differentiates total_loss * unroll_steps: a sum over time, a mean over rows

@@ -10,6 +10,7 @@ from pipeline.train.objective import (
     bidirectional_loss,
     direction_losses_full,
     log_uniform_log_prob,
+    offset_penalty,
     sample_log_uniform,
     sample_negatives,
     sampled_softmax_losses,
@@ -156,3 +157,49 @@ def test_sampled_loss_with_all_other_classes_as_negatives_approaches_full_softma
 def test_sampler_rejects_too_many_negatives():
     with pytest.raises(ValueError, match="negatives"):
         sample_log_uniform(10, 10, torch.Generator())
+
+
+def _offset_blind_to_the_sample(softmax, targets, negatives, rare_row):
+    """A common offset of the softmax input that no row read by the step can see: the part of a
+    rare row's direction orthogonal to every target and negative row (docs/training.md#divergence)."""
+    read = torch.cat([targets.reshape(-1), negatives.ids.reshape(-1)]).unique()
+    basis = torch.linalg.qr(softmax.weight.detach()[read].t()).Q  # (P, rows read)
+    w = softmax.weight.detach()[rare_row]
+    return 40.0 * (w - basis @ (basis.t() @ w))
+
+
+@pytest.mark.parametrize("weight, sees_it", [(0.0, False), (0.05, True)])
+def test_training_loss_sees_a_common_offset_only_with_the_offset_penalty(weight, sees_it):
+    # the failure of docs/training.md#divergence at unit scale: an offset of every position's softmax
+    # input leaves the sampled loss unchanged while the full softmax collapses onto a rare row that
+    # the step did not draw; only the offset penalty (softmax.offset_penalty) makes the loss see it
+    torch.manual_seed(4)
+    vocab, dim = 400, 64
+    softmax = SharedSoftmax(vocab, dim)
+    hidden = torch.randn(2, 2, 4, dim)
+    hidden -= hidden.reshape(2, -1, dim).mean(dim=1)[:, None, None]  # no offset to begin with
+    targets = torch.randint(3, 30, (2, 2, 4))
+    negatives = sample_negatives(8, vocab, torch.Generator().manual_seed(0))
+    rare = next(r for r in range(vocab - 1, 0, -1) if r not in set(negatives.ids.reshape(-1).tolist()))
+    shifted = hidden + _offset_blind_to_the_sample(softmax, targets, negatives, rare)
+
+    full_before = float(bidirectional_loss(hidden, targets, softmax, None).loss)
+    full_after = float(bidirectional_loss(shifted, targets, softmax, None).loss)
+    assert full_after > full_before + 10  # the rare row takes the mass in the full softmax
+    before = bidirectional_loss(hidden, targets, softmax, negatives, offset_weight=weight)
+    after = bidirectional_loss(shifted, targets, softmax, negatives, offset_weight=weight)
+    torch.testing.assert_close(after.per_direction, before.per_direction)  # the sampled CE is blind
+    assert (float(after.loss) > float(before.loss) + 1.0) is sees_it
+
+
+def test_offset_penalty_is_the_squared_norm_of_each_directions_mean_input():
+    hidden = torch.randn(2, 3, 5, 4)
+    offset = torch.tensor([[1.0, 2.0, 0.0, 2.0], [0.0, 0.0, 3.0, 4.0]])  # |.|^2 = 9 and 25
+    hidden = hidden - hidden.reshape(2, -1, 4).mean(dim=1)[:, None, None] + offset[:, None, None]
+    assert float(offset_penalty(hidden)) == pytest.approx(17.0, rel=1e-5)
+    targets = torch.randint(0, 30, (2, 3, 5))
+    softmax = SharedSoftmax(30, 4)
+    plain = bidirectional_loss(hidden, targets, softmax, None)
+    penalised = bidirectional_loss(hidden, targets, softmax, None, offset_weight=0.1)
+    assert float(penalised.loss - plain.loss) == pytest.approx(1.7, rel=1e-5)
+    torch.testing.assert_close(penalised.per_direction, plain.per_direction)
