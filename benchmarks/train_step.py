@@ -63,9 +63,10 @@ from pipeline.train import checkpoint as ckpt  # noqa: E402
 from pipeline.train.char_cache import CharCache  # noqa: E402
 from pipeline.train.checkpoint import Checkpointer, RNGStates  # noqa: E402
 from pipeline.train.config import TrainConfig  # noqa: E402
-from pipeline.train.data import LMBatch, open_lm_batches, read_shard_sentences  # noqa: E402
+from pipeline.train.data import LMBatch, ReadAhead, open_lm_batches  # noqa: E402
 from pipeline.train.metrics import measure_matmul_peak  # noqa: E402
 from pipeline.train.objective import sample_negatives  # noqa: E402
+from pipeline.train.shard_reading import read_shard_sentences  # noqa: E402
 from pipeline.train.step_inputs import step_inputs  # noqa: E402
 from pipeline.train.trainer import PHASES, PhaseTimer, StepRunner  # noqa: E402
 
@@ -443,7 +444,12 @@ def shard_boundary_table(args: argparse.Namespace) -> None:
             "| next shard | boundary steps | median step ms | max step at a boundary ms | max step elsewhere ms | median next() ms | max next() at a boundary ms |"
         )
         print("|---|---|---|---|---|---|---|")
-        for prefetch in (False, True):
+        labels = {
+            ReadAhead.off: "read when reached (before)",
+            ReadAhead.thread: "read ahead in a thread",
+            ReadAhead.process: "read ahead in a process",
+        }
+        for prefetch, label in labels.items():
             stream = open_lm_batches(
                 tmp, "train", cache, batch, args.unroll_steps, seed=1, manifest=manifest, prefetch=prefetch
             )
@@ -452,11 +458,12 @@ def shard_boundary_table(args: argparse.Namespace) -> None:
             at = [r for r in rows if r[2]]
             other = [r for r in rows if not r[2]]
             print(
-                f"| {'read ahead in a thread' if prefetch else 'read when reached (before)'} | {len(at)} | "
+                f"| {label} | {len(at)} | "
                 f"{np.median([r[0] for r in rows]) * 1e3:.1f} | {max((r[0] for r in at), default=0) * 1e3:.1f} | "
                 f"{max(r[0] for r in other) * 1e3:.1f} | {np.median([r[1] for r in rows]) * 1e3:.1f} | "
                 f"{max((r[1] for r in at), default=0) * 1e3:.1f} |"
             )
+            stream.close()
 
 
 def _boundary_step(stream, step_s: float) -> tuple[float, float, bool]:

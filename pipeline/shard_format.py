@@ -21,13 +21,15 @@ import json
 import tarfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
-import webdataset as wds
 
 from pipeline import storage
 from pipeline.errors import PipelineError
+
+if TYPE_CHECKING:
+    import webdataset as wds
 
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
 SPECIALS = (BOS, EOS, UNK)
@@ -203,6 +205,9 @@ def decode_block(sample: dict[str, Any]) -> Block:
 def tar_writer(fileobj: BinaryIO) -> wds.TarWriter:
     """A WebDataset tar writer over an open binary stream, with fixed member metadata so that the
     same samples always produce the same bytes. Write :func:`encode_block` samples to it."""
+    # imported here: webdataset imports torch, which a reader (a read-ahead process) does not need
+    import webdataset as wds
+
     return wds.TarWriter(
         fileobj, user=TAR_OWNER, group=TAR_OWNER, mode=TAR_MODE, encoder=False, mtime=TAR_MTIME
     )

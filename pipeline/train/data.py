@@ -2,13 +2,13 @@
 
 Pieces, from the shard up:
 
-- :func:`read_shard_sentences` loads the sentences of one shard that a rank reads (IO shell over
-  ``pipeline.shard_format.read_shard``); :func:`wrap_sentences` lays them out in reading order,
-  each wrapped as ``[<S>] + w + [</S>]`` (reversed stream: ``[</S>] + reversed(w) + [<S>]``).
+- ``pipeline.train.shard_reading`` reads one shard for one rank and lays out its sentences in
+  reading order, each wrapped in its boundary tokens.
 - :class:`SentenceSource` is one direction's endless (training) or one-pass (test) sentence
-  generator for one rank, with a small resumable position. When it starts a shard it reads and
-  lays out the next shard of its order in a background thread, so a shard boundary does not stall
-  the step loop (the layout is a function of the position alone: the batches are the same).
+  generator for one rank, with a small resumable position. When it starts a shard it has the next
+  shard of its order read and laid out in a background process, so a shard boundary does not stall
+  the step loop, nor does the decoding take the interpreter from it (the layout is a function of
+  the position alone: the batches are the same).
 - :class:`RowStreams` is bilm-tf's ``_get_batch``: B rows, each owning a current-sentence buffer,
   cut into windows of U tokens.
 - :class:`LMBatchStream` pairs a forward and an independently shuffled reversed stream and yields
@@ -24,22 +24,29 @@ same on every rank and uneven shards cannot hang DDP.
 
 from __future__ import annotations
 
+import enum
+import multiprocessing
+import os
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from pipeline import shard_format
-from pipeline.background import in_thread
+from pipeline import shard_format, storage
+from pipeline.background import exit_with_parent, in_thread
 from pipeline.train.char_cache import CharCache
-
-BOS_ID, EOS_ID, UNK_ID = (
-    shard_format.SPECIALS.index(t) for t in (shard_format.BOS, shard_format.EOS, shard_format.UNK)
+from pipeline.train.shard_reading import (
+    UNK_ID,
+    LayoutPlan,
+    ShardSentences,
+    WrappedSentences,
+    read_layout,
+    read_shard_sentences,
+    seeded_rng,
 )
-"""Vocabulary ids of ``<S>``, ``</S>``, ``<UNK>``: fixed by the shard format (the first three lines)."""
 
 STATE_FORMAT = 1
 """Version of :meth:`LMBatchStream.state_dict`'s layout."""
@@ -48,138 +55,40 @@ _SHARD_ORDER_TAG = 0
 _SENTENCE_ORDER_TAG = 1
 
 
-@dataclass(frozen=True)
-class ShardSentences:
-    """The sentences of one shard that one rank reads, in stored order.
+class ReadAheadProcess:
+    """A spawned process that reads shards ahead, shared by the sources of one stream; it starts at
+    its first ``submit`` and ends with ``close`` (or when it is collected)."""
 
-    ``ids``: int32 ``(N,)``, the kept sentences' word ids concatenated (OOV = ``<UNK>``).
-    ``lengths``: int64 ``(S,)``, tokens per kept sentence (sums to N).
-    ``oov_pos``: int64 ``(K,)``, sorted positions in ``ids`` of out-of-vocabulary tokens.
-    ``oov_words``: K strings, their spellings (character inputs always spell the real word).
-    """
+    def __init__(self) -> None:
+        self.pool: ProcessPoolExecutor | None = None
 
-    ids: np.ndarray
-    lengths: np.ndarray
-    oov_pos: np.ndarray
-    oov_words: list[str]
-
-
-@dataclass(frozen=True)
-class WrappedSentences:
-    """Sentences in reading order, each boundary-wrapped, concatenated into one id array.
-
-    ``ids``: int32 ``(T,)``, ``T = N + 2S``; sentence j is ``ids[ends[j] - lengths[j] - 2 : ends[j]]``.
-    ``ends``: int64 ``(S,)``, one past each sentence's last position.
-    ``oov_pos``: int64 ``(K,)``, sorted positions in ``ids`` of out-of-vocabulary tokens;
-    ``oov_words``: their K spellings.
-    """
-
-    ids: np.ndarray
-    ends: np.ndarray
-    oov_pos: np.ndarray
-    oov_words: list[str]
-
-    @property
-    def n_sentences(self) -> int:
-        return int(self.ends.shape[0])
-
-    def begin(self, j: int) -> int:
-        return 0 if j == 0 else int(self.ends[j - 1])
-
-    def oov_between(self, start: int, stop: int) -> tuple[np.ndarray, list[str]]:
-        """OOV positions in ``[start, stop)`` (int64 ``(k,)``) and their k spellings."""
-        lo, hi = np.searchsorted(self.oov_pos, (start, stop))
-        return self.oov_pos[lo:hi], self.oov_words[lo:hi]
-
-
-def read_shard_sentences(
-    url: str,
-    vocab_size: int,
-    stride: tuple[int, int] | None = None,
-    expected: tuple[int, int] | None = None,
-) -> ShardSentences:
-    """Load one shard (local or ``s3://``) for one rank.
-
-    ``stride``: ``(rank, world_size)`` to keep only sentences whose index in the shard is
-    ``rank mod world_size``; None keeps all. ``expected``: the manifest's ``(sentences, tokens)``
-    for this shard, checked against what the file holds. Raises ``FormatError`` naming the shard
-    when ids fall outside the vocabulary or the counts disagree with the manifest.
-    """
-    ids_parts: list[np.ndarray] = []
-    length_parts: list[np.ndarray] = []
-    oov_parts: list[np.ndarray] = []
-    oov_words: list[str] = []
-    n_sentences = n_tokens = kept_tokens = 0
-    for block in shard_format.read_shard(url):
-        lengths = block.lengths.astype(np.int64)
-        if block.ids.size and (block.ids.min() < 0 or block.ids.max() >= vocab_size):
-            raise shard_format.FormatError(
-                f"shard {url}: block {block.key} has word ids outside the vocabulary of {vocab_size} "
-                f"({block.ids.min()}..{block.ids.max()}); does the shard match vocab.txt?"
+    def submit(self, work: Callable[..., Any], *args: Any) -> Future:
+        if self.pool is None:
+            # spawn: the training process holds threads (and CUDA) that a fork must not copy
+            self.pool = ProcessPoolExecutor(
+                1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=exit_with_parent,  # a killed worker leaves no reader behind
+                initargs=(os.getpid(),),
             )
-        if stride is None:
-            keep = np.ones(lengths.shape[0], dtype=bool)
-        else:
-            keep = (n_sentences + np.arange(lengths.shape[0])) % stride[1] == stride[0]
-        n_sentences += lengths.shape[0]
-        n_tokens += block.ids.shape[0]
-        ids = block.ids[np.repeat(keep, lengths)]
-        kept_lengths = lengths[keep]
-        unknown = np.flatnonzero(ids == UNK_ID)
-        if unknown.size:
-            kept_sentences = np.flatnonzero(keep)
-            ends = np.cumsum(kept_lengths)
-            sentence = np.searchsorted(ends, unknown, side="right")
-            token = unknown - (ends - kept_lengths)[sentence]
-            for s, t in zip(kept_sentences[sentence].tolist(), token.tolist(), strict=True):
-                oov_words.append(block.sentences[s][t])
-            oov_parts.append(unknown + kept_tokens)
-        kept_tokens += ids.shape[0]
-        ids_parts.append(ids)
-        length_parts.append(kept_lengths)
-    if expected is not None and (n_sentences, n_tokens) != tuple(expected):
-        raise shard_format.FormatError(
-            f"shard {url}: manifest lists {expected[0]} sentences / {expected[1]} tokens, "
-            f"the shard holds {n_sentences} / {n_tokens}"
-        )
-    return ShardSentences(
-        ids=np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.int32),
-        lengths=np.concatenate(length_parts) if length_parts else np.zeros(0, np.int64),
-        oov_pos=np.concatenate(oov_parts) if oov_parts else np.zeros(0, np.int64),
-        oov_words=oov_words,
-    )
+        return self.pool.submit(work, *args)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
 
 
-def wrap_sentences(shard: ShardSentences, order: np.ndarray, reverse: bool) -> WrappedSentences:
-    """Lay out ``shard``'s sentences in ``order`` (int ``(S,)``, a permutation of ``range(S)``),
-    each wrapped as ``[<S>] + w + [</S>]``, or ``[</S>] + reversed(w) + [<S>]`` when ``reverse``.
-    Vectorised: no per-token Python work."""
-    lengths = shard.lengths[order]
-    src_starts = (np.cumsum(shard.lengths) - shard.lengths)[order]
-    ends = np.cumsum(lengths + 2)
-    begins = ends - lengths - 2
-    ids = np.empty(int(ends[-1]) if ends.size else 0, dtype=np.int32)
-    ids[begins] = EOS_ID if reverse else BOS_ID
-    ids[ends - 1] = BOS_ID if reverse else EOS_ID
-    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    offset = np.repeat(lengths - 1, lengths) - within if reverse else within
-    src = np.repeat(src_starts, lengths) + offset
-    dst = np.repeat(begins + 1, lengths) + within
-    ids[dst] = shard.ids[src]
-    oov_pos = np.zeros(0, np.int64)
-    oov_words: list[str] = []
-    if shard.oov_pos.size:
-        dst_of_src = np.empty(shard.ids.shape[0], dtype=np.int64)
-        dst_of_src[src] = dst
-        moved = dst_of_src[shard.oov_pos]
-        sort = np.argsort(moved, kind="stable")
-        oov_pos = moved[sort]
-        oov_words = [shard.oov_words[k] for k in sort.tolist()]
-    return WrappedSentences(ids=ids, ends=ends, oov_pos=oov_pos, oov_words=oov_words)
+class ReadAhead(enum.Enum):
+    """Where a stream reads its next shard while it trains on the current one."""
 
-
-def _rng(*entropy: int) -> np.random.Generator:
-    return np.random.default_rng(list(entropy))
+    process = "process"
+    """A spawned process per stream (both directions): the decoding does not hold this process's
+    interpreter."""
+    thread = "thread"
+    """A thread: no process to start, but the decoding competes with the step loop for the GIL."""
+    off = "off"
+    """No read ahead: a shard is read when the stream reaches it."""
 
 
 def rank_shards(n_shards: int, rank: int, world_size: int) -> tuple[list[int], tuple[int, int] | None]:
@@ -210,9 +119,12 @@ class SentenceSource:
     Position: ``pass_index``, ``shard_pos`` (index into this pass's shard order) and ``offset``
     (sentences already handed out from that shard).
 
-    ``prefetch`` (default): on starting a shard, read and lay out the next one of the order in a
-    thread (one shard ahead, so at most two shards' layouts are held); a read error surfaces when
-    that shard is needed. Without it every shard is read when the stream reaches it.
+    ``prefetch``: on starting a shard, have the next one of the order read and laid out
+    (:class:`ReadAhead`; one shard ahead, so at most two shards' layouts are held); a read error
+    surfaces when that shard is needed. ``ReadAhead.off`` reads every shard when the stream reaches it.
+    ``process``: the :class:`ReadAheadProcess` to use with ``ReadAhead.process`` (shared by a
+    stream's two directions); by default the source starts its own at its first read ahead, and
+    :meth:`close` ends it.
     """
 
     def __init__(
@@ -228,7 +140,8 @@ class SentenceSource:
         test: bool = False,
         sizes: Sequence[tuple[int, int]] | None = None,
         reader: Callable[..., ShardSentences] = read_shard_sentences,
-        prefetch: bool = True,
+        prefetch: ReadAhead = ReadAhead.process,
+        process: ReadAheadProcess | None = None,
     ):
         if not urls:
             raise ValueError("SentenceSource: no shards to read")
@@ -249,29 +162,36 @@ class SentenceSource:
         self.pass_index = self.shard_pos = self.offset = 0
         self._loaded: tuple[tuple[int, int], WrappedSentences] | None = None
         self._ahead: tuple[tuple[int, int], Future] | None = None
-        """The next shard's position and its layout, read in a thread."""
+        """The next shard's position and its layout, being read ahead."""
+        self.process = process if process is not None else ReadAheadProcess()
         self._empty_in_a_row = 0
 
     def shard_order(self, pass_index: int) -> list[int]:
         """Indices into ``urls`` in the order pass ``pass_index`` reads them."""
         if self.test:
             return list(self.shards)
-        perm = _rng(self.seed, self.stream, _SHARD_ORDER_TAG, pass_index).permutation(len(self.shards))
+        perm = seeded_rng(self.seed, self.stream, _SHARD_ORDER_TAG, pass_index).permutation(len(self.shards))
         return [self.shards[i] for i in perm.tolist()]
 
-    def _read(self, where: tuple[int, int]) -> WrappedSentences:
-        """The layout of the shard at ``where`` = (pass, index into its order): read, decoded and
-        shuffled. A function of ``where`` alone, so it may run in a thread ahead of the stream."""
+    def _plan(self, where: tuple[int, int]) -> LayoutPlan:
+        """The layout of the shard at ``where`` = (pass, index into its order): a function of
+        ``where`` alone, so it may be read ahead of the stream, in a thread or a process."""
         pass_index, shard_pos = where
         shard = self.shard_order(pass_index)[shard_pos]
-        expected = self.sizes[shard] if self.sizes is not None else None
-        sentences = self.reader(self.urls[shard], self.vocab_size, self.stride, expected)
-        n = sentences.lengths.shape[0]
-        if self.test:
-            order = np.arange(n)
-        else:
-            order = _rng(self.seed, self.stream, _SENTENCE_ORDER_TAG, pass_index, shard).permutation(n)
-        return wrap_sentences(sentences, order, self.reverse)
+        return LayoutPlan(
+            url=self.urls[shard],
+            vocab_size=self.vocab_size,
+            stride=self.stride,
+            expected=tuple(self.sizes[shard]) if self.sizes is not None else None,
+            order_seed=None
+            if self.test
+            else (self.seed, self.stream, _SENTENCE_ORDER_TAG, pass_index, shard),
+            reverse=self.reverse,
+            endpoint=storage.endpoint_url(),
+        )
+
+    def _read(self, where: tuple[int, int]) -> WrappedSentences:
+        return read_layout(self._plan(where), self.reader)
 
     def _following(self, where: tuple[int, int]) -> tuple[int, int] | None:
         """The position of the shard after ``where`` (None: the end of a test pass)."""
@@ -281,9 +201,17 @@ class SentenceSource:
 
     def _read_ahead(self, where: tuple[int, int]) -> None:
         following = self._following(where)
-        if not self.prefetch or following is None:
+        if self.prefetch is ReadAhead.off or following is None:
             return
-        self._ahead = (following, in_thread(lambda: self._read(following), "shard-prefetch"))
+        if self.prefetch is ReadAhead.thread:
+            self._ahead = (following, in_thread(lambda: self._read(following), "shard-prefetch"))
+            return
+        self._ahead = (following, self.process.submit(read_layout, self._plan(following), self.reader))
+
+    def close(self) -> None:
+        """End the read-ahead process, if one started (a later read ahead starts another)."""
+        self._ahead = None
+        self.process.close()
 
     def _load(self) -> WrappedSentences:
         where = (self.pass_index, self.shard_pos)
@@ -460,7 +388,8 @@ class LMBatchStream:
     Test (``test=True``, held-out evaluation as ``run_test``): every sentence of the rank's shards
     once in a fixed order, both directions aligned, each row a continuous stream; it stops at the
     first batch that cannot be filled (that partial batch is dropped).
-    ``prefetch``: each direction reads its next shard ahead in a thread (:class:`SentenceSource`).
+    ``prefetch``: where each direction reads its next shard ahead (:class:`SentenceSource`);
+    :meth:`close` ends the read-ahead processes.
     """
 
     def __init__(
@@ -476,13 +405,14 @@ class LMBatchStream:
         test: bool = False,
         sizes: Sequence[tuple[int, int]] | None = None,
         reader: Callable[..., ShardSentences] = read_shard_sentences,
-        prefetch: bool = True,
+        prefetch: ReadAhead = ReadAhead.process,
     ):
         if unroll_steps < 1:
             raise ValueError(f"unroll_steps must be >= 1, got {unroll_steps}")
         self.cache = cache
         self.batch_size, self.unroll_steps = batch_size, unroll_steps
         self.test = test
+        process = ReadAheadProcess()
         self.streams = [
             RowStreams(
                 SentenceSource(
@@ -497,6 +427,7 @@ class LMBatchStream:
                     sizes=sizes,
                     reader=reader,
                     prefetch=prefetch,
+                    process=process,
                 ),
                 batch_size,
             )
@@ -506,6 +437,11 @@ class LMBatchStream:
 
     def __iter__(self) -> Iterator[LMBatch]:
         return self
+
+    def close(self) -> None:
+        """End both directions' read-ahead processes (the stream can go on: it starts new ones)."""
+        for rows in self.streams:
+            rows.source.close()
 
     def __next__(self) -> LMBatch:
         if self._finished:
@@ -588,7 +524,7 @@ def open_lm_batches(
     seed: int = 0,
     test: bool = False,
     manifest: dict | None = None,
-    prefetch: bool = True,
+    prefetch: ReadAhead = ReadAhead.process,
 ) -> LMBatchStream:
     """An :class:`LMBatchStream` over ``split`` (``train`` / ``heldout``) of a shard directory,
     checking each shard against the manifest's sentence and token counts as it is read."""

@@ -44,7 +44,7 @@ from pipeline.train.char_cache import CharCache
 from pipeline.train.checkpoint import Checkpointer, CheckpointError, RNGStates, latest_checkpoint
 from pipeline.train.config import OnDivergence, TrainConfig
 from pipeline.train.cuda_graph import WARMUP_DDP, WARMUP_SINGLE, GraphedStep
-from pipeline.train.data import LMBatch, open_lm_batches
+from pipeline.train.data import LMBatch, ReadAhead, open_lm_batches
 from pipeline.train.distributed import (
     RowGradient,
     all_reduce_sum,
@@ -409,7 +409,10 @@ class Trainer:
         runner.distribute()
         self.evaluator = Evaluator(
             cfg,
-            lambda: self._batches("heldout", cfg.eval_batch_size, EVAL_UNROLL_STEPS, test=True),
+            # a thread reads ahead here: a process per evaluation would cost more than it saves
+            lambda: self._batches(
+                "heldout", cfg.eval_batch_size, EVAL_UNROLL_STEPS, test=True, prefetch=ReadAhead.thread
+            ),
             plan.unigram_perplexity,
             self.world,
         )
@@ -433,7 +436,7 @@ class Trainer:
     def _guard_sample(self) -> list:
         """The guard's fixed sample: this rank's first ``guard.batches`` held-out batches."""
         batches = self._batches(
-            "heldout", self.cfg.eval_batch_size, EVAL_UNROLL_STEPS, test=True, prefetch=False
+            "heldout", self.cfg.eval_batch_size, EVAL_UNROLL_STEPS, test=True, prefetch=ReadAhead.off
         )
         return list(itertools.islice(batches, self.cfg.guard.batches))
 
@@ -544,12 +547,38 @@ class Trainer:
         }
 
     def run(self) -> dict:
+        """Train to the plan's last step, then evaluate and export; returns the status row."""
+        plan, runner, log = self.plan, self.runner, self.log
+        status = {"kind": "status", "step": self.step, "status": "done"}
+        try:
+            status = self._train(status)
+        finally:
+            self.batches.close()  # its read-ahead processes
+        status["step"] = self.step
+        if status["status"] == "done":
+            final = {"kind": "eval", "step": self.step, **self.evaluate()}
+            log.emit(final)
+            if self.rank == 0:
+                with torch.no_grad():
+                    export_mod.export_model(
+                        runner.bilm,
+                        runner.softmax,
+                        self.vocab_bytes,
+                        storage.join(plan.run_dir, export_mod.EXPORT_DIR),
+                    )
+                plot_perplexity(log.rows, storage.join(plan.run_dir, PLOT_FILE))
+            status.update({k: v for k, v in final.items() if k != "kind"})
+        log.finish_with(status)
+        return status
+
+    def _train(self, status: dict) -> dict:
+        """The step loop: steps until the run's last step, a non-finite step or a divergence that
+        stops the run; returns the run's status row."""
         plan, runner, log = self.plan, self.runner, self.log
         # The step never waits for the device; the loop does, only where a component is due (a log
         # line, an evaluation, a checkpoint), so the host prepares the next batches meanwhile.
         compute, steps_timed, start = 0.0, 0, time.perf_counter()
         window = start
-        status = {"kind": "status", "step": self.step, "status": "done"}
         while self.step < plan.total_steps:
             out = runner.train_step(next(self.batches), plan.total_steps)
             steps_timed += 1
@@ -592,21 +621,6 @@ class Trainer:
             if self.checkpointer.save(self.step, last):
                 log.save_tracking()  # the wandb history reaches an s3 run directory with each checkpoint
             window = time.perf_counter()  # evaluation and checkpoints are not training time
-        status["step"] = self.step
-        if status["status"] == "done":
-            final = {"kind": "eval", "step": self.step, **self.evaluate()}
-            log.emit(final)
-            if self.rank == 0:
-                with torch.no_grad():
-                    export_mod.export_model(
-                        runner.bilm,
-                        runner.softmax,
-                        self.vocab_bytes,
-                        storage.join(plan.run_dir, export_mod.EXPORT_DIR),
-                    )
-                plot_perplexity(log.rows, storage.join(plan.run_dir, PLOT_FILE))
-            status.update({k: v for k, v in final.items() if k != "kind"})
-        log.finish_with(status)
         return status
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from pipeline import shard_format, storage
-from pipeline.train.data import BOS_ID, EOS_ID, UNK_ID
+from pipeline.train.shard_reading import BOS_ID, EOS_ID, UNK_ID
 
 N_SPECIALS = len(shard_format.SPECIALS)
 

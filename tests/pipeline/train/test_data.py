@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,17 +22,15 @@ from elmo_model.characters import token_to_ids
 from pipeline import shard_format, storage
 from pipeline.train.char_cache import CharCache
 from pipeline.train.data import (
-    BOS_ID,
-    EOS_ID,
-    UNK_ID,
     LMBatchStream,
+    ReadAhead,
     SentenceSource,
     load_char_cache,
     open_lm_batches,
     rank_sentence_count,
-    read_shard_sentences,
     steps_per_epoch,
 )
+from pipeline.train.shard_reading import BOS_ID, EOS_ID, UNK_ID, read_shard_sentences
 
 BOS, EOS, UNK = shard_format.BOS, shard_format.EOS, shard_format.UNK
 
@@ -331,8 +335,16 @@ def test_lm_batch_stream_checks_arguments(fixture_dir, cache):
 # ---- reading the next shard ahead ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("rank,world_size,test", [(0, 1, False), (1, 2, False), (0, 1, True), (1, 3, True)])
-def test_prefetched_stream_equals_the_synchronous_one(tmp_path, vocab, cache, rank, world_size, test):
+@pytest.mark.parametrize(
+    "rank,world_size,test,mode",
+    [
+        (0, 1, False, ReadAhead.process),
+        (1, 2, False, ReadAhead.thread),
+        (0, 1, True, ReadAhead.thread),
+        (1, 3, True, ReadAhead.process),
+    ],
+)
+def test_read_ahead_stream_equals_the_synchronous_one(tmp_path, vocab, cache, rank, world_size, test, mode):
     many_shards_dir(str(tmp_path), vocab, n_shards=4)
 
     def stream(prefetch):
@@ -350,25 +362,79 @@ def test_prefetched_stream_equals_the_synchronous_one(tmp_path, vocab, cache, ra
         )
 
     n = 40  # several passes for a training stream, the whole pass for a test one
-    expected = list(itertools.islice(stream(False), n))
-    assert_same_batches(list(itertools.islice(stream(True), n)), expected)
+    expected = list(itertools.islice(stream(ReadAhead.off), n))
+    ahead = stream(mode)
+    assert_same_batches(list(itertools.islice(ahead, n)), expected)
+    ahead.close()
 
 
-def test_prefetched_stream_resumes_exactly(tmp_path, vocab, cache):
+def test_read_ahead_stream_resumes_exactly(tmp_path, vocab, cache):
     many_shards_dir(str(tmp_path), vocab)
 
     def stream(prefetch):
         return open_lm_batches(str(tmp_path), "train", cache, 3, 4, seed=3, prefetch=prefetch)
 
-    reference = stream(False)
+    reference = stream(ReadAhead.off)
     take(reference, 6)
     state = json.loads(json.dumps(reference.state_dict()))
     expected = take(reference, 25)
-    resumed = stream(True)
+    resumed = stream(ReadAhead.process)
     take(resumed, 11)  # its read-ahead is for another shard than the saved position needs
     resumed.load_state_dict(state)
     assert_same_batches(take(resumed, 25), expected)
     assert resumed.state_dict() == reference.state_dict()
+    resumed.close()
+
+
+def test_the_next_shard_is_decoded_in_another_process_that_close_ends(tmp_path, vocab):
+    many_shards_dir(str(tmp_path), vocab)
+    urls = shard_format.shard_urls(str(tmp_path), "train")
+    source = SentenceSource(urls, len(vocab), test=True)
+    source.next_sentence()
+    [worker] = source.process.pool._processes.values()
+    assert worker.pid != os.getpid() and worker.is_alive()
+    layout = source._ahead[1].result()  # the second shard, laid out there and sent back
+    expected = SentenceSource(urls, len(vocab), test=True, prefetch=ReadAhead.off)._read((0, 1))
+    np.testing.assert_array_equal(layout.ids, expected.ids)
+    np.testing.assert_array_equal(layout.ends, expected.ends)
+    source.close()
+    worker.join(timeout=10)
+    assert not worker.is_alive() and source.process.pool is None
+
+
+def test_the_read_ahead_process_ends_when_its_parent_is_killed(tmp_path):
+    # a Ray worker can be SIGKILLed: its read-ahead process must not outlive it
+    parent = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, signal\n"
+            "from pipeline.train.data import ReadAheadProcess\n"
+            "print(ReadAheadProcess().submit(os.getpid).result(), flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert parent.returncode == -signal.SIGKILL
+    child = int(parent.stdout)
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return (
+        Path(f"/proc/{pid}/status").read_text().find("State:\tZ") < 0
+        if Path(f"/proc/{pid}").exists()
+        else True
+    )
 
 
 class RecordingReader:
@@ -389,7 +455,7 @@ def test_the_next_shard_is_read_in_a_thread_when_a_shard_starts(tmp_path, vocab)
     many_shards_dir(str(tmp_path), vocab)
     urls = shard_format.shard_urls(str(tmp_path), "train")
     reader = RecordingReader()
-    source = SentenceSource(urls, len(vocab), test=True, reader=reader)
+    source = SentenceSource(urls, len(vocab), test=True, reader=reader, prefetch=ReadAhead.thread)
     source.next_sentence()
     source._ahead[1].result()  # the read ahead has finished
     names = [u.rsplit("/", 1)[-1] for u in urls]
@@ -403,7 +469,9 @@ def test_the_next_shard_is_read_in_a_thread_when_a_shard_starts(tmp_path, vocab)
 def test_a_failed_read_ahead_raises_where_its_shard_is_needed(tmp_path, vocab):
     many_shards_dir(str(tmp_path), vocab)
     urls = shard_format.shard_urls(str(tmp_path), "train")
-    source = SentenceSource(urls, len(vocab), test=True, reader=RecordingReader(fail=urls[1]))
+    source = SentenceSource(
+        urls, len(vocab), test=True, reader=RecordingReader(fail=urls[1]), prefetch=ReadAhead.thread
+    )
     assert None not in source_sentences(source, 7)  # the whole first shard, though its successor failed
     with pytest.raises(shard_format.FormatError, match="train-000001.tar: broken"):
         source.next_sentence()
