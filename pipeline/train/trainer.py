@@ -549,9 +549,8 @@ class Trainer:
     def run(self) -> dict:
         """Train to the plan's last step, then evaluate and export; returns the status row."""
         plan, runner, log = self.plan, self.runner, self.log
-        status = {"kind": "status", "step": self.step, "status": "done"}
         try:
-            status = self._train(status)
+            status = self._train()
         finally:
             self.batches.close()  # its read-ahead processes
         status["step"] = self.step
@@ -571,10 +570,11 @@ class Trainer:
         log.finish_with(status)
         return status
 
-    def _train(self, status: dict) -> dict:
+    def _train(self) -> dict:
         """The step loop: steps until the run's last step, a non-finite step or a divergence that
         stops the run; returns the run's status row."""
         plan, runner, log = self.plan, self.runner, self.log
+        status = {"kind": "status", "step": self.step, "status": "done"}
         # The step never waits for the device; the loop does, only where a component is due (a log
         # line, an evaluation, a checkpoint), so the host prepares the next batches meanwhile.
         compute, steps_timed, start = 0.0, 0, time.perf_counter()
