@@ -5,7 +5,9 @@
 # Needs the project's Python dependencies importable. Each step has its own time limit so a slow
 # one cannot starve the rest; logs go to OUTDIR, the tables to OUTDIR/summary.txt.
 #   1. correctness: the fixture sets on the GPU (gpu_check.py), the training path's kernels and
-#      CUDA graph against their references (gpu_train_check.py)
+#      CUDA graph against their references (gpu_train_check.py), the suite's CUDA tests (pytest -m
+#      cuda: the files that use the mark, so a module needing a package the machine lacks is not
+#      collected)
 #   2. benchmarks/train_step.py --device cuda: small and original, bf16 and float32, batch 128 up,
 #      with a profiler kernel summary of original bf16 at batch 128
 #   3. a real run through Ray Train: shard the sample corpus, 300 steps of small on 1 GPU (NCCL,
@@ -60,6 +62,7 @@ $py -c "import torch, ray; print('torch', torch.__version__, 'ray', ray.__versio
 if [ "$part" != run ]; then
     [ "$device" = cuda ] && step gpu_check 45 $py benchmarks/gpu_check.py
     step train_check 60 $py benchmarks/gpu_train_check.py --device "$device"
+    step cuda_tests 60 $py -m pytest -q -p no:cacheprovider -m cuda $(grep -rl 'pytest.mark.cuda' tests)
 fi
 
 # 3. the Ray Train run

@@ -67,6 +67,7 @@ from pipeline.train.data import LMBatch, ReadAhead, open_lm_batches  # noqa: E40
 from pipeline.train.metrics import measure_matmul_peak  # noqa: E402
 from pipeline.train.objective import sample_negatives  # noqa: E402
 from pipeline.train.shard_reading import read_shard_sentences  # noqa: E402
+from pipeline.train.snapshot import HostSnapshot  # noqa: E402
 from pipeline.train.step_inputs import step_inputs  # noqa: E402
 from pipeline.train.trainer import PHASES, PhaseTimer, StepRunner  # noqa: E402
 
@@ -247,22 +248,39 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def timed_steps(runner, batches, steps: int, saver: Checkpointer | None) -> tuple[list[float], float]:
+def timed_steps(
+    runner, batches, steps: int, saver: Checkpointer | None
+) -> tuple[list[float], float, list[float]]:
     """Seconds of each of ``steps`` training steps (each with ``saver.save`` when one is due, the
-    device synchronised: the loop waits for it at a save point anyway), and the seconds the last
-    background save still needed after them."""
-    times = []
+    device synchronised: the loop waits for it at a save point anyway), the seconds the last
+    background save still needed after them, and the seconds each ``save`` call that saved took
+    (what the loop waits for at a save point)."""
+    times, save_calls = [], []
     for i in range(steps):
         t0 = time.perf_counter()
         runner.train_step(batches[i % len(batches)], 10**6)
         _sync(runner.device)
         if saver is not None:
-            saver.save(i + 1)
+            t1 = time.perf_counter()
+            if saver.save(i + 1):
+                save_calls.append(time.perf_counter() - t1)
         times.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     if saver is not None:
         saver.wait()
-    return times, time.perf_counter() - t0
+    return times, time.perf_counter() - t0, save_calls
+
+
+def write_seconds(runner: StepRunner, run_dir: str) -> float:
+    """Seconds to write one checkpoint of ``runner``'s state to ``run_dir`` from host memory (the
+    saving thread's work, without the snapshot): whether the storage keeps up with the interval."""
+    saver = checkpointer_for(runner, run_dir, 1, True)
+    parts = {**saver.shared, **saver.own}
+    payload = HostSnapshot().take({name: part.state_dict() for name, part in parts.items()})
+    payload.wait()
+    t0 = time.perf_counter()
+    ckpt.save_model(ckpt.checkpoint_path(run_dir, 1), payload.payload)
+    return time.perf_counter() - t0
 
 
 CHECKPOINT_MODES = {"none": None, "background": True, "streamed, synchronous": False}
@@ -288,26 +306,36 @@ def checkpoint_table(args: argparse.Namespace) -> None:
                     saver = checkpointer_for(runner, run_dir, args.checkpoint_every, background)
                 results[mode].append(timed_steps(runner, batches, args.checkpoint_steps, saver))
         size = state_bytes(checkpointer_for(runner, tmp, 1, True))
+        write_s = write_seconds(runner, os.path.join(tmp, "write"))
     print(
         f"\ncheckpoint every {args.checkpoint_every} steps vs none: preset {preset}, batch {batch} x unroll "
         f"{args.unroll_steps}, state {size / 2**20:,.0f} MiB, {args.checkpoint_steps} steps x "
         f"{args.checkpoint_repeats} rounds per mode, device {runner.device.type}, {torch.get_num_threads()} thread(s)"
     )
     print(
-        "| checkpoints | mean step s | median step s | max step s | vs none | last save after the steps s |"
+        "| checkpoints | mean step s | median step s | max step s | vs none | save call ms, first / median | "
+        "last save after the steps s |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     base = None
     for mode, runs in results.items():
-        times = [t for run, _ in runs for t in run]
+        times = [t for run, _, _ in runs for t in run]
         mean = float(np.mean(times))
         base = base or mean
         label = mode if mode == "none" else f"{mode}, every {args.checkpoint_every}"
-        drain = max(d for _, d in runs)
+        drain = max(d for _, d, _ in runs)
+        calls = [c for _, _, run_calls in runs for c in run_calls]
+        call_ms = f"{calls[0] * 1e3:.1f} / {np.median(calls[1:] or calls) * 1e3:.1f}" if calls else ""
         print(
             f"| {label} | {mean:.3f} | {np.median(times):.3f} | {max(times):.3f} | "
-            f"{mean / base - 1:+.1%} | {drain:.2f} |"
+            f"{mean / base - 1:+.1%} | {call_ms} | {drain:.2f} |"
         )
+    interval = args.checkpoint_every * float(np.median([t for run, _, _ in results["none"] for t in run]))
+    print(
+        f"writing one checkpoint from host memory (torch.save streamed to {args.checkpoint_dir or 'a temp dir'}, "
+        f"fsync'd): {write_s:.2f} s, {size / 2**20 / write_s:,.0f} MiB/s; the steps between two saves take "
+        f"{interval:.2f} s, so the storage {'keeps up' if write_s < interval else 'does not keep up: a save waits for the previous one'}"
+    )
 
 
 def _rss(field: str = "VmRSS") -> int:

@@ -31,6 +31,19 @@ FAKE_WANDB_KEY = "elmofake" + "0123456789abcdef" * 2
 """A 40-character stand-in for a wandb key, set while ``ray_local`` runs (wandb stays offline)."""
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` are skipped without a CUDA device: CI has none, a GPU session runs them
+    (``pytest -m cuda``, from benchmarks/gpu_train_session.sh)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run in GPU sessions: pytest -m cuda)")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def single_thread():
     """One torch thread: the test models are tiny, and one thread avoids stalls when other processes

@@ -14,8 +14,9 @@ A checkpoint counts only once ``COMPLETE`` exists, so a run killed while writing
 the previous one.
 
 Saving is off the training step's critical path: at a save point every rank takes a snapshot of its
-parts (on a GPU the device-to-host copy is the snapshot; CPU tensors are copied, since training goes
-on changing them) and a background thread streams it with ``torch.save`` straight into
+parts (pipeline.train.snapshot: on a GPU a device-to-host copy queued into reused pinned buffers,
+which the host does not wait for; CPU tensors are copied, since training goes on changing them) and
+a background thread waits for the copy and streams it with ``torch.save`` straight into
 ``storage.open_write`` (a temp file + rename, or an S3 multipart upload), so no serialised copy is
 ever held in memory: a save costs about one state size of host memory, the snapshot. Rank 0's thread
 then waits until every rank's file exists and writes ``COMPLETE``; no collective runs in the thread
@@ -50,6 +51,7 @@ from pipeline import storage
 from pipeline.background import in_thread
 from pipeline.train.distributed import barrier
 from pipeline.train.errors import TrainError
+from pipeline.train.snapshot import HostSnapshot, Snapshot
 
 FORMAT = 2
 """Checkpoint layout version (1: RNG states pickled as numpy and Python objects)."""
@@ -243,27 +245,6 @@ class RNGStates:
         self.generator.set_state(state["sampler"])
 
 
-def snapshot(payload: Any) -> Any:
-    """A copy of ``payload`` that training can no longer change: every tensor copied to the CPU
-    (detached; a tensor met twice is copied once), dicts, lists and tuples rebuilt, anything else
-    (numbers, strings, bytes) kept. On a GPU the copy is the device-to-host transfer the file needs
-    anyway; on a CPU it is a second copy of the state, the price of saving while training goes on."""
-    memo: dict[int, torch.Tensor] = {}
-
-    def copy(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            if id(value) not in memo:
-                memo[id(value)] = value.detach().to("cpu", copy=True)
-            return memo[id(value)]
-        if isinstance(value, dict):
-            return {key: copy(item) for key, item in value.items()}
-        if type(value) in (list, tuple):
-            return type(value)(copy(item) for item in value)
-        return value
-
-    return copy(payload)
-
-
 def await_rank_files(path: str, world_size: int, timeout_s: float, poll_s: float = 0.05) -> None:
     """Wait until every rank's file of checkpoint ``path`` exists (rank 0 marks it complete then).
 
@@ -315,6 +296,7 @@ class Checkpointer:
         self.shared, self.own, self.meta = shared, own, meta
         self.background, self.ranks_timeout_s = background, ranks_timeout_s
         self._pending: Future | None = None
+        self._host = HostSnapshot()
 
     def due(self, step: int, last_step: bool) -> bool:
         """Whether ``step`` saves. Also raises the error of a background save that failed since."""
@@ -336,9 +318,13 @@ class Checkpointer:
         if not self.background or last_step:
             self._write(path, step, own, shared)
             return True
-        own, shared = snapshot(own), snapshot(shared)
-        self._pending = in_thread(lambda: self._write(path, step, own, shared), name=f"checkpoint-{step}")
+        taken = self._host.take({"own": own, "shared": shared})
+        self._pending = in_thread(lambda: self._write_snapshot(path, step, taken), name=f"checkpoint-{step}")
         return True
+
+    def _write_snapshot(self, path: str, step: int, taken: Snapshot) -> None:
+        taken.wait()
+        self._write(path, step, taken.payload["own"], taken.payload["shared"])
 
     def _write(self, path: str, step: int, own: dict, shared: dict) -> None:
         """This rank's files of checkpoint ``path``; rank 0 then completes it and prunes."""

@@ -14,6 +14,7 @@ from elmo_model import BiLM, LSTMState
 from pipeline.config import load_config
 from pipeline.model_config import to_options
 from pipeline.train.char_cache import CharCache
+from pipeline.train.checkpoint import Checkpointer, latest_checkpoint, load_model
 from pipeline.train.config import OptimizerName, TrainConfig
 from pipeline.train.data import LMBatch
 from pipeline.train.objective import NegativeSample, SharedSoftmax, sample_negatives, sampled_softmax_losses
@@ -169,6 +170,35 @@ def test_a_non_finite_step_changes_nothing():
         for a, p in zip(sums, runner.lm.parameters(), strict=True)
     )
     assert torch.equal(c, runner.state.c) and torch.equal(h, runner.state.h)
+
+
+@pytest.mark.cuda
+def test_a_background_checkpoint_holds_its_step_while_graph_replays_go_on(tmp_path):
+    cache = _cache()
+    batches = _batches(cache, 10)
+    cfg = _config("cuda_graph=true")
+    runner = StepRunner(cfg, to_options(cfg.model), VOCAB, torch.device("cuda"))
+    for batch in batches[:5]:  # warm-up, capture, replays
+        runner.train_step(batch, 100)
+    assert runner.graph.replaying
+    saver = Checkpointer(
+        str(tmp_path),
+        0,
+        1,
+        every=5,
+        keep=2,
+        shared={"bilm": runner.bilm, "softmax": runner.softmax, "optimizer": runner.optimizer},
+        own={"lstm": runner.state},
+        meta={"options": runner.options},
+    )
+    want = {name: tensor.cpu() for name, tensor in runner.bilm.state_dict().items()}
+    assert saver.save(5)
+    for batch in batches[5:]:  # replays queued behind the checkpoint's device-to-host copy
+        runner.train_step(batch, 100)
+    saver.wait()
+    saved = load_model(latest_checkpoint(str(tmp_path)))["bilm"]
+    assert all(torch.equal(saved[name], want[name]) for name in want)
+    assert not all(torch.equal(tensor.cpu(), want[name]) for name, tensor in runner.bilm.state_dict().items())
 
 
 def test_full_softmax_and_adam_run_and_learn():
