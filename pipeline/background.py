@@ -1,19 +1,30 @@
-"""Work in a daemon thread, its result or error held in a future.
+"""Work off the caller's path: in a daemon thread, or in a helper process, its result or error held
+in a future.
 
 Used where training must not wait: a checkpoint written while the next steps run, the next shard
 read while this one is trained on. Daemon threads: a process that is going down does not wait for
 them (a checkpoint only counts once its ``COMPLETE`` is written; an abandoned read is dropped).
-``exit_with_parent`` is for helper processes (the shard read-ahead): they end with their parent.
+
+:class:`HelperProcess` runs picklable work in a child started as ``python -m pipeline.background``
+(not multiprocessing's spawn, which re-imports the parent's main script in the child: a Ray
+worker's ``default_worker.py`` with all of Ray, or a user's script without a ``__main__`` guard,
+which then runs again). The child imports only what the work needs and ends with its parent, even
+one killed by SIGKILL, where no shutdown message ever comes.
 """
 
 from __future__ import annotations
 
+import collections
 import os
+import pickle
+import subprocess
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, BinaryIO
 
 
 def in_thread(work: Callable[[], Any], name: str) -> Future:
@@ -33,7 +44,7 @@ def in_thread(work: Callable[[], Any], name: str) -> Future:
 
 def exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
     """In a helper process: exit as soon as ``parent_pid`` is no longer its parent (the parent died,
-    even by SIGKILL, where no shutdown message ever comes). Starts a daemon thread that polls."""
+    even by SIGKILL). Starts a daemon thread that polls."""
 
     def watch() -> None:
         while os.getppid() == parent_pid:
@@ -41,3 +52,143 @@ def exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
         os._exit(0)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+class HelperProcessError(RuntimeError):
+    """The helper process ended before it answered, or its answer could not be sent back."""
+
+
+class HelperProcess:
+    """A child process that runs ``fn(*args)`` calls one at a time, in the order submitted; it
+    starts at the first ``submit`` and ends with ``close`` (or when this object is collected).
+
+    ``fn``, ``args`` and the result travel pickled (functions by module and name: the child imports
+    them with the parent's ``sys.path``). An exception raised by ``fn`` is raised again by the
+    future's ``result()``, as ``HelperProcessError`` naming it if it cannot be pickled.
+    """
+
+    def __init__(self) -> None:
+        self._child: subprocess.Popen | None = None
+        self._pending: collections.deque[Future] = collections.deque()
+        self._lock = threading.Lock()
+        self._collector: threading.Thread | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The child's pid while it runs (None before the first submit and after close)."""
+        return self._child.pid if self._child is not None else None
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        with self._lock:
+            if self._child is None:
+                self._start()
+            self._pending.append(future)
+            try:
+                _send(self._child.stdin, (fn, args))
+            except OSError:
+                pass  # the child is gone: the collector fails every pending future, this one too
+        return future
+
+    def close(self) -> None:
+        """End the child now (work in flight is abandoned; its futures fail)."""
+        with self._lock:
+            child, self._child = self._child, None
+            if child is not None:
+                self._finalizer.detach()
+                child.kill()
+                _end_jobs(child)
+                self._collector.join(timeout=10)
+
+    def _start(self) -> None:
+        results_read, results_write = os.pipe()
+        # the child finds this package where the parent does, then takes the parent's whole path
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        child = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.background", str(results_write), str(os.getpid())],
+            stdin=subprocess.PIPE,
+            pass_fds=(results_write,),
+            env=env,
+        )
+        os.close(results_write)
+        _send(child.stdin, list(sys.path))
+        collector = threading.Thread(
+            target=_collect,
+            args=(child, os.fdopen(results_read, "rb"), self._pending),
+            name="helper-results",
+            daemon=True,
+        )
+        collector.start()
+        self._child, self._collector = child, collector
+        # collected without a close: the child answers what was submitted, then sees its jobs end
+        # (no reference to self here, or this object would never be collected)
+        self._finalizer = weakref.finalize(self, _end_jobs, child)
+
+
+def _send(stream: BinaryIO, message: Any) -> None:
+    pickle.dump(message, stream, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.flush()
+
+
+def _collect(child: subprocess.Popen, results: BinaryIO, pending: collections.deque) -> None:
+    """Hands each answer to the oldest pending future; when the child ends, fails the rest."""
+    reason = ""
+    with results:
+        while True:
+            try:
+                ok, value = pickle.load(results)
+            except EOFError:  # the child ended
+                break
+            except Exception as err:  # noqa: BLE001 - an answer this process cannot read: stop the child
+                reason = f"; its answer could not be read: {err}"
+                child.kill()
+                break
+            future = pending.popleft()
+            future.set_result(value) if ok else future.set_exception(value)
+    code = child.wait()
+    while pending:
+        pending.popleft().set_exception(
+            HelperProcessError(
+                f"the helper process {child.pid} ended (exit code {code}) before it answered{reason}"
+            )
+        )
+
+
+def _end_jobs(child: subprocess.Popen) -> None:
+    try:
+        child.stdin.close()
+    except OSError:
+        pass  # a killed child's pipe may refuse the flush
+
+
+def _serve(jobs: BinaryIO, results: BinaryIO, parent_pid: int) -> None:
+    """The child's loop: a job from ``jobs``, its answer to ``results``, until ``jobs`` ends."""
+    exit_with_parent(parent_pid)  # jobs end with the parent too, unless a fork kept their pipe open
+    sys.path[:] = pickle.load(jobs)
+    while True:
+        try:
+            fn, args = pickle.load(jobs)
+        except EOFError:
+            return
+        except Exception as err:  # noqa: BLE001 - a job that does not unpickle here: say so, and stop
+            _send(results, (False, HelperProcessError(f"the helper process cannot read a job: {err}")))
+            return
+        try:
+            answer = (True, fn(*args))
+        except Exception as err:  # noqa: BLE001 - raised again by the parent's future
+            answer = (False, err)
+        try:
+            data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as err:  # noqa: BLE001 - an answer that does not pickle
+            data = pickle.dumps((False, HelperProcessError(f"{answer[1]!r} cannot be sent back ({err})")))
+        results.write(data)
+        results.flush()
+
+
+if __name__ == "__main__":
+    # run the module's own copy, not __main__'s, so HelperProcessError pickles under its real name
+    from pipeline import background
+
+    background._serve(sys.stdin.buffer, os.fdopen(int(sys.argv[1]), "wb"), int(sys.argv[2]))

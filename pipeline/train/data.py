@@ -25,10 +25,8 @@ same on every rank and uneven shards cannot hang DDP.
 from __future__ import annotations
 
 import enum
-import multiprocessing
-import os
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +34,7 @@ import numpy as np
 import torch
 
 from pipeline import shard_format, storage
-from pipeline.background import exit_with_parent, in_thread
+from pipeline.background import HelperProcess, in_thread
 from pipeline.train.char_cache import CharCache
 from pipeline.train.shard_reading import (
     UNK_ID,
@@ -55,36 +53,12 @@ _SHARD_ORDER_TAG = 0
 _SENTENCE_ORDER_TAG = 1
 
 
-class ReadAheadProcess:
-    """A spawned process that reads shards ahead, shared by the sources of one stream; it starts at
-    its first ``submit`` and ends with ``close`` (or when it is collected)."""
-
-    def __init__(self) -> None:
-        self.pool: ProcessPoolExecutor | None = None
-
-    def submit(self, work: Callable[..., Any], *args: Any) -> Future:
-        if self.pool is None:
-            # spawn: the training process holds threads (and CUDA) that a fork must not copy
-            self.pool = ProcessPoolExecutor(
-                1,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=exit_with_parent,  # a killed worker leaves no reader behind
-                initargs=(os.getpid(),),
-            )
-        return self.pool.submit(work, *args)
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-            self.pool = None
-
-
 class ReadAhead(enum.Enum):
     """Where a stream reads its next shard while it trains on the current one."""
 
     process = "process"
-    """A spawned process per stream (both directions): the decoding does not hold this process's
-    interpreter."""
+    """A helper process per stream (both directions, pipeline.background.HelperProcess): the
+    decoding does not hold this process's interpreter."""
     thread = "thread"
     """A thread: no process to start, but the decoding competes with the step loop for the GIL."""
     off = "off"
@@ -122,7 +96,7 @@ class SentenceSource:
     ``prefetch``: on starting a shard, have the next one of the order read and laid out
     (:class:`ReadAhead`; one shard ahead, so at most two shards' layouts are held); a read error
     surfaces when that shard is needed. ``ReadAhead.off`` reads every shard when the stream reaches it.
-    ``process``: the :class:`ReadAheadProcess` to use with ``ReadAhead.process`` (shared by a
+    ``process``: the :class:`HelperProcess` to use with ``ReadAhead.process`` (shared by a
     stream's two directions); by default the source starts its own at its first read ahead, and
     :meth:`close` ends it.
     """
@@ -141,7 +115,7 @@ class SentenceSource:
         sizes: Sequence[tuple[int, int]] | None = None,
         reader: Callable[..., ShardSentences] = read_shard_sentences,
         prefetch: ReadAhead = ReadAhead.process,
-        process: ReadAheadProcess | None = None,
+        process: HelperProcess | None = None,
     ):
         if not urls:
             raise ValueError("SentenceSource: no shards to read")
@@ -163,7 +137,7 @@ class SentenceSource:
         self._loaded: tuple[tuple[int, int], WrappedSentences] | None = None
         self._ahead: tuple[tuple[int, int], Future] | None = None
         """The next shard's position and its layout, being read ahead."""
-        self.process = process if process is not None else ReadAheadProcess()
+        self.process = process if process is not None else HelperProcess()
         self._empty_in_a_row = 0
 
     def shard_order(self, pass_index: int) -> list[int]:
@@ -412,7 +386,7 @@ class LMBatchStream:
         self.cache = cache
         self.batch_size, self.unroll_steps = batch_size, unroll_steps
         self.test = test
-        process = ReadAheadProcess()
+        process = HelperProcess()
         self.streams = [
             RowStreams(
                 SentenceSource(

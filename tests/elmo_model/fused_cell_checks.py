@@ -122,19 +122,23 @@ def check_window() -> None:
 
 
 def check_model_paths() -> None:
-    """The fused and unfused no-grad paths agree, and both fixture sets reproduce through the fused one."""
-    for name in ("bilm_tf", "allennlp"):
-        reference = ReferenceSet(name)
-        assert_matches_reference(run_stateful(reference.load(), reference.sentences()), reference)
-        model = reference.load()
-        ids = batch_to_ids([s for row in reference.sentences() for s in row[:2]])
-        with torch.no_grad():
-            fused = model(ids).layers
-            model.lstm.use_fused_cell = False
-            plain = model(ids).layers
-        err = (fused - plain).abs().max().item()
-        assert np.isfinite(err) and err < 2e-6, err
-        print(f"{name}: fixtures reproduce through the fused cell; fused vs unfused {err:.1e}")
+    """One fixture set reproduces through the fused cell (stateful, all 10 batches); on the other,
+    the fused and unfused no-grad paths agree. The two sets differ only in skip connections, which
+    sit outside the cell; each interpreted stateful run costs ~28 s, so the second set's is left to
+    benchmarks/gpu_check.py, which runs both through the compiled kernels on a GPU."""
+    reference = ReferenceSet("allennlp")
+    assert_matches_reference(run_stateful(reference.load(), reference.sentences()), reference)
+    print("allennlp: fixtures reproduce through the fused cell")
+    reference = ReferenceSet("bilm_tf")
+    model = reference.load()
+    ids = batch_to_ids([s for row in reference.sentences() for s in row[:2]])
+    with torch.no_grad():
+        fused = model(ids).layers
+        model.lstm.use_fused_cell = False
+        plain = model(ids).layers
+    err = (fused - plain).abs().max().item()
+    assert np.isfinite(err) and err < 2e-6, err
+    print(f"bilm_tf: fused vs unfused {err:.1e}")
 
 
 if __name__ == "__main__":

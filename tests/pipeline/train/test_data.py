@@ -391,15 +391,14 @@ def test_the_next_shard_is_decoded_in_another_process_that_close_ends(tmp_path, 
     urls = shard_format.shard_urls(str(tmp_path), "train")
     source = SentenceSource(urls, len(vocab), test=True)
     source.next_sentence()
-    [worker] = source.process.pool._processes.values()
-    assert worker.pid != os.getpid() and worker.is_alive()
+    worker = source.process.pid
+    assert worker is not None and worker != os.getpid() and _alive(worker)
     layout = source._ahead[1].result()  # the second shard, laid out there and sent back
     expected = SentenceSource(urls, len(vocab), test=True, prefetch=ReadAhead.off)._read((0, 1))
     np.testing.assert_array_equal(layout.ids, expected.ids)
     np.testing.assert_array_equal(layout.ends, expected.ends)
     source.close()
-    worker.join(timeout=10)
-    assert not worker.is_alive() and source.process.pool is None
+    assert not _alive(worker) and source.process.pid is None
 
 
 def test_the_read_ahead_process_ends_when_its_parent_is_killed():
@@ -409,8 +408,8 @@ def test_the_read_ahead_process_ends_when_its_parent_is_killed():
             sys.executable,
             "-c",
             "import os, signal\n"
-            "from pipeline.train.data import ReadAheadProcess\n"
-            "print(ReadAheadProcess().submit(os.getpid).result(), flush=True)\n"
+            "from pipeline.background import HelperProcess\n"
+            "print(HelperProcess().submit(os.getpid).result(), flush=True)\n"
             "os.kill(os.getpid(), signal.SIGKILL)\n",
         ],
         capture_output=True,

@@ -1,0 +1,78 @@
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.background import HelperProcess, HelperProcessError, in_thread
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_in_thread_hands_back_the_result_or_the_error():
+    assert in_thread(lambda: 42, "answer").result(timeout=10) == 42
+    with pytest.raises(ZeroDivisionError):
+        in_thread(lambda: 1 / 0, "fails").result(timeout=10)
+
+
+def test_helper_answers_in_order_and_raises_the_work_s_own_errors():
+    helper = HelperProcess()
+    try:
+        futures = [helper.submit(pow, 2, n) for n in range(5)]
+        # builtins, so the child imports nothing of this test module
+        failed = helper.submit(int, "bad shard")
+        unsendable = helper.submit(eval, "__import__('threading').Lock()")
+        after = helper.submit(pow, 3, 2)
+        assert [f.result(timeout=30) for f in futures] == [1, 2, 4, 8, 16]
+        with pytest.raises(ValueError, match="bad shard"):
+            failed.result(timeout=30)
+        with pytest.raises(HelperProcessError, match="cannot be sent back"):
+            unsendable.result(timeout=30)
+        assert after.result(timeout=30) == 9  # the child goes on after an error
+    finally:
+        helper.close()
+
+
+def test_helper_imports_only_what_its_work_needs():
+    assert torch is not None and "torch" in sys.modules  # the parent has torch
+    helper = HelperProcess()
+    try:
+        assert helper.submit(eval, "'torch' in __import__('sys').modules").result(timeout=30) is False
+    finally:
+        helper.close()
+
+
+def test_close_ends_the_child_and_fails_the_work_in_flight():
+    helper = HelperProcess()
+    slow = helper.submit(time.sleep, 60)
+    started = time.monotonic()
+    helper.close()
+    with pytest.raises(HelperProcessError, match="ended"):
+        slow.result(timeout=30)
+    assert time.monotonic() - started < 20 and helper.pid is None
+    assert helper.submit(pow, 2, 3).result(timeout=30) == 8  # a later submit starts another child
+    helper.close()
+
+
+def test_a_script_without_a_main_guard_runs_once(tmp_path):
+    # multiprocessing's spawn re-imports the main script in the child: this script would run twice
+    script = tmp_path / "user_script.py"
+    script.write_text(
+        "import os\n"
+        "from pipeline.background import HelperProcess\n"
+        "print('script ran', flush=True)\n"
+        "helper = HelperProcess()\n"
+        "print(helper.submit(os.getpid).result() != os.getpid(), flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["script ran", "True"]
