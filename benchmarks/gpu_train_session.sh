@@ -24,7 +24,7 @@ device=${DEVICE:-cuda}
 steps=${STEPS:-300}            # the dry run uses a few steps
 resume_steps=$((steps + (steps + 2) / 3))
 extra=${EXTRA:-}               # more train overrides (the dry run: a small batch)
-part=${PART:-all}              # bench (1-2 and 4), run (3), or all: for leases too short for all
+part=${PART:-all}              # bench (1, 2, 5), run (3), io (the CUDA tests and 5), or all: for short leases
 deadline=$((SECONDS + ${BUDGET:-540}))  # every step ends by then, whatever its own limit
 work=$(mktemp -d /tmp/elmo-gpu-XXXXXX)
 logs=$work/logs
@@ -58,15 +58,22 @@ else
 fi
 $py -c "import torch, ray; print('torch', torch.__version__, 'ray', ray.__version__)"
 
+in_part() {  # in_part PART...: whether this session's PART runs a step that belongs to those parts
+    [ "$part" = all ] && return 0
+    local p
+    for p in "$@"; do [ "$p" = "$part" ] && return 0; done
+    return 1
+}
+
 # 1. correctness
-if [ "$part" != run ]; then
+if in_part bench; then
     [ "$device" = cuda ] && step gpu_check 45 $py benchmarks/gpu_check.py
     step train_check 60 $py benchmarks/gpu_train_check.py --device "$device"
-    step cuda_tests 60 $py -m pytest -q -p no:cacheprovider -m cuda $(grep -rl 'pytest.mark.cuda' tests)
 fi
+in_part bench io && step cuda_tests 60 $py -m pytest -q -p no:cacheprovider -m cuda $(grep -rl 'pytest.mark.cuda' tests)
 
 # 3. the Ray Train run
-if [ "$part" != bench ]; then
+if in_part run; then
 train() {  # train NAME LIMIT STEPS [key=value ...]
     local name=$1 limit=$2 steps=$3; shift 3
     step "$name" "$limit" $py -m jobs.cli train --shards "$work/shards" --output "$work/$name" --preset small \
@@ -86,7 +93,7 @@ cp "$work/run_bf16_no_offset_penalty/metrics.jsonl" "$logs/run_bf16_no_offset_pe
 fi
 
 # 2. the step benchmark of original (its profile decides what to speed up next)
-if [ "$part" != run ]; then
+if in_part bench; then
     if [ "$device" = cuda ]; then
         step bench_original 110 $py benchmarks/train_step.py "${bench[@]}" --presets original "${sizes[@]}"
     else
@@ -95,10 +102,10 @@ if [ "$part" != run ]; then
 fi
 
 # 5. checkpoints and shard reads off the critical path
-[ "$part" != run ] && step io 80 $py benchmarks/train_step.py "${io[@]}"
+in_part bench io && step io 80 $py benchmarks/train_step.py "${io[@]}"
 
 # 2. continued: small
-if [ "$device" = cuda ] && [ "$part" != run ] && [ "${SMALL:-0}" = 1 ]; then
+if [ "$device" = cuda ] && in_part bench && [ "${SMALL:-0}" = 1 ]; then
     step bench_small 45 $py benchmarks/train_step.py --device cuda --json "$logs/train_step_small.json" \
         --presets small "${small_sizes[@]}" --modes graph --steps 10 --warmup 5
 fi
