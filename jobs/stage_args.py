@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from pipeline.config import load_config
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, Terminated
 
 
 def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -82,12 +83,17 @@ def resolve(
 def run_main(body: Callable[[], int | None]) -> int:
     """Run a stage body with the one exit-code policy of every entry point: a `PipelineError` (the
     package's one error family) prints ``error: MESSAGE`` and exits 2, Ctrl-C prints
-    ``interrupted`` and exits 130; anything else is a bug and keeps its traceback."""
+    ``interrupted`` and exits 130, SIGTERM while Ray runs (`Terminated`) prints ``terminated`` and
+    exits 143 (128 + the signal, as a shell reports it); anything else is a bug and keeps its
+    traceback."""
     try:
         return int(body() or 0)
     except PipelineError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

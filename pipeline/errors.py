@@ -13,3 +13,8 @@ from __future__ import annotations
 
 class PipelineError(Exception):
     """A run that cannot start or did not finish; the message is one line naming the cause."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler or ``kill`` stopping the job), raised where Ctrl-C's KeyboardInterrupt
+    would be: a stage stops the same way, and the entry points report ``terminated``, exit 143."""

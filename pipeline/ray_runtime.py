@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import ray
 
 from pipeline.cluster_watchdog import MARKER_VAR, Watchdog
+from pipeline.errors import Terminated
 
 LOOPBACK = "127.0.0.1"
 
@@ -67,6 +70,21 @@ def _dashboard_installed() -> bool:
     return False
 
 
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated(f"signal {signum}")
+
+
+def _raise_on_sigterm():
+    """Make SIGTERM raise `Terminated` in the main thread, as Ctrl-C raises KeyboardInterrupt, so a
+    stage stops the same way (Ray shut down, the cluster stopped, outputs left whole). Installed
+    after ``ray.init``, which sets handlers of its own: one that exits the process from inside the
+    stage with status 15, and a C++ one that prints a stack trace as if Ray had crashed. Returns the
+    handler replaced (None where signals cannot be set: not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
+
+
 @contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[None]:
     """Run the body with Ray initialised.
@@ -83,7 +101,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
     kwargs = {"logging_level": logging.WARNING}
-    watchdog = None
+    watchdog = previous_sigterm = None
     previous = os.environ.get("RAY_ADDRESS")
     try:
         if address:
@@ -112,9 +130,12 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
         _embedded = watchdog is not None
         _say_dashboard(context.dashboard_url, embedded=watchdog is not None)
+        previous_sigterm = _raise_on_sigterm()
         yield
     finally:
         _embedded = False
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
         ray.shutdown()
         if watchdog is not None:
             watchdog.stop()

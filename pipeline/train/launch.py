@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 
 from elmo_model import BiLMOptions, OptionsError
 from pipeline import cluster_capacity, ray_runtime, shard_format, storage
 from pipeline.config import UseGPU
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, Terminated
 from pipeline.model_config import to_options
 from pipeline.stage_result import StageResult
 from pipeline.train import checkpoint as ckpt
@@ -245,15 +247,26 @@ def _fit(cfg: TrainConfig, plan: RunPlan) -> None:
         ),
     )
     previous_sigint = signal.getsignal(signal.SIGINT)
+    terminated = []
+
+    def sigterm_as_sigint(signum, frame) -> None:
+        # the same graceful stop as Ctrl-C, through Ray Train's SIGINT handler (below)
+        terminated.append(signum)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    main_thread = threading.current_thread() is threading.main_thread()  # where signals can be set
+    previous_sigterm = signal.signal(signal.SIGTERM, sigterm_as_sigint) if main_thread else None
     try:
         trainer.fit()
     except SystemExit:
         # Ray Train's own SIGINT handler aborts the run (its workers stop; the latest complete
-        # checkpoint stays as it was) and then exits the process; here that is a Ctrl-C like any
-        # other, which the entry point reports as "interrupted" with exit status 130.
-        raise KeyboardInterrupt from None
+        # checkpoint stays as it was) and then exits the process; here that is a Ctrl-C (or a
+        # SIGTERM) like any other, which the entry point reports with exit status 130 (or 143).
+        raise (Terminated() if terminated else KeyboardInterrupt()) from None
     finally:
-        signal.signal(signal.SIGINT, previous_sigint)  # Ray leaves its handler installed
+        if main_thread:
+            signal.signal(signal.SIGINT, previous_sigint)  # Ray leaves its handler installed
+            signal.signal(signal.SIGTERM, previous_sigterm)
         shutil.rmtree(ray_storage, ignore_errors=True)
 
 

@@ -52,3 +52,25 @@ def test_stage_flags_and_overrides_mix_in_any_order(tmp_path):
     )
     cfg = resolve(args, ShardConfig, shard.FLAGS)
     assert list(cfg.input) == ["a.txt", "b.txt"] and cfg.min_count == 2 and cfg.output == "s3://b/o"
+
+
+def _raise(error: BaseException):
+    def body():
+        raise error
+
+    return body
+
+
+def test_every_entry_point_reports_errors_interrupts_and_sigterm_by_one_policy(capsys):
+    from jobs.stage_args import run_main
+    from pipeline.errors import PipelineError, Terminated
+
+    endings = [
+        (PipelineError("shards: no such directory /x"), 2, "error: shards: no such directory /x"),
+        (KeyboardInterrupt(), 130, "interrupted"),
+        (Terminated(), 143, "terminated"),
+    ]
+    for error, status, line in endings:
+        assert run_main(_raise(error)) == status
+        assert capsys.readouterr().err.strip() == line
+    assert run_main(lambda: None) == 0

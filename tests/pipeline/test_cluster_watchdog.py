@@ -1,5 +1,5 @@
-"""An embedded Ray cluster does not outlive its driver, however the driver ends; its dashboard
-(the State API) answers and its URL is printed."""
+"""An embedded Ray cluster does not outlive its driver, however the driver ends (a SIGTERM is a
+clean stop: ``terminated``, exit 143); its dashboard (the State API) answers and its URL is printed."""
 
 from __future__ import annotations
 
@@ -16,21 +16,25 @@ from pipeline.cluster_watchdog import marked_pids, stop_marked
 DRIVER = """
 import os, sys, time
 import ray
+from jobs.stage_args import run_main
 from pipeline.cluster_watchdog import MARKER_VAR
 from pipeline.ray_runtime import ray_session
 
-with ray_session(num_cpus=1):
-    @ray.remote
-    def marker():
-        return os.environ.get(MARKER_VAR)
+def body():
+    with ray_session(num_cpus=1):
+        @ray.remote
+        def marker():
+            return os.environ.get(MARKER_VAR)
 
-    assert MARKER_VAR not in os.environ  # the driver's own later children are not the cluster's
-    # the State API answers (Ray Train's placement-group cleaner relies on it)
-    from ray.util.state import list_actors
-    list_actors(limit=1)
-    print(ray.get(marker.remote()), ray._private.worker._global_node.get_temp_dir_path(), flush=True)
-    if sys.argv[1] == "wait":
-        time.sleep(600)
+        assert MARKER_VAR not in os.environ  # the driver's own later children are not the cluster's
+        # the State API answers (Ray Train's placement-group cleaner relies on it)
+        from ray.util.state import list_actors
+        list_actors(limit=1)
+        print(ray.get(marker.remote()), ray._private.worker._global_node.get_temp_dir_path(), flush=True)
+        if sys.argv[1] == "wait":
+            time.sleep(600)
+
+sys.exit(run_main(body))
 """
 
 
@@ -60,16 +64,20 @@ def _gone(marker: str, temp_dir: str, timeout: float) -> bool:
     return False
 
 
-@pytest.mark.parametrize("ending", ["SIGKILL", "clean exit"])
+@pytest.mark.parametrize("ending", ["SIGKILL", "SIGTERM", "clean exit"])
 def test_cluster_stops_with_its_driver(ending):
-    proc, marker, temp_dir = _start_driver("wait" if ending == "SIGKILL" else "exit")
+    proc, marker, temp_dir = _start_driver("exit" if ending == "clean exit" else "wait")
     try:
         assert marked_pids(marker), "the cluster's processes do not carry the marker"
-        if ending == "SIGKILL":
-            proc.send_signal(signal.SIGKILL)
+        if ending != "clean exit":
+            proc.send_signal(getattr(signal, ending))
         proc.wait(timeout=60)
+        err = proc.stderr.read()
         if ending == "clean exit":
-            assert "ray dashboard: http://127.0.0.1:" in proc.stderr.read()
+            assert proc.returncode == 0 and "ray dashboard: http://127.0.0.1:" in err
+        if ending == "SIGTERM":  # a scheduler stopping the job: a clean stop, not Ray's crash report
+            assert proc.returncode == 143 and err.strip().splitlines()[-1] == "terminated", err[-2000:]
+            assert "SIGTERM received" not in err
         assert _gone(marker, temp_dir, timeout=30), [
             open(f"/proc/{pid}/cmdline", "rb").read()[:80] for pid in marked_pids(marker)
         ]
