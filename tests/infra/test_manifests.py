@@ -141,6 +141,15 @@ def test_rayjobs_take_credentials_from_secrets_and_request_gpus(path):
     )
 
 
+@pytest.mark.parametrize("path", [p for p in MANIFESTS if p.name.startswith("rayjob-")], ids=lambda p: p.name)
+def test_rayjobs_give_a_stopped_job_time_to_stop_cleanly(path):
+    # `ray job stop` sends SIGTERM, then SIGKILL after RAY_JOB_STOP_WAIT_TIME_S (3 s by default)
+    doc = yaml.safe_load(path.read_text())
+    head = doc["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in head.get("env", [])}
+    assert int(env["RAY_JOB_STOP_WAIT_TIME_S"]) >= 30
+
+
 def test_cluster_launcher_has_gpu_workers_and_no_inline_credentials():
     doc = yaml.safe_load((INFRA / "cluster-gpu.yaml").read_text())
     assert doc["head_node_type"] in doc["available_node_types"]
