@@ -80,13 +80,16 @@ class HelperProcess:
         return self._child.pid if self._child is not None else None
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Queue ``fn(*args)``; a job that cannot be pickled raises here and is not queued."""
+        job = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
         future: Future = Future()
         with self._lock:
             if self._child is None:
                 self._start()
             self._pending.append(future)
             try:
-                _send(self._child.stdin, (fn, args))
+                self._child.stdin.write(job)
+                self._child.stdin.flush()
             except OSError:
                 pass  # the child is gone: the collector fails every pending future, this one too
         return future

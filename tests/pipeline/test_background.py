@@ -1,3 +1,4 @@
+import pickle
 import subprocess
 import sys
 import time
@@ -24,6 +25,8 @@ def test_helper_answers_in_order_and_raises_the_work_s_own_errors():
         # builtins, so the child imports nothing of this test module
         failed = helper.submit(int, "bad shard")
         unsendable = helper.submit(eval, "__import__('threading').Lock()")
+        with pytest.raises(pickle.PicklingError):  # a job that cannot be sent is refused, not queued
+            helper.submit(pow, 3, object.__new__(type("Local", (), {})))
         after = helper.submit(pow, 3, 2)
         assert [f.result(timeout=30) for f in futures] == [1, 2, 4, 8, 16]
         with pytest.raises(ValueError, match="bad shard"):
