@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-Path = tuple
+Place = tuple
 """Where a tensor sits in a payload: the keys and indices leading to it."""
 
 
@@ -50,7 +50,7 @@ class HostSnapshot:
     """
 
     def __init__(self) -> None:
-        self._pinned: dict[Path, torch.Tensor] = {}
+        self._pinned: dict[Place, torch.Tensor] = {}
 
     @property
     def pinned_bytes(self) -> int:
@@ -61,10 +61,10 @@ class HostSnapshot:
         """A snapshot of ``payload`` (dicts, lists and tuples of tensors and plain values). A tensor
         met twice (tied weights) is copied once and appears twice in the copy."""
         memo: dict[int, torch.Tensor] = {}
-        used: dict[Path, torch.Tensor] = {}
+        used: dict[Place, torch.Tensor] = {}
         devices: set[torch.device] = set()
 
-        def copy(value: Any, path: Path) -> Any:
+        def copy(value: Any, path: Place) -> Any:
             if isinstance(value, torch.Tensor):
                 if id(value) not in memo:
                     memo[id(value)] = self._copy_tensor(value.detach(), path, used, devices)
@@ -85,7 +85,7 @@ class HostSnapshot:
         return Snapshot(copied, events)
 
     def _copy_tensor(
-        self, value: torch.Tensor, path: Path, used: dict[Path, torch.Tensor], devices: set[torch.device]
+        self, value: torch.Tensor, path: Place, used: dict[Place, torch.Tensor], devices: set[torch.device]
     ) -> torch.Tensor:
         if value.device.type == "cpu":
             return value.clone()

@@ -53,17 +53,23 @@ def _pids_with(marker: str) -> list[int]:
     return pids
 
 
-def _stop_head(temp_dir: str) -> None:
+def _stop_nodes(*temp_dirs: str) -> None:
+    """Stop every process of the nodes under ``temp_dirs``: SIGTERM, then SIGKILL for those still
+    there after 5 s (one of Ray's processes ignores SIGTERM; the tests need no graceful stop)."""
+
+    def alive() -> list[int]:
+        return [pid for temp_dir in temp_dirs for pid in _pids_with(temp_dir)]
+
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in _pids_with(temp_dir):
+        for pid in alive():
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.time() + 15
-        while _pids_with(temp_dir) and time.time() < deadline:
+        deadline = time.time() + 5
+        while alive() and time.time() < deadline:
             time.sleep(0.3)
-        if not _pids_with(temp_dir):
+        if not alive():
             return
 
 
@@ -116,7 +122,7 @@ def ray_head():
         address, _ = _start_head(env, temp_dir, num_cpus=2)
         yield address, env
     finally:
-        _stop_head(temp_dir)
+        _stop_nodes(temp_dir)
         subprocess.run(["rm", "-rf", temp_dir], check=False)
 
 
@@ -175,8 +181,7 @@ def two_nodes(s3_server):
         _start_node(env, node_dir, f"--address={gcs}", "--num-cpus=2")
         yield address, env
     finally:
-        _stop_head(node_dir)
-        _stop_head(head_dir)
+        _stop_nodes(node_dir, head_dir)
         subprocess.run(["rm", "-rf", head_dir, node_dir], check=False)
 
 
