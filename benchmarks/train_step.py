@@ -224,6 +224,11 @@ def checkpointer_for(runner: StepRunner, run_dir: str, every: int, background: b
     )
 
 
+def saver_state(saver: Checkpointer) -> dict:
+    """What a checkpoint of ``saver`` holds: each shared and own part's ``state_dict()``, by name."""
+    return {name: part.state_dict() for name, part in {**saver.shared, **saver.own}.items()}
+
+
 def state_bytes(saver: Checkpointer) -> int:
     """Bytes of the distinct tensors a checkpoint of ``saver`` holds (its shared and own parts)."""
     seen: dict[int, int] = {}
@@ -238,8 +243,7 @@ def state_bytes(saver: Checkpointer) -> int:
             for item in value:
                 walk(item)
 
-    parts = {**saver.shared, **saver.own}
-    walk({name: part.state_dict() for name, part in parts.items()})
+    walk(saver_state(saver))
     return sum(seen.values())
 
 
@@ -271,15 +275,13 @@ def timed_steps(
     return times, time.perf_counter() - t0, save_calls
 
 
-def write_seconds(runner: StepRunner, run_dir: str) -> float:
-    """Seconds to write one checkpoint of ``runner``'s state to ``run_dir`` from host memory (the
+def write_seconds(saver: Checkpointer, run_dir: str) -> float:
+    """Seconds to write one checkpoint of ``saver``'s parts to ``run_dir`` from host memory (the
     saving thread's work, without the snapshot): whether the storage keeps up with the interval."""
-    saver = checkpointer_for(runner, run_dir, 1, True)
-    parts = {**saver.shared, **saver.own}
-    payload = HostSnapshot().take({name: part.state_dict() for name, part in parts.items()})
-    payload.wait()
+    taken = HostSnapshot().take(saver_state(saver))
+    taken.wait()
     t0 = time.perf_counter()
-    ckpt.save_model(ckpt.checkpoint_path(run_dir, 1), payload.payload)
+    ckpt.save_model(ckpt.checkpoint_path(run_dir, 1), taken.payload)
     return time.perf_counter() - t0
 
 
@@ -305,8 +307,8 @@ def checkpoint_table(args: argparse.Namespace) -> None:
                     run_dir = os.path.join(tmp, f"{mode}-{repeat}")
                     saver = checkpointer_for(runner, run_dir, args.checkpoint_every, background)
                 results[mode].append(timed_steps(runner, batches, args.checkpoint_steps, saver))
-        size = state_bytes(checkpointer_for(runner, tmp, 1, True))
-        write_s = write_seconds(runner, os.path.join(tmp, "write"))
+        whole = checkpointer_for(runner, tmp, 1, True)
+        size, write_s = state_bytes(whole), write_seconds(whole, os.path.join(tmp, "write"))
     print(
         f"\ncheckpoint every {args.checkpoint_every} steps vs none: preset {preset}, batch {batch} x unroll "
         f"{args.unroll_steps}, state {size / 2**20:,.0f} MiB, {args.checkpoint_steps} steps x "
