@@ -243,7 +243,7 @@ def test_torch_checkpoint_through_a_stream(root):
     with storage.open_write(path) as stream:
         torch.save(state, stream)
     with storage.open_read(path) as stream:
-        loaded = torch.load(stream)
+        loaded = torch.load(stream, weights_only=True)
     assert loaded["step"] == 7 and torch.equal(loaded["weight"], state["weight"])
 
 

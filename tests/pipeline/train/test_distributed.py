@@ -55,7 +55,9 @@ def exchanged(tmp_path_factory):
     mp.start_processes(
         _worker, args=(2, _free_port(), cases, out_dir), nprocs=2, join=True, start_method="spawn"
     )
-    return {rank: torch.load(os.path.join(out_dir, f"rank-{rank}.pt")) for rank in range(2)}, cases
+    return {
+        rank: torch.load(os.path.join(out_dir, f"rank-{rank}.pt"), weights_only=True) for rank in range(2)
+    }, cases
 
 
 def test_sparse_exchange_equals_dense_allreduce(exchanged):
