@@ -10,6 +10,8 @@ when other Ray clusters run on the same machine.
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import logging
 import os
 import re
@@ -54,6 +56,39 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@dataclass(frozen=True)
+class ShortPipeline:
+    """A short whole ``elmo pipeline --preset tiny`` run: the first ``lines`` lines of a corpus
+    (`corpus_slice`), and ``overrides`` (key=value) for 12 training steps, one checkpoint, a few
+    held-out batches, small embedding shards and no progress bars."""
+
+    lines: int
+    overrides: tuple[str, ...]
+
+    def corpus_slice(self, corpus_gz) -> str:
+        """The run's corpus: the first ``lines`` lines of the gzipped text file ``corpus_gz``."""
+        with gzip.open(corpus_gz, "rt", encoding="utf-8") as src:
+            return "".join(itertools.islice(src, self.lines))
+
+
+@pytest.fixture(scope="session")
+def short_pipeline() -> ShortPipeline:
+    return ShortPipeline(
+        lines=3000,
+        overrides=(
+            "shard.heldout_fraction=0.05",
+            "shard.progress=false",
+            "train.max_steps=12",
+            "train.eval_every=0",
+            "train.checkpoint_every=12",
+            "train.log_every=4",
+            "train.eval_max_batches=5",
+            "embed.progress=false",
+            "embed.lines_per_shard=100",
+        ),
+    )
 
 
 @dataclass(frozen=True)

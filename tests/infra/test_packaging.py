@@ -11,8 +11,6 @@ repository's sources.
 from __future__ import annotations
 
 import fnmatch
-import gzip
-import itertools
 import json
 import os
 import shutil
@@ -158,11 +156,12 @@ def _subset(part, whole) -> bool:
     return part == whole
 
 
-def test_installed_pipeline_runs_from_another_directory(installed):
+def test_installed_pipeline_runs_from_another_directory(installed, short_pipeline):
     _, venv, purelib, env, work = installed
     corpus = work / "slice.txt"
-    with gzip.open(purelib / "pipeline" / "data" / "kjv-sample.txt.gz", "rt", encoding="utf-8") as src:
-        corpus.write_text("".join(itertools.islice(src, 3000)), encoding="utf-8")
+    corpus.write_text(
+        short_pipeline.corpus_slice(purelib / "pipeline" / "data" / "kjv-sample.txt.gz"), encoding="utf-8"
+    )
     runs = work / "runs"
     result = _run(
         [
@@ -173,15 +172,7 @@ def test_installed_pipeline_runs_from_another_directory(installed):
             f"storage={runs}",
             "name=wheel",
             f"corpus=[{corpus}]",
-            "shard.heldout_fraction=0.05",
-            "shard.progress=false",
-            "train.max_steps=12",
-            "train.eval_every=0",
-            "train.checkpoint_every=12",
-            "train.log_every=4",
-            "train.eval_max_batches=5",
-            "embed.progress=false",
-            "embed.lines_per_shard=100",
+            *short_pipeline.overrides,
         ],
         work,
         env,

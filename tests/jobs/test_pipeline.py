@@ -7,8 +7,6 @@ the perplexity targets. The same run shows that no secret reaches a log, an outp
 
 from __future__ import annotations
 
-import gzip
-import itertools
 import json
 import os
 
@@ -20,11 +18,10 @@ from pipeline.end_to_end import SAMPLE_CORPUS
 
 
 def test_pipeline_end_to_end_on_s3(
-    s3_prefix, s3_server, ray_local, ray_temp_dir, fake_wandb_key, tmp_path, capsys
+    s3_prefix, s3_server, ray_local, ray_temp_dir, fake_wandb_key, short_pipeline, tmp_path, capsys
 ):
     corpus = tmp_path / "slice.txt"
-    with gzip.open(SAMPLE_CORPUS, "rt", encoding="utf-8") as src:
-        corpus.write_text("".join(itertools.islice(src, 3000)), encoding="utf-8")
+    corpus.write_text(short_pipeline.corpus_slice(SAMPLE_CORPUS), encoding="utf-8")
     root = s3_prefix.rstrip("/")
     code = elmo(
         [
@@ -34,15 +31,7 @@ def test_pipeline_end_to_end_on_s3(
             f"storage={root}",
             "name=e2e",
             f"corpus=[{corpus}]",
-            "shard.heldout_fraction=0.05",
-            "shard.progress=false",
-            "train.max_steps=12",
-            "train.eval_every=0",
-            "train.checkpoint_every=12",
-            "train.log_every=4",
-            "train.eval_max_batches=5",
-            "embed.progress=false",
-            "embed.lines_per_shard=100",
+            *short_pipeline.overrides,
         ]
     )
     console = capsys.readouterr()

@@ -7,8 +7,6 @@ stopped, never `ray stop`, which would kill every Ray on the machine.
 
 from __future__ import annotations
 
-import gzip
-import itertools
 import json
 import os
 import secrets
@@ -197,23 +195,20 @@ def _ray_json(env: dict, address: str, *args: str) -> list[dict]:
     return json.loads(listed.stdout)
 
 
-def test_whole_pipeline_on_a_second_node_over_s3(two_nodes, s3_prefix, tmp_path):
+def test_whole_pipeline_on_a_second_node_over_s3(two_nodes, s3_prefix, short_pipeline):
     """Every stage submitted with `ray job submit --working-dir .`, every path s3://: the workers
     all run on the second node, which has nothing of the driver's but the working dir Ray ships."""
     address, env = two_nodes
     root = s3_prefix.rstrip("/")
     corpus = f"{root}/corpus/slice.txt"
-    with gzip.open(SAMPLE, "rt", encoding="utf-8") as src:
-        storage.write_bytes(corpus, "".join(itertools.islice(src, 3000)).encode())
+    storage.write_bytes(corpus, short_pipeline.corpus_slice(SAMPLE).encode())
     submit = [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(REPO)]
     submit += [
         "--runtime-env-json",
         json.dumps({"excludes": [".git", ".venv", ".whl", "runs", "tests/data"]}),
     ]
     submit += ["--", "python", "-m", "jobs.pipeline", "--preset", "tiny", f"storage={root}", "name=two-node"]
-    submit += [f"corpus=[{corpus}]", "shard.heldout_fraction=0.05", "shard.progress=false"]
-    submit += ["train.max_steps=8", "train.eval_every=0", "train.checkpoint_every=8", "train.log_every=4"]
-    submit += ["train.eval_max_batches=5", "train.wandb.mode=disabled", "embed.progress=false"]
+    submit += [f"corpus=[{corpus}]", *short_pipeline.overrides, "train.wandb.mode=disabled"]
     result = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=900)
     log = result.stdout + result.stderr
     assert result.returncode == 0 and "succeeded" in log.lower(), log[-4000:]
