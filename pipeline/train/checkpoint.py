@@ -276,6 +276,10 @@ class Checkpointer:
     on (module docstring); otherwise it writes the parts themselves, streamed, before it returns
     (no snapshot, so no extra memory, but the loop waits). ``ranks_timeout_s``: how long rank 0
     waits for the other ranks' files.
+
+    What saving costs the loop is counted for the train rows (`take_metrics`): a save waits for the
+    previous one, so storage slower than the checkpoint interval holds training back, and the
+    step rate, which leaves checkpoints out, does not show it.
     """
 
     def __init__(
@@ -297,6 +301,7 @@ class Checkpointer:
         self.background, self.ranks_timeout_s = background, ranks_timeout_s
         self._pending: Future | None = None
         self._host = HostSnapshot()
+        self._save_s = self._wait_s = 0.0
 
     def due(self, step: int, last_step: bool) -> bool:
         """Whether ``step`` saves. Also raises the error of a background save that failed since."""
@@ -311,16 +316,30 @@ class Checkpointer:
         complete (rank 0) or written (other ranks) when it returns."""
         if not self.due(step, last_step):
             return False
-        self.wait()
+        start = time.perf_counter()
+        if self._pending is not None:
+            self.wait()
+            self._wait_s += time.perf_counter() - start
         path = checkpoint_path(self.run_dir, step)
         own = {name: part.state_dict() for name, part in self.own.items()}
         shared = {name: part.state_dict() for name, part in self.shared.items()} if self.rank == 0 else {}
         if not self.background or last_step:
             self._write(path, step, own, shared)
-            return True
-        taken = self._host.take({"own": own, "shared": shared})
-        self._pending = in_thread(lambda: self._write_snapshot(path, step, taken), name=f"checkpoint-{step}")
+        else:
+            taken = self._host.take({"own": own, "shared": shared})
+            self._pending = in_thread(
+                lambda: self._write_snapshot(path, step, taken), name=f"checkpoint-{step}"
+            )
+        self._save_s += time.perf_counter() - start
         return True
+
+    def take_metrics(self) -> dict[str, float]:
+        """Seconds the loop spent in `save` calls since the last call, ``checkpoint/save_s``, and of
+        those the seconds it waited for a previous save to finish writing, ``checkpoint/wait_s``;
+        counting starts again from zero."""
+        metrics = {"checkpoint/save_s": self._save_s, "checkpoint/wait_s": self._wait_s}
+        self._save_s = self._wait_s = 0.0
+        return metrics
 
     def _write_snapshot(self, path: str, step: int, taken: Snapshot) -> None:
         taken.wait()

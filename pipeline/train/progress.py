@@ -3,7 +3,7 @@
 The workers write their rows to ``metrics.jsonl`` (rank 0; local or s3://), which stays the one
 record. The driver follows that file while the run is going (:class:`MetricsFollower`, a thread that
 re-reads it every ``POLL_SECONDS``) and prints each new ``train`` / ``eval`` row once as a line
-(:func:`progress_line`). Reading the record rather than having rank 0 print keeps the lines free of
+(:meth:`ProgressLines.lines`). Reading the record rather than having rank 0 print keeps the lines free of
 Ray's per-process prefixes and the same on a laptop and under ``ray job submit``.
 """
 
@@ -18,6 +18,9 @@ from pipeline import storage
 from pipeline.train.metrics import METRICS_FILE, read_metrics
 
 POLL_SECONDS = 2.0
+CHECKPOINT_WAIT_SHARE = 0.05
+"""Waiting for earlier checkpoint saves longer than this share of the time between two train rows
+is worth a warning: the storage does not keep up with ``checkpoint_every``."""
 
 
 def _duration(seconds: float) -> str:
@@ -40,36 +43,51 @@ class ProgressLines:
     def __init__(self, total_steps: int):
         self.total_steps = total_steps
         self._last: tuple[int, float] | None = None  # (step, time) of the previous train row
+        self._warned_checkpoints = False
 
-    def line(self, row: dict) -> str | None:
-        """The line for a ``train`` or ``eval`` row; None for other kinds."""
+    def lines(self, row: dict) -> list[str]:
+        """The lines for a row: one for a ``train``, ``eval`` or ``guard`` row, none for other kinds;
+        after a train row, once per run, a warning when saves waited for earlier ones too long."""
         if row.get("kind") == "train":
             return self._train(row)
         if row.get("kind") == "eval":
-            return (
+            return [
                 f"eval  step {row['step']}/{self.total_steps}: held-out perplexity "
                 f"{_ppl(row['eval/perplexity'])} (fwd {_ppl(row['eval/perplexity_fwd'])}, "
                 f"bwd {_ppl(row['eval/perplexity_bwd'])}; unigram {_ppl(row['eval/unigram_perplexity'])})"
-            )
+            ]
         if row.get("kind") == "guard":
-            return f"guard step {row['step']}/{self.total_steps}: {row['message']} [{row['action']}]"
-        return None
+            return [f"guard step {row['step']}/{self.total_steps}: {row['message']} [{row['action']}]"]
+        return []
 
-    def _train(self, row: dict) -> str:
+    def _train(self, row: dict) -> list[str]:
         step, elapsed = int(row["step"]), float(row["time"])
-        eta = ""
+        eta, since = "", elapsed  # the time since the previous row (or since the attempt started)
         if self._last is not None and step > self._last[0] and elapsed > self._last[1]:
-            per_step = (elapsed - self._last[1]) / (step - self._last[0])
-            eta = f" | ETA {_duration(per_step * (self.total_steps - step))}"
+            since = elapsed - self._last[1]
+            eta = f" | ETA {_duration(since / (step - self._last[0]) * (self.total_steps - step))}"
         self._last = (step, elapsed)
         guard = ""
         if "guard/perplexity_fwd" in row:
             guard = f"full-softmax fwd {_ppl(row['guard/perplexity_fwd'])} bwd {_ppl(row['guard/perplexity_bwd'])} | "
-        return (
+        line = (
             f"train step {step}/{self.total_steps} (epoch {row['epoch']:.2f}) | perplexity fwd "
             f"{_ppl(row['train/perplexity_fwd'])} bwd {_ppl(row['train/perplexity_bwd'])} | "
             f"{guard}{row['train/tokens_per_s']:,.0f} tok/s | MFU {100 * row['train/mfu']:.2f}%{eta}"
         )
+        return [line, *self._checkpoint_warning(row, since)]
+
+    def _checkpoint_warning(self, row: dict, since: float) -> list[str]:
+        waited = float(row.get("checkpoint/wait_s", 0.0))
+        if self._warned_checkpoints or since <= 0 or waited < CHECKPOINT_WAIT_SHARE * since:
+            return []
+        self._warned_checkpoints = True
+        return [
+            f"warning: training waited {waited:.1f} s of the last {since:.1f} s ({waited / since:.0%}, up to "
+            f"step {row['step']}) for checkpoint saves to finish writing: the run directory's storage "
+            "writes a checkpoint slower than checkpoint_every steps take; raise checkpoint_every or use "
+            "faster storage (checkpoint/wait_s in metrics.jsonl and wandb has each interval's wait; said once)"
+        ]
 
 
 class MetricsFollower:
@@ -119,7 +137,6 @@ class MetricsFollower:
             key = (str(row.get("kind")), int(row.get("step", 0)), int(row.get("guard/rollbacks", 0)))
             if key in self._printed or key[1] <= self._from_step:
                 continue
-            text = self.lines.line(row)
-            if text is not None:
-                self._printed.add(key)
+            self._printed.add(key)
+            for text in self.lines.lines(row):
                 self.out(text)

@@ -543,6 +543,7 @@ class Trainer:
             "train/softmax_rows": int(out.rows),
             "train/softmax_exchange_bytes": out.exchange_bytes,
             "train/softmax_dense_bytes": out.dense_bytes,
+            **self.checkpointer.take_metrics(),
             "time": elapsed,
         }
 

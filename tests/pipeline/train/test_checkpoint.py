@@ -193,6 +193,22 @@ def test_a_background_save_holds_the_state_of_its_step(tmp_path, gated_writes, d
     assert _checkpointer(run, part).restore() == 10 and part.tensor.tolist() == [1.0, 2.0]
 
 
+def test_the_time_a_save_waits_for_the_previous_one_is_counted(tmp_path, gated_writes):
+    run = str(tmp_path / "run")
+    saver = _checkpointer(run, _Tensor([1.0]))
+    assert saver.save(10)  # nothing in flight: no wait
+    first = saver.take_metrics()
+    assert first["checkpoint/wait_s"] == 0.0 and first["checkpoint/save_s"] > 0
+    # the storage takes 0.3 s more for step 10's files: the save of step 20 waits for them
+    threading.Timer(0.3, gated_writes.set).start()
+    assert saver.save(20)
+    metrics = saver.take_metrics()
+    assert 0.25 < metrics["checkpoint/wait_s"] <= metrics["checkpoint/save_s"]
+    assert saver.take_metrics() == {"checkpoint/save_s": 0.0, "checkpoint/wait_s": 0.0}  # counted once
+    saver.wait()
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [10, 20]
+
+
 def test_a_failed_background_save_raises_in_the_loop_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     run = str(tmp_path / "run")
     part = _Tensor([1.0])

@@ -119,6 +119,9 @@ def test_train_perplexity_falls_and_heldout_beats_half_the_unigram(trained):
         assert r["train/perplexity"] == pytest.approx(np.exp(r["train/loss"]), rel=1e-6)
         # the rows exchange or, when it would move more (a small vocabulary), the dense all-reduce
         assert 0 < r["train/softmax_exchange_bytes"] <= r["train/softmax_dense_bytes"]
+        # what the saves of steps 50 and 100 (after those steps' rows) cost the loop: in the next row
+        saved = r["step"] in (60, 110)
+        assert (r["checkpoint/save_s"] > 0) == saved and 0 <= r["checkpoint/wait_s"] <= r["checkpoint/save_s"]
     evals = [r for r in rows if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [50, 100, STEPS]
     assert evals[-1]["eval/perplexity"] < evals[0]["eval/perplexity"]

@@ -31,15 +31,29 @@ EVAL = {
 
 def test_lines_say_step_rates_and_eta():
     lines = ProgressLines(total_steps=400)
-    assert lines.line(train_row(10, 5.0)) == (
+    assert lines.lines(train_row(10, 5.0)) == [
         "train step 10/400 (epoch 0.10) | perplexity fwd 812.2 bwd inf | 12,346 tok/s | MFU 12.34%"
-    )
+    ]
     # 10 steps took 20 s: 380 more take 760 s
-    assert lines.line(train_row(20, 25.0)).endswith("| MFU 12.34% | ETA 12m40s")
-    assert lines.line(EVAL) == (
+    (line,) = lines.lines(train_row(20, 25.0))
+    assert line.endswith("| MFU 12.34% | ETA 12m40s")
+    assert lines.lines(EVAL) == [
         "eval  step 20/400: held-out perplexity 120.5 (fwd 119.0, bwd 122.0; unigram 346.1)"
+    ]
+    assert lines.lines({"kind": "status", "step": 20}) == []
+
+
+def test_waiting_for_checkpoint_saves_is_said_once_past_five_percent():
+    lines = ProgressLines(total_steps=400)
+    assert len(lines.lines({**train_row(10, 10.0), "checkpoint/wait_s": 0.49})) == 1  # 4.9% of 10 s
+    # 20 s between the rows, 1.2 s of them waiting: 6%
+    train, warning = lines.lines({**train_row(20, 30.0), "checkpoint/wait_s": 1.2})
+    assert train.startswith("train step 20/400")
+    assert warning.startswith(
+        "warning: training waited 1.2 s of the last 20.0 s (6%, up to step 20) for checkpoint saves"
     )
-    assert lines.line({"kind": "status", "step": 20}) is None
+    assert "raise checkpoint_every" in warning
+    assert len(lines.lines({**train_row(30, 40.0), "checkpoint/wait_s": 5.0})) == 1  # said once
 
 
 def test_follower_prints_each_new_row_once(tmp_path):
