@@ -146,7 +146,8 @@ class RunLog:
             ray.train.report(row)
 
     def save_tracking(self) -> None:
-        """Bring the wandb files of an s3:// run directory up to date there (with each checkpoint)."""
+        """Start bringing the wandb files of an s3:// run directory up to date there (with each
+        checkpoint; in the background)."""
         if self.wandb is not None:
             self.wandb.upload()
 

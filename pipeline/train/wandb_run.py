@@ -9,8 +9,9 @@ it) and ``wandb sync --id <id>`` uploads them all into the one run, attempts in 
 (:func:`sync_command` prints the exact command).
 
 For an ``s3://`` run directory the offline files are written locally and copied to ``RUN/wandb``
-whenever :meth:`WandbRun.upload` is called (with each checkpoint) and at the end, so a crash loses
-at most one checkpoint interval of history.
+whenever :meth:`WandbRun.upload` is called (with each checkpoint; in a background thread, so the
+training loop does not wait for the storage) and at the end, so a crash loses at most one
+checkpoint interval of history.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import re
 import secrets
 import shlex
 import tempfile
+from concurrent.futures import Future
 from typing import Any
 
 from pipeline import storage
+from pipeline.background import in_thread
 from pipeline.train.config import WandbMode
 
 WANDB_DIR = "wandb"
@@ -97,6 +100,7 @@ class WandbRun:
         self.run = None
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._uploaded: dict[str, tuple[int, int]] = {}  # local path -> (size, mtime_ns) uploaded
+        self._copying: Future | None = None  # the copy to s3 in flight (`upload`)
         mode = settings.mode
         if mode is WandbMode.disabled:
             return
@@ -133,11 +137,23 @@ class WandbRun:
                 {k: v for k, v in row.items() if isinstance(v, int | float) and k != "step"}, step=step
             )
 
-    def upload(self) -> None:
-        """Copy the offline files written since the last upload to ``RUN/wandb/attempt-NNN`` (s3
-        run directories only: a local run directory holds them already)."""
+    def upload(self) -> Future | None:
+        """Start copying the offline files written since the last copy to ``RUN/wandb/attempt-NNN``
+        in a background thread (s3 run directories only: a local run directory holds them already),
+        so the training loop does not wait for the storage; the copy started before is waited for
+        first, and its error raised here. Returns the copy's future (None: nothing to copy)."""
         if self._tmp is None:
-            return
+            return None
+        self._wait_for_copy()
+        self._copying = in_thread(self._copy_new_files, name="wandb-upload")
+        return self._copying
+
+    def _wait_for_copy(self) -> None:
+        copying, self._copying = self._copying, None
+        if copying is not None:
+            copying.result()
+
+    def _copy_new_files(self) -> None:
         root = self._tmp.name
         for dirpath, _, files in os.walk(root):
             for name in files:
@@ -157,10 +173,12 @@ class WandbRun:
                 self._uploaded[full] = seen
 
     def finish(self) -> None:
+        """End the wandb run; an s3 run directory then gets the last files before this returns."""
         if self.run is None:
             return
         self.run.finish()
         self.run = None
-        self.upload()
         if self._tmp is not None:
+            self._wait_for_copy()
+            self._copy_new_files()
             self._tmp.cleanup()

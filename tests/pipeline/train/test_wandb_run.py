@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
 
 import pytest
 from omegaconf import OmegaConf
@@ -74,7 +75,8 @@ def test_s3_run_directory_gets_the_files_on_each_upload(s3_prefix):
     run_dir, wandb_id = storage.join(s3_prefix, "run"), new_wandb_id()
     run = WandbRun(settings("offline"), run_dir, "run", {}, wandb_id)
     run.log({"train/loss": 1.0}, 1)
-    run.upload()  # what each checkpoint does: the history so far is on s3 before the run ends
+    # what each checkpoint does, in the background: the history so far is on s3 before the run ends
+    run.upload().result()
     uploaded = storage.list_prefix(storage.join(run_dir, "wandb") + "/")
     assert any(path.endswith(f"run-{wandb_id}.wandb") for path in uploaded), uploaded
     assert all("/wandb/attempt-001/wandb/offline-run-" in path for path in uploaded), uploaded
@@ -82,3 +84,37 @@ def test_s3_run_directory_gets_the_files_on_each_upload(s3_prefix):
     run.finish()
     final = storage.list_prefix(storage.join(run_dir, "wandb") + "/")
     assert set(uploaded) <= set(final)
+
+
+def test_an_upload_runs_beside_the_loop_and_its_error_comes_at_the_next(s3_prefix, monkeypatch):
+    import pipeline.train.wandb_run as wandb_run
+
+    run_dir = storage.join(s3_prefix, "run")
+    run = WandbRun(settings("offline"), run_dir, "run", {}, new_wandb_id())
+    run.log({"train/loss": 1.0}, 1)
+    gate, upload_file = threading.Event(), storage.upload_file
+
+    def slow_storage(local, remote):
+        assert gate.wait(timeout=30)
+        upload_file(local, remote)
+
+    monkeypatch.setattr(wandb_run.storage, "upload_file", slow_storage)
+    copying = run.upload()
+    assert not copying.done()  # the loop goes on while the storage takes its time
+    gate.set()
+    copying.result()
+    assert storage.list_prefix(storage.join(run_dir, "wandb") + "/")
+
+    def broken(local, remote):
+        raise storage.StorageError(f"{remote}: connection reset")
+
+    monkeypatch.setattr(wandb_run.storage, "upload_file", broken)
+    with open(os.path.join(run.run.dir, "notes.txt"), "w") as f:  # a file the next copy must take
+        f.write("step 2")
+    run.upload()
+    with pytest.raises(storage.StorageError, match="connection reset"):
+        run.upload()  # the failed copy's error, where the loop asks for the next
+    monkeypatch.setattr(wandb_run.storage, "upload_file", upload_file)
+    run.finish()  # the files that failed to copy get there at the end
+    uploaded = storage.list_prefix(storage.join(run_dir, "wandb") + "/")
+    assert any(path.endswith("/files/notes.txt") for path in uploaded), uploaded
