@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import threading
 import time
 from typing import Any
 
@@ -63,7 +64,14 @@ def perplexity(loss: float) -> float:
 class MetricsLog:
     """Rows of ``RUN/metrics.jsonl``: one JSON object per line, each with ``step`` and ``kind``
     (``train``, ``eval``, ``config``, ``event``, ``status``); each (kind, step) at most once (events:
-    (kind, event, step)). The whole file is rewritten on every write, as S3 has no append."""
+    (kind, event, step)).
+
+    S3 has no append, so the whole file is rewritten: by a background thread, so the training loop
+    does not wait for the storage (a long run's file is megabytes). A write covers every row added
+    before it starts; rows added while it runs get the next one. `flush` waits until the file holds
+    every row; the error of a failed write is raised by the next `append` or `flush`, and the rows
+    are written again with the next row or `flush`.
+    """
 
     def __init__(self, run_dir: str, resume_step: int | None):
         self.path = storage.join(run_dir, METRICS_FILE)
@@ -71,17 +79,79 @@ class MetricsLog:
         if resume_step is not None and storage.exists(self.path):
             # rows logged after the checkpoint we resume from will be logged again
             self.rows = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= resume_step]
+        self._lines = [json.dumps(r) + "\n" for r in self.rows]  # each row's line, encoded once
+        self._keys = {_row_key(r): i for i, r in enumerate(self.rows)}
+        self._changed = threading.Condition()
+        self._version = self._written = 0  # versions of the rows: the newest, and the one stored
+        self._failed: int | None = None  # the version whose write failed (tried again once changed)
+        self._error: BaseException | None = None
+        self._writer: threading.Thread | None = None
+        self._closing = False  # the writer is asked to end
 
     def append(self, row: dict) -> None:
         """Add ``row`` at the end, replacing an earlier row of the same kind and step: a run resumed
         from its final checkpoint evaluates and closes that step again."""
-        key = _row_key(row)
-        self.rows = [r for r in self.rows if _row_key(r) != key]
-        self.rows.append(row)
-        self.flush()
+        key, line = _row_key(row), json.dumps(row) + "\n"
+        with self._changed:
+            self._raise_failed_write()
+            if key in self._keys:  # rare: drop the earlier row, the new one goes at the end
+                drop = self._keys.pop(key)
+                del self.rows[drop], self._lines[drop]
+                self._keys = {k: i - (i > drop) for k, i in self._keys.items()}
+            self._keys[key] = len(self.rows)
+            self.rows.append(row)
+            self._lines.append(line)
+            self._version += 1
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_changes, name="metrics-writer", daemon=True
+                )
+                self._writer.start()
+            self._changed.notify_all()
 
     def flush(self) -> None:
-        storage.write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in self.rows).encode("utf-8"))
+        """Wait until the file holds every row appended so far; raises a failed write's error."""
+        with self._changed:
+            self._failed = None  # a version whose write failed is tried again
+            self._changed.notify_all()
+            self._changed.wait_for(lambda: self._written == self._version or self._error is not None)
+            self._raise_failed_write()
+
+    def close(self) -> None:
+        """`flush`, then end the writing thread (a later `append` starts another)."""
+        self.flush()
+        with self._changed:
+            writer, self._writer = self._writer, None
+            self._closing = writer is not None
+            self._changed.notify_all()
+        if writer is not None:
+            writer.join()
+
+    def _raise_failed_write(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _write_changes(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(
+                    lambda: self._version not in (self._written, self._failed) or self._closing
+                )
+                if self._closing:
+                    self._closing = False
+                    return
+                version, data = self._version, "".join(self._lines).encode("utf-8")
+            try:
+                storage.write_bytes(self.path, data)
+            except Exception as err:  # noqa: BLE001 - raised in the loop by the next append or flush
+                with self._changed:
+                    self._error, self._failed = err, version
+                    self._changed.notify_all()
+                continue
+            with self._changed:
+                self._written = version
+                self._changed.notify_all()
 
 
 def _row_key(row: dict) -> tuple:
@@ -156,6 +226,7 @@ class RunLog:
         its wandb run)."""
         if self.metrics is not None:
             self.metrics.append(status)
+            self.metrics.close()
         if self.wandb is not None:
             self.wandb.finish()
         barrier()

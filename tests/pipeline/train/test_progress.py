@@ -65,9 +65,11 @@ def test_follower_prints_each_new_row_once(tmp_path):
     follower = MetricsFollower(run, 40, from_step=5, out=printed.append, poll_seconds=0.05)
     with follower:
         log.append(train_row(10, 2.0))
+        log.flush()
         follower.print_new()
         follower.print_new()
         log.append(EVAL)
+        log.close()
     assert [line.split(" (")[0] for line in printed] == [
         "train step 10/40",
         "eval  step 20/40: held-out perplexity 120.5",
