@@ -2,20 +2,21 @@
 
 The workers write their rows to ``metrics.jsonl`` (rank 0; local or s3://), which stays the one
 record. The driver follows that file while the run is going (:class:`MetricsFollower`, a thread that
-re-reads it every ``POLL_SECONDS``) and prints each new ``train`` / ``eval`` row once as a line
+reads what was added to it every ``POLL_SECONDS``) and prints each new ``train`` / ``eval`` row once as a line
 (:meth:`ProgressLines.lines`). Reading the record rather than having rank 0 print keeps the lines free of
 Ray's per-process prefixes and the same on a laptop and under ``ray job submit``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import threading
 from collections.abc import Callable
 
 from pipeline import storage
-from pipeline.train.metrics import METRICS_FILE, read_metrics
+from pipeline.train.metrics import METRICS_FILE
 
 POLL_SECONDS = 2.0
 CHECKPOINT_WAIT_SHARE = 0.05
@@ -108,6 +109,7 @@ class MetricsFollower:
         self.out = out or (lambda text: print(text, file=sys.stderr, flush=True))
         self.poll_seconds = poll_seconds
         self._printed: set[tuple[str, int, int]] = set()
+        self._offset, self._last_line = 0, b""  # bytes of the file read so far, and its last line
         self._from_step = from_step
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="metrics-follower", daemon=True)
@@ -129,7 +131,7 @@ class MetricsFollower:
         """Print the rows not printed yet. A read that fails (the file not there yet, a storage
         hiccup) is skipped: the record is the workers', and the next poll reads it again."""
         try:
-            rows = read_metrics(self.path) if storage.exists(self.path) else []
+            rows = self._new_rows()
         except (storage.StorageError, ValueError):
             return
         for row in rows:
@@ -140,3 +142,23 @@ class MetricsFollower:
             self._printed.add(key)
             for text in self.lines.lines(row):
                 self.out(text)
+
+    def _new_rows(self) -> list[dict]:
+        """The rows written since the last read. The workers rewrite the file whole, but only ever
+        add rows at its end (a row replaced on a rerun moves to the end), so only the bytes after
+        the last read are fetched, from the last line read on: if that line is no longer where it
+        was, the file changed before it and is read whole (the printed keys skip the rows seen)."""
+        start = self._offset - len(self._last_line)
+        data = storage.read_from(self.path, start)
+        if data is None:
+            return []
+        if data.startswith(self._last_line):
+            data = data[len(self._last_line) :]
+        else:
+            self._offset, self._last_line = 0, b""
+            data = storage.read_from(self.path, 0) or b""
+        complete = data[: data.rfind(b"\n") + 1]  # a line without its newline is not whole yet
+        if complete:
+            self._offset += len(complete)
+            self._last_line = complete[complete.rstrip(b"\n").rfind(b"\n") + 1 :]
+        return [json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipeline import storage
 from pipeline.train.metrics import MetricsLog
 from pipeline.train.progress import MetricsFollower, ProgressLines
 
@@ -81,3 +82,38 @@ def test_follower_waits_for_a_file_not_written_yet(tmp_path):
     with MetricsFollower(str(tmp_path / "not-yet"), 10, out=printed.append, poll_seconds=0.05):
         pass
     assert printed == []
+
+
+def test_follower_fetches_only_what_was_added_and_rereads_a_changed_file(tmp_path, monkeypatch):
+    import pipeline.train.progress as progress
+
+    run = str(tmp_path / "run")
+    log = MetricsLog(run, None)
+    fetched: list[int] = []
+    read_from = progress.storage.read_from
+
+    def counted(path, offset):
+        data = read_from(path, offset)
+        fetched.append(len(data or b""))
+        return data
+
+    monkeypatch.setattr(progress.storage, "read_from", counted)
+    printed: list[str] = []
+    follower = MetricsFollower(run, 400, out=printed.append)
+    for step in range(10, 210, 10):
+        log.append(train_row(step, step / 10))
+        log.flush()
+        follower.print_new()
+    data = storage.read_bytes(log.path)
+    size, longest = len(data), max(len(line) for line in data.splitlines(keepends=True))
+    # each poll fetched the new row and the one before it (to see the file still starts the same)
+    assert max(fetched) <= 2 * longest and sum(fetched) < 2 * size
+    assert [line.split(" (")[0] for line in printed] == [f"train step {s}/400" for s in range(10, 210, 10)]
+    # a rerun replaces a row: the file changes before the last row read, and is read whole once
+    log.append({**train_row(100, 10.0), "train/mfu": 0.5})
+    log.append(EVAL)
+    log.close()
+    fetched.clear()
+    follower.print_new()
+    assert sum(fetched) > size  # read again from the start
+    assert printed[-1].startswith("eval  step 20/400") and len(printed) == 21  # nothing twice
