@@ -374,8 +374,8 @@ class StepRunner:
 class Trainer:
     """One rank's training run: data, checkpoints, evaluation and logging around a ``StepRunner``.
 
-    ``cfg`` is the resolved TrainConfig. ``report``: also send every
-    logged row to ``ray.train.report`` (under Ray Train; every rank must then report alike).
+    ``cfg`` is the resolved TrainConfig. ``report``: also send the final status row to
+    ``ray.train.report`` (under Ray Train; every rank alike).
     Outside Ray Train (``report=False``, no process group) it runs as a single rank in-process.
     """
 
@@ -626,8 +626,8 @@ class Trainer:
 
 
 def _quiet_report_log() -> None:
-    """Ray Train V2 logs every ``ray.train.report`` call at INFO, one long line per logged step on
-    the driver's console; the same rows already go to metrics.jsonl and wandb, so keep its warnings
+    """Ray Train V2 logs every ``ray.train.report`` call at INFO, one long line on the driver's
+    console; the status row it would show is the stage's summary already, so keep its warnings
     only. The logger is internal (named by its file), so a Ray without it is simply left alone."""
     try:
         from ray.train.v2._internal.execution import context
