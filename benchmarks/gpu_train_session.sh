@@ -132,6 +132,22 @@ for row in map(json.loads, open(sys.argv[1])):
     if "guard/perplexity_fwd" in row or row.get("kind") == "guard":
         print(f"  {row['kind']:5} step {row['step']:4}: full-softmax guard fwd {row['guard/perplexity_fwd']:,.1f} "
               f"bwd {row['guard/perplexity_bwd']:,.1f} {row.get('message', '')}")
+# the loop's wall time per step (the rows' time: evaluations, checkpoints and logging included) against
+# the steps' own (tokens/s counts only them), per attempt (time restarts at a resume)
+rows = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"]
+runs = []
+for row in rows:
+    if runs and row["time"] > runs[-1][-1]["time"] and row["step"] > runs[-1][-1]["step"]:
+        runs[-1].append(row)
+    else:
+        runs.append([row])
+for run in runs:
+    if len(run) > 1:
+        wall = (run[-1]["time"] - run[0]["time"]) / (run[-1]["step"] - run[0]["step"])
+        tokens = sorted(r["train/tokens_per_s"] for r in run[1:])[len(run[1:]) // 2]
+        saves = sum(r.get("checkpoint/save_s", 0.0) for r in run[1:])
+        print(f"  steps {run[0]['step']}-{run[-1]['step']}: {wall * 1e3:,.1f} ms per step of loop time; "
+              f"median {tokens:,.0f} tokens/s of the steps; {saves:.2f} s in checkpoint saves")
 PYEOF
         echo "  $(grep -c '"event": "resume"' "$f") resume event(s); train rows at steps $(grep -o '"kind": "train", "step": [0-9]*' "$f" | grep -o '[0-9]*$' | tr '\n' ' ')"
     done
