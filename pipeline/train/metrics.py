@@ -75,12 +75,12 @@ class MetricsLog:
 
     def __init__(self, run_dir: str, resume_step: int | None):
         self.path = storage.join(run_dir, METRICS_FILE)
-        self.rows: list[dict] = []
+        rows: list[dict] = []
         if resume_step is not None and storage.exists(self.path):
             # rows logged after the checkpoint we resume from will be logged again
-            self.rows = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= resume_step]
-        self._lines = [json.dumps(r) + "\n" for r in self.rows]  # each row's line, encoded once
-        self._keys = {_row_key(r): i for i, r in enumerate(self.rows)}
+            rows = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= resume_step]
+        # (kind, event, step) -> (row, its line, encoded once), in the file's order
+        self._entries = {_row_key(r): (r, json.dumps(r) + "\n") for r in rows}
         self._changed = threading.Condition()
         self._version = self._written = 0  # versions of the rows: the newest, and the one stored
         self._failed: int | None = None  # the version whose write failed (tried again once changed)
@@ -94,13 +94,8 @@ class MetricsLog:
         key, line = _row_key(row), json.dumps(row) + "\n"
         with self._changed:
             self._raise_failed_write()
-            if key in self._keys:  # rare: drop the earlier row, the new one goes at the end
-                drop = self._keys.pop(key)
-                del self.rows[drop], self._lines[drop]
-                self._keys = {k: i - (i > drop) for k, i in self._keys.items()}
-            self._keys[key] = len(self.rows)
-            self.rows.append(row)
-            self._lines.append(line)
+            self._entries.pop(key, None)  # rare: an earlier row of this key; the new one goes at the end
+            self._entries[key] = (row, line)
             self._version += 1
             if self._writer is None:
                 self._writer = threading.Thread(
@@ -108,6 +103,11 @@ class MetricsLog:
                 )
                 self._writer.start()
             self._changed.notify_all()
+
+    @property
+    def rows(self) -> list[dict]:
+        """The rows, in the file's order."""
+        return [row for row, _ in self._entries.values()]
 
     def flush(self) -> None:
         """Wait until the file holds every row appended so far; raises a failed write's error."""
@@ -141,7 +141,10 @@ class MetricsLog:
                 if self._closing:
                     self._closing = False
                     return
-                version, data = self._version, "".join(self._lines).encode("utf-8")
+                version, data = (
+                    self._version,
+                    "".join(line for _, line in self._entries.values()).encode("utf-8"),
+                )
             try:
                 storage.write_bytes(self.path, data)
             except Exception as err:  # noqa: BLE001 - raised in the loop by the next append or flush
