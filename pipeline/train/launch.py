@@ -12,6 +12,7 @@ its input or settings is never retried: the same input would fail the same way.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -79,10 +80,44 @@ def _model_options(cfg: TrainConfig) -> dict:
         raise TrainError(f"init_from {path}: {err}") from None
 
 
-def _claim_run_dir(run_dir: str, name: str) -> str:
-    """Claim ``run_dir`` for run ``name`` (``run.json``), or check that it is this run's; returns the
-    run's wandb id, made at the first claim (a run claimed before ids existed gets one now)."""
+def data_identity(shards: str, manifest: dict) -> dict:
+    """What a run trains on, as recorded in its ``run.json``: the vocabulary's sha256 and one sha256
+    over the manifest's shard lists (names, counts and each shard's sha256), so the same shards
+    copied elsewhere are the same data and a re-shard with another vocabulary or corpus is not."""
+    listed = json.dumps(manifest["shards"], sort_keys=True, separators=(",", ":")).encode()
+    return {
+        "vocab_sha256": manifest["vocab"]["sha256"],
+        "shards_sha256": hashlib.sha256(listed).hexdigest(),
+        "vocab_size": manifest["vocab"]["size"],
+        "shards": shards,
+    }
+
+
+def _check_same_data(run_dir: str, recorded: dict, data: dict) -> None:
+    """A resume must train on the data the run started on (``init_from`` is for new data)."""
+    keys = ("vocab_sha256", "shards_sha256")
+    if all(recorded.get(k) == data[k] for k in keys):
+        return
+    what = "vocabulary" if recorded.get("vocab_sha256") != data["vocab_sha256"] else "shard set"
+
+    def named(d: dict) -> str:
+        return (
+            f"{d.get('shards')} (vocabulary {str(d.get('vocab_sha256'))[:12]}..., {d.get('vocab_size')} words; "
+            f"shards {str(d.get('shards_sha256'))[:12]}...)"
+        )
+
+    raise TrainError(
+        f"run directory {run_dir} was trained on {named(recorded)}, not on {named(data)}: "
+        f"a resume on another {what} is refused; use another output, or init_from={run_dir}/export to continue on new data"
+    )
+
+
+def _claim_run_dir(run_dir: str, name: str, data: dict) -> str:
+    """Claim ``run_dir`` for run ``name`` trained on ``data`` (``run.json``), or check that it is
+    this run's, on the same data; returns the run's wandb id, made at the first claim (a run
+    claimed before ids or data were recorded gets them now)."""
     path = storage.join(run_dir, RUN_FILE)
+    claim = {}
     if storage.exists(path):
         claim = json.loads(storage.read_bytes(path))
         owner = claim.get("name")
@@ -90,15 +125,17 @@ def _claim_run_dir(run_dir: str, name: str) -> str:
             raise TrainError(
                 f"run directory {run_dir} belongs to run {owner!r}; use name={owner} to resume it or another output"
             )
-        if claim.get("wandb_id"):
+        if claim.get("data"):
+            _check_same_data(run_dir, claim["data"], data)
+        if claim.get("wandb_id") and claim.get("data"):
             return claim["wandb_id"]
     elif ckpt.list_checkpoints(run_dir):
         raise TrainError(
             f"run directory {run_dir} holds checkpoints but no {RUN_FILE}; choose another output"
         )
-    wandb_id = new_wandb_id()
-    storage.write_bytes(path, json.dumps({"name": name, "wandb_id": wandb_id}).encode())
-    return wandb_id
+    claim = {"name": name, "wandb_id": claim.get("wandb_id") or new_wandb_id(), "data": data}
+    storage.write_bytes(path, json.dumps(claim).encode())
+    return claim["wandb_id"]
 
 
 def prepare_run(cfg: TrainConfig) -> RunPlan:
@@ -130,7 +167,7 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
         )
     options = _model_options(cfg)
     name = cfg.name or run_dir.rstrip("/").rsplit("/", 1)[-1]
-    wandb_id = _claim_run_dir(run_dir, name)
+    wandb_id = _claim_run_dir(run_dir, name, data_identity(shards, manifest))
     return RunPlan(
         run_dir=run_dir,
         name=name,

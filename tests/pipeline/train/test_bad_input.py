@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import time
 
 import pytest
@@ -155,3 +157,72 @@ def test_bad_settings_are_refused_when_the_config_loads(shards, tmp_path, overri
     with pytest.raises(ConfigError, match=message) as err:
         cfg_for(shards, str(tmp_path / "run"), override)
     assert str(err.value).startswith("config key ") and "\n" not in str(err.value)
+
+
+SMALL = "softmax.negatives=64"
+"""The corpus slices' vocabularies are smaller than the tiny preset's negatives."""
+
+
+@pytest.fixture
+def other_shards(tmp_path):
+    """Shards of another slice of the corpus: another vocabulary, of another size."""
+    sentences = sample_sentences(900)[400:]
+    out = str(tmp_path / "other")
+    write_sample_shards(out, sentences[:-100], sentences[-100:])
+    return out
+
+
+def _same_size_vocabulary(shards: str, like: str) -> None:
+    """Rewrite ``shards``' vocabulary to the size of ``like``'s (different words, as with max_size)."""
+    manifest = shard_format.read_manifest(like)
+    size = manifest["vocab"]["size"]
+    vocab_file = os.path.join(shards, "vocab.txt")
+    words = storage.read_bytes(vocab_file).decode().splitlines()
+    words = (words + [f"extra{i}" for i in range(size)])[:size]
+    data = ("\n".join(words) + "\n").encode()
+    storage.write_bytes(vocab_file, data)
+    path = os.path.join(shards, "manifest.json")
+    mine = json.loads(storage.read_bytes(path))
+    mine["vocab"].update(size=size, sha256=hashlib.sha256(data).hexdigest())
+    storage.write_bytes(path, json.dumps(mine).encode())
+
+
+@pytest.mark.parametrize("size", ["same size", "another size"])
+def test_a_resume_on_another_vocabulary_is_refused_before_ray_starts(shards, other_shards, tmp_path, size):
+    if size == "same size":
+        _same_size_vocabulary(other_shards, shards)
+    run = str(tmp_path / "run")
+    prepare_run(cfg_for(shards, run, SMALL))  # claims the run for the first shards
+    with pytest.raises(TrainError) as err:
+        prepare_run(cfg_for(other_shards, run, "max_steps=20", SMALL))
+    message = str(err.value)
+    assert "\n" not in message
+    assert (
+        f"was trained on {shards} (vocabulary" in message and f"not on {other_shards} (vocabulary" in message
+    )
+    assert "a resume on another vocabulary is refused" in message and "init_from=" in message
+    # the claim still names the first data, and the first shards still resume
+    assert json.loads(storage.read_bytes(os.path.join(run, "run.json")))["data"]["shards"] == shards
+    prepare_run(cfg_for(shards, run, "max_steps=20", SMALL))
+
+
+def test_a_resume_on_other_shards_with_the_same_vocabulary_is_refused(shards, tmp_path):
+    run = str(tmp_path / "run")
+    prepare_run(cfg_for(shards, run, SMALL))
+    path = os.path.join(shards, "manifest.json")
+    manifest = json.loads(storage.read_bytes(path))
+    dropped = manifest["shards"]["train"].pop()
+    manifest["totals"]["train"]["tokens"] -= dropped["tokens"]
+    manifest["totals"]["train"]["sentences"] -= dropped["sentences"]
+    storage.write_bytes(path, json.dumps(manifest).encode())
+    with pytest.raises(TrainError, match="a resume on another shard set is refused"):
+        prepare_run(cfg_for(shards, run, SMALL))
+
+
+def test_the_same_shards_copied_elsewhere_resume(shards, tmp_path):
+    run = str(tmp_path / "run")
+    prepare_run(cfg_for(shards, run, SMALL))
+    copy = str(tmp_path / "copy")
+    shutil.copytree(shards, copy)
+    plan = prepare_run(cfg_for(copy, run, SMALL))
+    assert plan.shards == copy
