@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from elmo_model import BiLM, TrainingLM
+from elmo_model.cuda_graph import WARMUP_DDP, WARMUP_SINGLE, GraphedStep
 from elmo_model.flops import train_flops_per_token
 from pipeline import shard_format, storage
 from pipeline.config import to_dict
@@ -43,7 +44,6 @@ from pipeline.train import export as export_mod
 from pipeline.train.char_cache import CharCache
 from pipeline.train.checkpoint import Checkpointer, CheckpointError, RNGStates, latest_checkpoint
 from pipeline.train.config import OnDivergence, TrainConfig
-from pipeline.train.cuda_graph import WARMUP_DDP, WARMUP_SINGLE, GraphedStep
 from pipeline.train.data import LMBatch, ReadAhead, open_lm_batches
 from pipeline.train.distributed import (
     RowGradient,

@@ -141,6 +141,28 @@ def check_model_paths() -> None:
     print(f"bilm_tf: fused vs unfused {err:.1e}")
 
 
+def check_static_inference() -> None:
+    """Static-shape passes through the fused cell equal the torch cell (fixed shapes, bf16 too)."""
+    from elmo_model.static_batches import BucketPlan, build_batch
+    from elmo_model.static_inference import OutputSpec, StaticInference
+
+    reference = ReferenceSet("bilm_tf")
+    model = reference.load()
+    batch = build_batch(
+        [row[1] for row in reference.sentences()], BucketPlan(token_budget=256, max_rows=4, fixed=True)
+    )
+    for precision, limit in (("float32", 2e-6), ("bf16", 2e-2)):
+        run = StaticInference(model, OutputSpec("all"), precision)
+        model.lstm.use_fused_cell = True
+        fused = run(batch)
+        model.lstm.use_fused_cell = False
+        plain = run(batch)
+        err = (fused - plain).abs().max().item()
+        assert np.isfinite(err) and err < limit, (precision, err)
+        print(f"static inference ({precision}): fused vs torch cell {err:.1e}")
+    model.lstm.use_fused_cell = True
+
+
 if __name__ == "__main__":
     assert BiLM is not None
     check_step()
@@ -148,4 +170,5 @@ if __name__ == "__main__":
     check_backward()
     check_window()
     check_model_paths()
+    check_static_inference()
     print("fused cell checks passed")

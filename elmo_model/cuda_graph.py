@@ -1,6 +1,7 @@
-"""Replaying the training step as one CUDA graph: the step's hundreds of kernel launches cost one.
+"""Replaying a static-shape step as one CUDA graph: its hundreds of kernel launches cost one.
 
-A training step has static shapes (B x U positions, K softmax rows, a spelling buffer that only
+Used by the training step (pipeline/train) and by static-shape inference (one graph per bucket
+shape, ``elmo_model.static_inference``). A training step has static shapes (B x U positions, K softmax rows, a spelling buffer that only
 grows), so after a few eager runs its whole forward, backward, exchange and update can be
 captured once and replayed: at ELMo's batch sizes the eager step spends most of its time launching
 kernels, not running them. The function must read only tensors that stay in place between calls
@@ -34,8 +35,17 @@ class GraphedStep:
     warning says why.
     """
 
-    def __init__(self, fn: Callable[[], dict[str, torch.Tensor]], warmup: int):
-        self.fn, self.warmup = fn, warmup
+    def __init__(
+        self,
+        fn: Callable[[], dict[str, torch.Tensor]],
+        warmup: int,
+        what: str = "the training step",
+        pool: tuple | None = None,
+    ):
+        """``pool``: a memory pool (``torch.cuda.graph_pool_handle()``) shared with other graphs that
+        are never replayed concurrently with this one; their transient allocations then share
+        memory. Outputs that must outlive another graph's replay belong in buffers made outside."""
+        self.fn, self.warmup, self.what, self.pool = fn, warmup, what, pool
         self.stream = torch.cuda.Stream()
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: dict[str, torch.Tensor] | None = None
@@ -59,15 +69,13 @@ class GraphedStep:
             return self._eager()
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, pool=self.pool):
                 outputs = self.fn()
         except Exception as err:  # noqa: BLE001 - any capture failure falls back to the eager step
             self.failure = (
                 f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
             )
-            log.warning(
-                "CUDA graph capture of the training step failed (%s); the step runs eagerly", self.failure
-            )
+            log.warning("CUDA graph capture of %s failed (%s); it runs eagerly", self.what, self.failure)
             torch.cuda.synchronize()
             return self._eager()
         self.graph, self.outputs = graph, outputs

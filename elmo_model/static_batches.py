@@ -1,0 +1,178 @@
+"""Sentences grouped into a few fixed (rows, steps) shapes, as ready arrays (docs/model.md#static-shape-inference).
+
+Host side of static-shape inference, numpy only: a length-sorted shard is cut into batches whose
+window (steps, boundaries included) is one of a few bucket lengths and whose row count is what the
+bucket's token budget allows. With ``fixed`` shapes (CUDA graphs) every batch of a bucket has
+exactly its bucket's rows and steps (padding rows have length 0) and the distinct spellings are
+padded to a power of two, so a handful of shapes cover any corpus; without (CPU) a batch is as
+small as its sentences allow, since padding there only costs time.
+
+A batch carries each distinct spelling once (``chars``) and, per position, the row of ``chars``
+it reads (``positions``), so the char CNN runs once per distinct token, and the index that
+reverses each row within its length (``reverse``), which turns the forward stream into the
+backward one and the backward outputs back into sentence order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from elmo_model.characters import BOS_TOKEN, EOS_TOKEN, MAX_CHARACTERS_PER_TOKEN, token_to_ids
+
+BOUNDARIES = 2
+"""``<S>`` and ``</S>`` around every sentence."""
+
+DEFAULT_STEPS = (16, 24, 32, 48, 64, 96, 128, 192, 256)
+"""Bucket windows, boundaries included: sentences of up to 254 tokens, at most ~1/3 padding."""
+
+MIN_CHARS_CAPACITY = 64
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """How sentences are grouped into forward passes.
+
+    ``steps``: the bucket windows (boundaries included), ascending; a longer sentence gets a window
+    rounded up to a multiple of the last one. ``token_budget``: rows x steps of one pass (padding
+    included). ``max_rows``: rows of one pass at most. ``fixed``: every pass of a bucket has its
+    exact shape, and ``chars`` a power-of-two row count (CUDA graphs); else passes shrink to fit.
+    """
+
+    token_budget: int = 8192
+    max_rows: int = 512
+    steps: tuple[int, ...] = DEFAULT_STEPS
+    fixed: bool = False
+
+    def __post_init__(self):
+        if self.token_budget < 1 or self.max_rows < 1:
+            raise ValueError(
+                f"token_budget and max_rows must be >= 1, got {self.token_budget}, {self.max_rows}"
+            )
+        if not self.steps or list(self.steps) != sorted(set(self.steps)) or self.steps[0] < BOUNDARIES + 1:
+            raise ValueError(f"steps must be distinct ascending windows of at least 3, got {self.steps}")
+
+    def window(self, tokens: int) -> int:
+        """The bucket window of a sentence of ``tokens`` tokens."""
+        needed = tokens + BOUNDARIES
+        for steps in self.steps:
+            if steps >= needed:
+                return steps
+        last = self.steps[-1]
+        return -(-needed // last) * last
+
+    def rows(self, window: int) -> int:
+        """Rows of one pass of window ``window``."""
+        return max(1, min(self.max_rows, self.token_budget // window))
+
+
+def plan_batches(lengths: Sequence[int], plan: BucketPlan) -> list[list[int]]:
+    """Indices into ``lengths`` (tokens per sentence, boundaries excluded) grouped into passes,
+    shortest first (ties in input order); every index appears exactly once.
+
+    ``fixed``: each pass holds one bucket's sentences, at most its rows. Otherwise a pass grows while
+    ``sentences x (longest + 2) <= token_budget`` and ``sentences <= max_rows`` (a sentence that
+    alone exceeds the budget gets a pass of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    current_window = 0
+    for i in order:
+        if plan.fixed:
+            window = plan.window(lengths[i])
+            full = window != current_window or len(current) >= plan.rows(window)
+        else:  # ascending order: the newcomer is the longest
+            window = lengths[i] + BOUNDARIES
+            full = (len(current) + 1) * window > plan.token_budget or len(current) >= plan.max_rows
+        if current and full:
+            batches.append(current)
+            current = []
+        current_window = window
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+@dataclass(frozen=True)
+class StaticBatch:
+    """One forward pass's inputs, R rows x T steps, K distinct spellings.
+
+    ``chars`` (K, 50) int16: the +1-shifted char ids of each distinct token (row 0 ``<S>``, row 1
+    ``</S>``; all-zero rows past the real ones). ``positions`` (R, T) int32: the row of ``chars`` at
+    each position of the forward stream (``<S>`` at padding). ``reverse`` (R, T) int64: position
+    ``t`` of the backward stream is position ``reverse[r, t]`` of the sentence (``n - 1 - t`` inside
+    the row's n real positions, ``t`` at padding). ``lengths`` (R,) int64: real positions per row,
+    boundaries included (0 for a padding row). ``rows_used``: the first rows that hold sentences.
+    """
+
+    chars: np.ndarray
+    positions: np.ndarray
+    reverse: np.ndarray
+    lengths: np.ndarray
+    rows_used: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(R, T, K): what a CUDA graph is captured for."""
+        return (*self.positions.shape, self.chars.shape[0])
+
+    @property
+    def tokens(self) -> int:
+        """Real tokens, boundaries excluded."""
+        return int(np.maximum(self.lengths - BOUNDARIES, 0).sum())
+
+
+def _capacity(distinct: int, limit: int) -> int:
+    return min(max(MIN_CHARS_CAPACITY, 1 << (distinct - 1).bit_length()), max(limit, distinct))
+
+
+def build_batch(sentences: Sequence[Sequence[str]], plan: BucketPlan) -> StaticBatch:
+    """The arrays of one pass over ``sentences`` (non-empty token lists, one bucket's worth)."""
+    if not sentences:
+        raise ValueError("build_batch needs at least one sentence")
+    longest = max(len(s) for s in sentences)
+    if plan.fixed:
+        steps, rows = plan.window(longest), plan.rows(plan.window(longest))
+        if len(sentences) > rows:
+            raise ValueError(f"{len(sentences)} sentences do not fit a pass of {rows} rows")
+    else:
+        steps, rows = longest + BOUNDARIES, len(sentences)
+    index = {BOS_TOKEN: 0, EOS_TOKEN: 1}
+    positions = np.zeros((rows, steps), dtype=np.int32)
+    lengths = np.zeros(rows, dtype=np.int64)
+    for r, sentence in enumerate(sentences):
+        row = positions[r]
+        for t, token in enumerate(sentence, start=1):
+            row[t] = index.setdefault(token, len(index))
+        row[len(sentence) + 1] = 1
+        lengths[r] = len(sentence) + BOUNDARIES
+    capacity = _capacity(len(index), rows * steps) if plan.fixed else len(index)
+    chars = np.zeros((capacity, MAX_CHARACTERS_PER_TOKEN), dtype=np.int16)
+    for token, k in index.items():
+        chars[k] = token_to_ids(token)
+    return StaticBatch(chars, positions, reverse_positions(lengths, steps), lengths, len(sentences))
+
+
+def reverse_positions(lengths: np.ndarray, steps: int) -> np.ndarray:
+    """(R,) lengths -> (R, T) index reversing each row within its length (padding stays put)."""
+    t = np.arange(steps, dtype=np.int64)[None, :]
+    n = lengths[:, None]
+    return np.where(t < n, n - 1 - t, t)
+
+
+def split_rows(values: np.ndarray, batch: StaticBatch, pooled: bool) -> list[np.ndarray]:
+    """A pass's host output -> one array per sentence, boundaries and padding removed.
+
+    ``values``: (R, ..., T, 2P) per position (``...`` = the layer axis, if any), or (R, ..., 2P)
+    when ``pooled``. Each result is a contiguous copy (a view would keep the whole pass alive)."""
+    out = []
+    for r in range(batch.rows_used):
+        if pooled:
+            out.append(np.ascontiguousarray(values[r]))
+        else:
+            n = int(batch.lengths[r]) - BOUNDARIES
+            out.append(np.ascontiguousarray(values[r, ..., 1 : n + 1, :]))
+    return out

@@ -1,0 +1,319 @@
+"""Stateless inference at fixed shapes: the biLM's forward as a few static passes (docs/model.md#static-shape-inference).
+
+A pass takes a ``StaticBatch`` (R rows x T steps, padding at the end of each row) and runs the
+model forward-only over the whole padded window. Padding sits after every row's real positions in
+both streams (the backward stream is reversed within each row's length), so a real position only
+ever reads real positions before it: its vectors are the same whatever padding, batch mates or
+bucket it ran with. The final state is not (padding steps ran after it), which is why stateful
+embedding stays on ``BiLM.forward``.
+
+The layout is time-major, (2, T, R, .), so every step's gates, state and outputs are contiguous
+blocks:
+- the char CNN runs once per distinct spelling (K rows), and layer 0's input products once per
+  distinct token vector, gathered to every position;
+- the other layers' input products of all T x R positions are one product per direction;
+- each step is one batched recurrent product of both directions, the elementwise cell (the Triton
+  kernel on CUDA, in-place torch operations elsewhere) and the clipped projection, written in place;
+- on CUDA each (R, T, K) shape is captured once as a CUDA graph and replayed (inputs copied into
+  fixed buffers; the graphs share one memory pool, as they never run at once).
+
+``precision``: ``float32`` (exact: the reference fixtures within 1e-6), ``tf32`` (TF32 products on
+CUDA; on a CPU the same as float32) or ``bf16`` (products in bfloat16, the cell state and the output
+layers' arithmetic in float32). The stored dtype of the vectors is a separate choice (``OutputSpec``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from elmo_model.bilm import BiLM
+from elmo_model.cuda_graph import GraphedStep
+from elmo_model.lstm import fused_cell_for
+from elmo_model.static_batches import BOUNDARIES, StaticBatch
+
+PRECISIONS = ("float32", "tf32", "bf16")
+LAYER_MODES = ("all", "top", "average")
+GRAPH_WARMUP = 2
+"""Eager passes of a shape before it is captured (kernels compiled, cuBLAS warmed)."""
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """What a pass returns per row. ``layers``: ``all`` (N+1 layers), ``top`` (layer N) or
+    ``average`` (mean of the N+1); ``pool``: the mean over the sentence's tokens (boundaries
+    excluded) instead of every position; ``dtype``: the returned dtype (computed in float32)."""
+
+    layers: str = "all"
+    pool: bool = False
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self):
+        if self.layers not in LAYER_MODES:
+            raise ValueError(f"layers must be one of {LAYER_MODES}, got {self.layers!r}")
+
+    def shape(self, rows: int, steps: int, num_layers: int, width: int) -> tuple[int, ...]:
+        """(R, [L,] [T,] 2P): the layer axis only for ``all``, the step axis only without ``pool``."""
+        layer = (num_layers,) if self.layers == "all" else ()
+        step = () if self.pool else (steps,)
+        return (rows, *layer, *step, width)
+
+
+@contextmanager
+def _tf32(enabled: bool) -> Iterator[None]:
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+class StaticInference:
+    """``bilm`` (stateless, eval) run over ``StaticBatch`` passes; ``__call__`` returns the pass's
+    output on the model's device (``OutputSpec.shape``), boundaries kept, without synchronising.
+
+    ``graphs``: capture each shape as a CUDA graph (default: on CUDA). The returned tensor of a
+    graphed shape is that graph's output buffer: the next pass of the same shape overwrites it, so
+    a caller copies it out first (``pipeline/embed`` copies it on another stream).
+    """
+
+    def __init__(
+        self, bilm: BiLM, output: OutputSpec, precision: str = "float32", graphs: bool | None = None
+    ):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if bilm.stateful:
+            raise ValueError("static-shape inference is stateless; use BiLM.forward for stateful runs")
+        self.bilm, self.output, self.precision = bilm.eval(), output, precision
+        self.device = next(bilm.parameters()).device
+        self.graphs = self.device.type == "cuda" if graphs is None else graphs
+        if self.graphs and self.device.type != "cuda":
+            raise ValueError("CUDA graphs need the model on a CUDA device")
+        self.compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        self._weights = self._cast_weights()
+        self._graphed: dict[tuple[int, int, int], _GraphedShape] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+
+    def _cast_weights(self) -> list[tuple[torch.Tensor, ...]]:
+        """Per layer (w_ih, w_hh, bias, w_p) in the compute dtype, made once."""
+        dtype = self.compute_dtype
+        return [
+            (
+                layer.w_ih.detach().to(dtype),
+                layer.w_hh.detach().to(dtype),
+                (layer.bias + layer.forget_offset).detach().to(dtype).unsqueeze(1),
+                layer.w_p.detach().to(dtype),
+            )
+            for layer in self.bilm.lstm.layers
+        ]
+
+    @property
+    def captured_shapes(self) -> list[tuple[int, int, int]]:
+        """The (R, T, K) shapes replayed as CUDA graphs so far."""
+        return [key for key, g in self._graphed.items() if g.step.replaying]
+
+    def __call__(self, batch: StaticBatch) -> torch.Tensor:
+        if not self.graphs:
+            inputs = _device_inputs(batch, self.device)
+            with torch.no_grad(), _tf32(self.precision == "tf32"):
+                return self.forward(*inputs)
+        graphed = self._graphed.get(batch.shape)
+        if graphed is None:
+            graphed = self._graphed[batch.shape] = _GraphedShape(self, batch.shape)
+        graphed.load(batch)
+        with torch.no_grad(), _tf32(self.precision == "tf32"):
+            return graphed.step()["out"]
+
+    # ---- the pass ------------------------------------------------------------------------------
+    def forward(
+        self,
+        chars: torch.Tensor,
+        positions: torch.Tensor,
+        reverse: torch.Tensor,
+        lengths: torch.Tensor,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """chars (K, 50), positions (R, T), reverse (R, T), lengths (R,) (``StaticBatch``, on the
+        device, long) -> ``OutputSpec.shape`` (written into ``out`` when given). Static shapes, no
+        host synchronisation."""
+        device = self.device.type
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            vectors = self.bilm.token_encoder.encode_unique(chars)  # (K, P)
+        vectors = vectors.to(self.compute_dtype)
+        streams = torch.stack([positions, positions.gather(1, reverse)]).transpose(1, 2)  # (2, T, R)
+        layers = self._lstm(vectors, streams)  # N x (2, T, R, P), sentence order per stream
+        return self._assemble(vectors, positions, reverse, lengths, layers, out)
+
+    def _lstm(self, vectors: torch.Tensor, streams: torch.Tensor) -> list[torch.Tensor]:
+        lstm = self.bilm.lstm
+        _, steps, rows = streams.shape
+        x_cuda = vectors.is_cuda
+        outs, x = [], None
+        for li, (w_ih, w_hh, bias, w_p) in enumerate(self._weights):
+            dim = w_hh.shape[-1] // 4
+            gates = vectors.new_empty(2, steps * rows, 4 * dim) if li or x_cuda else None
+            if li == 0:
+                # the distinct token vectors' products (2K, 4C), gathered to every position of
+                # each stream: on CUDA all at once, on a CPU step by step into its dense buffer
+                products = torch.baddbmm(bias, vectors.expand(2, -1, -1), w_ih)
+                index = streams + torch.tensor([0, products.shape[1]], device=streams.device).view(2, 1, 1)
+                products = products.view(-1, 4 * dim)
+                if gates is not None:
+                    torch.index_select(products, 0, index.reshape(-1), out=gates.view(-1, 4 * dim))
+                    source = gates.view(2, steps, rows, -1)
+                else:
+                    source = (products, index)
+            elif x_cuda:
+                torch.baddbmm(bias, x.view(2, steps * rows, -1), w_ih, out=gates)
+                source = gates.view(2, steps, rows, -1)
+            else:
+                # CPU: one product per direction runs faster than one batched product of two
+                for d in range(2):
+                    torch.addmm(bias[d], x[d].view(steps * rows, -1), w_ih[d], out=gates[d])
+                source = gates.view(2, steps, rows, -1)
+            h = self._recurrence(source, steps, rows, w_hh, w_p, lstm.cell_clip, lstm.proj_clip)
+            if lstm.use_skip_connections and li > 0:
+                h.add_(x)
+            outs.append(h)
+            x = h
+        return outs
+
+    def _recurrence(
+        self,
+        source: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        steps: int,
+        rows: int,
+        w_hh: torch.Tensor,
+        w_p: torch.Tensor,
+        cell_clip: float | None,
+        proj_clip: float | None,
+    ) -> torch.Tensor:
+        """One layer from zero state -> h (2, T, R, P). ``source``: the input products with bias,
+        (2, T, R, 4C) (overwritten), or (products (M, 4C), index (2, T, R)) whose rows ``index``
+        points at (layer 0 on a CPU, gathered step by step)."""
+        gates = source if isinstance(source, torch.Tensor) else None
+        products, index = (None, None) if gates is not None else source
+        like = gates if gates is not None else products
+        four_dim = like.shape[-1]
+        dim = four_dim // 4
+        c = torch.zeros(2, rows, dim, dtype=torch.float32, device=like.device)
+        h = like.new_empty(2, steps, rows, w_p.shape[-1])
+        fused = fused_cell_for(like) if self.bilm.lstm.use_fused_cell else None
+        # CPU: MKL's batched products run faster on dense blocks than on the directions' blocks
+        # T x R rows apart (docs/model.md#static-shape-inference), so each step's gates and h go
+        # through dense buffers there; cuBLAS takes the strided blocks as they are.
+        dense = not like.is_cuda
+        if dense:
+            g_dense = like.new_empty(2, rows, four_dim)
+            h_dense = h.new_empty(2, rows, h.shape[-1])
+        for t in range(steps):
+            if gates is None:
+                g = torch.index_select(products, 0, index[:, t].reshape(-1), out=g_dense.view(-1, four_dim))
+                g = g.view(2, rows, four_dim)
+            else:
+                g = g_dense.copy_(gates[:, t]) if dense else gates[:, t]
+            if t > 0:
+                g.baddbmm_(h_dense if dense else h[:, t - 1], w_hh)
+            if fused is not None:
+                m = fused(g, c, cell_clip)
+            else:
+                g[..., : 3 * dim].sigmoid_()
+                j = g[..., 3 * dim :].tanh_()
+                i, f, o = g[..., : 3 * dim].split(dim, dim=-1)
+                c.mul_(f).addcmul_(i, j)
+                if cell_clip is not None:
+                    c.clamp_(-cell_clip, cell_clip)
+                m = torch.tanh(c, out=j).mul_(o) if j.dtype == c.dtype else j.copy_(torch.tanh(c)).mul_(o)
+            h_t = torch.bmm(m, w_p, out=h_dense if dense else h[:, t])
+            if proj_clip is not None:
+                h_t.clamp_(-proj_clip, proj_clip)
+            if dense:
+                h[:, t].copy_(h_t)
+        return h
+
+    def _assemble(
+        self,
+        vectors: torch.Tensor,
+        positions: torch.Tensor,
+        reverse: torch.Tensor,
+        lengths: torch.Tensor,
+        layers: list[torch.Tensor],
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Layer 0 = [tok | tok], layer l = [forward_l | backward_l in sentence order], then the
+        chosen layers, pooled or not, in float32, cast into the output dtype."""
+        rows, steps = positions.shape
+        p = vectors.shape[-1]
+
+        def layer(index: int) -> torch.Tensor:  # (R, T, 2P) float32
+            if index == 0:
+                tok = vectors.float().index_select(0, positions.reshape(-1)).view(rows, steps, p)
+                return torch.cat([tok, tok], dim=-1)
+            h = layers[index - 1].float()
+            forward = h[0].transpose(0, 1)
+            backward = h[1].transpose(0, 1).gather(1, reverse.unsqueeze(-1).expand(rows, steps, p))
+            return torch.cat([forward, backward], dim=-1)
+
+        count = len(layers) + 1
+        mode = self.output.layers
+        if mode == "all":
+            values = torch.stack([layer(i) for i in range(count)], dim=1)  # (R, L, T, 2P)
+        elif mode == "top":
+            values = layer(count - 1)
+        else:
+            values = sum(layer(i) for i in range(count)) / count
+        if self.output.pool:
+            t = torch.arange(steps, device=lengths.device)
+            inside = (t >= 1) & (t < (lengths - 1).unsqueeze(1))  # (R, T): tokens, no boundaries
+            weights = inside.float() / (lengths - BOUNDARIES).clamp(min=1).unsqueeze(1)
+            if mode == "all":
+                weights = weights.unsqueeze(1)
+            values = (values * weights.unsqueeze(-1)).sum(dim=-2)
+        if out is None:
+            return values.to(self.output.dtype)
+        return out.copy_(values)
+
+
+def _device_inputs(batch: StaticBatch, device: torch.device) -> tuple[torch.Tensor, ...]:
+    return tuple(
+        torch.from_numpy(a).to(device, torch.long)
+        for a in (batch.chars, batch.positions, batch.reverse, batch.lengths)
+    )
+
+
+class _GraphedShape:
+    """One (R, T, K) shape on CUDA: fixed input buffers, a fixed output buffer, one CUDA graph."""
+
+    def __init__(self, runner: StaticInference, shape: tuple[int, int, int]):
+        rows, steps, k = shape
+        device = runner.device
+        self.inputs = (
+            torch.zeros(k, 50, dtype=torch.long, device=device),
+            torch.zeros(rows, steps, dtype=torch.long, device=device),
+            torch.zeros(rows, steps, dtype=torch.long, device=device),
+            torch.zeros(rows, dtype=torch.long, device=device),
+        )
+        bilm = runner.bilm
+        out_shape = runner.output.shape(rows, steps, bilm.num_layers, bilm.output_dim)
+        self.out = torch.empty(out_shape, dtype=runner.output.dtype, device=device)
+        self.step = GraphedStep(
+            lambda: {"out": runner.forward(*self.inputs, out=self.out)},
+            GRAPH_WARMUP,
+            what=f"static-shape inference at {shape}",
+            pool=runner._pool,
+        )
+
+    def load(self, batch: StaticBatch) -> None:
+        """Copy the batch into the fixed buffers (queued on the current stream; pinned sources
+        copy without blocking the host)."""
+        for buffer, array in zip(
+            self.inputs, (batch.chars, batch.positions, batch.reverse, batch.lengths), strict=True
+        ):
+            source = torch.from_numpy(array)
+            if source.dtype != torch.long:
+                source = source.long()
+            buffer.copy_(source, non_blocking=True)
