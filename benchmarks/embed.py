@@ -35,9 +35,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from elmo_model import BiLM, batch_to_ids  # noqa: E402
+from elmo_model import BiLM  # noqa: E402
 from pipeline import storage  # noqa: E402
-from pipeline.embed.batching import length_bucketed  # noqa: E402
+from pipeline.embed.embedder import EmbedSettings, SentenceEncoder  # noqa: E402
 from pipeline.embed.sentences import prepare_lines  # noqa: E402
 from pipeline.local_s3 import REGION, LocalS3Server  # noqa: E402
 from pipeline.model_config import preset_options  # noqa: E402
@@ -192,6 +192,7 @@ def run_job(args, model: str, corpus: str, output: str) -> dict:
         sys.executable, "-m", "jobs.embed", "--model", model, "--input", corpus, "--output", output,
         "--layers", args.layers, "--dtype", args.dtype, "--workers", str(args.workers),
         f"lines_per_shard={args.lines_per_shard}", f"batch_tokens={args.batch_tokens}",
+        f"precision={args.precision}", f"layout={args.layout}", f"pool={args.pool}",
         f"cpus_per_worker={args.cpus_per_worker}", f"num_cpus={int(args.workers * args.cpus_per_worker)}",
         "progress=false", f"use_gpu={'true' if args.device == 'cuda' else 'false'}", f"gpu_share={args.gpu_share}",
     ]  # fmt: skip
@@ -224,35 +225,35 @@ def run_job(args, model: str, corpus: str, output: str) -> dict:
 
 
 def raw_forward(args, model_dir: Path, threads: int) -> dict:
-    """Forward passes only, one process, the stage's batches (same shards, same token budget)."""
+    """Forward passes only, one process: the stage's own compute (``SentenceEncoder``: static
+    shapes, on CUDA graphs and copies to pinned host memory) over the stage's shards and batches."""
     torch.set_num_threads(threads)
     device = torch.device(args.device)
     bilm = BiLM.from_files(model_dir / "options.json", model_dir / "weights.hdf5").to(device)
+    settings = EmbedSettings(
+        layers=args.layers, dtype=args.dtype, stateful=False, batch_tokens=args.batch_tokens,
+        max_batch_sentences=256, stateful_batch_size=64, max_sentence_tokens=1000, long_sentences="split",
+        invalid_utf8="replace", threads=threads, device=args.device, precision=args.precision, pool=args.pool,
+        layout=args.layout,
+    )  # fmt: skip
+    encoder = SentenceEncoder(bilm, settings, device)
     lines = corpus_lines(args.raw_sentences)
-    batches = []
+    shards = []
     for first in range(0, len(lines), args.lines_per_shard):
         prepared = prepare_lines(
             lines[first : first + args.lines_per_shard], first, max_tokens=1000, long_sentences="split",
             invalid_utf8="replace", where="bench",
         )  # fmt: skip
-        pieces = [p for line in prepared.pieces for p in line]
-        for batch in length_bucketed([len(p) for p in pieces], args.batch_tokens, 256):
-            ids = batch_to_ids([pieces[i] for i in batch]).to(device)
-            batches.append((ids, sum(len(pieces[i]) for i in batch)))
-    with torch.inference_mode():
-        # Warm-up: on CUDA a whole pass (kernel compiles and library heuristics per new shape are
-        # one-off costs the job pays once per actor too); on CPU one batch.
-        for ids, _ in batches if device.type == "cuda" else batches[:1]:
-            bilm(ids)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start, cpu_start = time.monotonic(), time.process_time()
-        for ids, _ in batches:
-            bilm(ids)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds, cpu = time.monotonic() - start, time.process_time() - cpu_start
-    tokens = sum(n for _, n in batches)
+        shards.append([p for line in prepared.pieces for p in line])
+    # Warm-up: on CUDA a whole pass (graph captures per shape are one-off costs the job pays once
+    # per actor too); on CPU one shard.
+    for pieces in shards if device.type == "cuda" else shards[:1]:
+        encoder.embed(pieces)
+    start, cpu_start = time.monotonic(), time.process_time()
+    for pieces in shards:
+        encoder.embed(pieces)
+    seconds, cpu = time.monotonic() - start, time.process_time() - cpu_start
+    tokens = sum(len(p) for pieces in shards for p in pieces)
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "cpu_s": cpu}
 
 
@@ -272,6 +273,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cpus-per-worker", type=float, default=1.0)
     parser.add_argument("--layers", default="all", choices=["all", "top", "average"])
     parser.add_argument("--dtype", default="float16", choices=["float32", "float16"])
+    parser.add_argument("--precision", default="float32", choices=["float32", "tf32", "bf16"])
+    parser.add_argument("--layout", default="allennlp", choices=["allennlp", "packed"])
+    parser.add_argument("--pool", default="none", choices=["none", "mean"])
     parser.add_argument("--lines-per-shard", type=int, default=1000)
     parser.add_argument("--batch-tokens", type=int, default=4096)
     parser.add_argument(
@@ -319,7 +323,7 @@ def main(argv=None) -> int:
             print(f"job {scale}x: {jobs[scale]}", file=sys.stderr, flush=True)
 
     print(f"\nembed benchmark: preset {args.preset}, {args.workers} workers x {args.cpus_per_worker:g} CPU, "
-          f"gpu_share {args.gpu_share:g}, layers {args.layers}, {args.dtype}, lines_per_shard {args.lines_per_shard}, batch_tokens {args.batch_tokens}, "
+          f"gpu_share {args.gpu_share:g}, layers {args.layers}, {args.dtype}, precision {args.precision}, layout {args.layout}, pool {args.pool}, lines_per_shard {args.lines_per_shard}, batch_tokens {args.batch_tokens}, "
           f"torch {torch.__version__}, {os.cpu_count()} cores on this machine, device {args.device}, storage {args.storage}\n")  # fmt: skip
     rows = [
         (

@@ -27,6 +27,29 @@ class StoredDType(enum.Enum):
     float16 = "float16"
 
 
+class Precision(enum.Enum):
+    float32 = "float32"
+    """Exact: the original model's arithmetic (TF32 off on GPUs)."""
+    tf32 = "tf32"
+    """TF32 matrix products on CUDA GPUs (the same as float32 on a CPU)."""
+    bf16 = "bf16"
+    """bfloat16 matrix products, the cell state and the outputs' arithmetic in float32."""
+
+
+class Pool(enum.Enum):
+    none = "none"
+    """A vector per token."""
+    mean = "mean"
+    """One vector per sentence: the mean over its tokens of the chosen layers."""
+
+
+class Layout(enum.Enum):
+    allennlp = "allennlp"
+    """One dataset per sentence, keyed by its input line (AllenNLP's ``elmo`` command)."""
+    packed = "packed"
+    """Per shard, ``vectors`` (every token, in line order), ``offsets`` and ``lines``: for large corpora."""
+
+
 class LongSentences(enum.Enum):
     split = "split"
     """Embed consecutive pieces independently and concatenate them."""
@@ -70,6 +93,16 @@ class EmbedConfig:
     (n_tokens, 2P) last layer; ``average`` = (n_tokens, 2P) mean of all layers (AllenNLP --all/--top/--average)."""
     dtype: StoredDType = StoredDType.float32
     """Stored dtype: ``float32`` (AllenNLP's) or ``float16`` (half the bytes; computed in float32)."""
+    precision: Precision = Precision.float32
+    """Compute precision of the forward pass (apart from the stored ``dtype``): ``float32`` (exact),
+    ``tf32`` or ``bf16`` (faster on GPUs; their error against float32 is in docs/benchmarks.md).
+    Stateful runs compute in float32."""
+    pool: Pool = Pool.none
+    """``mean``: one vector per sentence (the mean over its tokens, boundaries excluded), (N+1, 2P)
+    for ``all`` or (2P,) otherwise; an empty line gets zeros."""
+    layout: Layout = Layout.allennlp
+    """Shard layout: ``allennlp`` (a dataset per sentence) or ``packed`` (three datasets per shard,
+    for large corpora; docs/outputs.md#embeddings). A single-file output is always ``allennlp``."""
     workers: int = 1
     """Embedding actors in the pool; each loads the model once. Ignored (1) in stateful mode."""
     stateful: bool = False
@@ -150,6 +183,11 @@ class EmbedConfig:
                 ),
             ]
         )
+        if self.layout is Layout.packed and self.output != "???" and is_single_file(self.output):
+            raise ConfigError(
+                f"layout=packed writes shards into a folder; output {self.output} is a single .hdf5 file "
+                "(always AllenNLP's layout): use layout=allennlp or a folder output"
+            )
         if self.stateful and self.lines_per_shard % self.stateful_batch_size:
             raise ConfigError(
                 f"stateful mode: lines_per_shard ({self.lines_per_shard}) must be a multiple of stateful_batch_size "

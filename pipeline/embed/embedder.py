@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ import numpy as np
 import torch
 
 from elmo_model import BiLM, batch_to_ids
+from elmo_model.static_batches import BucketPlan, build_batch, plan_batches, split_rows
+from elmo_model.static_inference import OutputSpec, StaticInference
 from pipeline.embed import batching
 from pipeline.embed.errors import WORKER_ERRORS, EmbedError
 from pipeline.embed.hdf5_shard import encode_shard
@@ -41,6 +44,9 @@ class EmbedSettings:
     invalid_utf8: str
     threads: int
     device: str
+    precision: str = "float32"
+    pool: str = "none"
+    layout: str = "allennlp"
 
 
 def select_layers(layers: torch.Tensor, mode: str) -> torch.Tensor:
@@ -54,10 +60,78 @@ def select_layers(layers: torch.Tensor, mode: str) -> torch.Tensor:
     raise EmbedError(f"layers: unknown mode {mode!r}; choose all, top or average")
 
 
-def empty_value(mode: str, num_layers: int, output_dim: int) -> np.ndarray:
-    """The value of an empty sentence: (N+1, 0, 2P) for ``all``, (0, 2P) otherwise."""
-    shape = (num_layers, 0, output_dim) if mode == "all" else (0, output_dim)
+def empty_value(mode: str, num_layers: int, output_dim: int, pool: bool = False) -> np.ndarray:
+    """The value of an empty sentence: (N+1, 0, 2P) for ``all``, (0, 2P) otherwise; pooled, zeros of
+    (N+1, 2P) or (2P,) (the mean of no tokens; the manifest and the packed offsets say n = 0)."""
+    layer = (num_layers,) if mode == "all" else ()
+    shape = (*layer, output_dim) if pool else (*layer, 0, output_dim)
     return np.zeros(shape, dtype=np.float32)
+
+
+class SentenceEncoder:
+    """One actor's model and the way it runs: stateless passes as static shapes
+    (``elmo_model.static_inference``; on CUDA fixed bucket shapes replayed as CUDA graphs, their
+    outputs copied to pinned host memory on a second stream, no synchronising call per pass), or,
+    stateful, today's ``BiLM.forward`` in input-order batches.
+
+    ``embed(pieces)`` -> one float32 or float16 array per piece (non-empty token lists), boundaries
+    removed: (N+1, n, 2P) for ``all``, (n, 2P) otherwise; pooled: (N+1, 2P) or (2P,).
+    """
+
+    IN_FLIGHT = 2
+    """CUDA: passes queued ahead of the host before it waits for the oldest one's copy."""
+
+    def __init__(self, bilm: BiLM, settings: EmbedSettings, device: torch.device):
+        self.bilm, self.settings, self.device = bilm, settings, device
+        self.pool = settings.pool == "mean"
+        self.static = None
+        if not settings.stateful:
+            dtype = torch.float16 if settings.dtype == "float16" else torch.float32
+            output = OutputSpec(settings.layers, pool=self.pool, dtype=dtype)
+            self.static = StaticInference(bilm, output, settings.precision)
+            if device.type == "cuda":
+                self.plan = BucketPlan(settings.batch_tokens, settings.max_batch_sentences, fixed=True)
+                self.copy_stream = torch.cuda.Stream(device)
+            else:
+                self.plan = BucketPlan(settings.batch_tokens, settings.max_batch_sentences)
+
+    def embed(self, pieces: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        if self.static is None:
+            batches = batching.in_order(len(pieces), self.settings.stateful_batch_size)
+            return embed_pieces(self.bilm, pieces, batches, self.settings.layers, self.device, self.pool)
+        values: list[np.ndarray | None] = [None] * len(pieces)
+        pending: deque = deque()
+        for indices in plan_batches([len(p) for p in pieces], self.plan):
+            batch = build_batch([pieces[i] for i in indices], self.plan)
+            pending.append((indices, batch, self._to_host(self.static(batch))))
+            while len(pending) > (self.IN_FLIGHT if self.device.type == "cuda" else 0):
+                self._collect(pending.popleft(), values)
+        while pending:
+            self._collect(pending.popleft(), values)
+        return values  # type: ignore[return-value]
+
+    def _to_host(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """The pass's output on its way to the host: on CUDA a copy queued on the copy stream into
+        pinned memory (from a device copy of the graph's buffer, which the next pass of the same
+        shape overwrites) and the event that marks it done."""
+        if out.device.type != "cuda":
+            return out, None
+        detached = out.clone()
+        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        self.copy_stream.wait_stream(torch.cuda.current_stream(out.device))
+        with torch.cuda.stream(self.copy_stream):
+            host.copy_(detached, non_blocking=True)
+            detached.record_stream(self.copy_stream)
+            done = torch.cuda.Event()
+            done.record(self.copy_stream)
+        return host, done
+
+    def _collect(self, item, values: list) -> None:
+        indices, batch, (host, done) = item
+        if done is not None:
+            done.synchronize()
+        for i, value in zip(indices, split_rows(host.numpy(), batch, self.pool), strict=True):
+            values[i] = value
 
 
 def embed_pieces(
@@ -66,11 +140,13 @@ def embed_pieces(
     batches: Sequence[Sequence[int]],
     mode: str,
     device: torch.device,
+    pool: bool = False,
 ) -> list[np.ndarray]:
-    """Run ``batches`` (lists of indices into ``pieces``, in the order given) through ``bilm``.
+    """Run ``batches`` (lists of indices into ``pieces``, in the order given) through ``bilm.forward``
+    (the stateful path: state carries from batch to batch in row order).
 
     ``pieces``: non-empty token lists. Returns one float32 array per piece with boundaries removed:
-    (N+1, n_i, 2P) for ``all``, (n_i, 2P) otherwise.
+    (N+1, n_i, 2P) for ``all``, (n_i, 2P) otherwise; with ``pool`` the mean over the n_i tokens.
     """
     values: list[np.ndarray | None] = [None] * len(pieces)
     for batch in batches:
@@ -82,28 +158,31 @@ def embed_pieces(
         for row, i in enumerate(batch):
             n = len(pieces[i])
             # copy: a view would keep the whole padded batch array alive
-            values[i] = np.ascontiguousarray(selected[row, ..., 1 : n + 1, :])
+            value = selected[row, ..., 1 : n + 1, :]
+            values[i] = value.mean(axis=-2) if pool else np.ascontiguousarray(value)
     return values  # type: ignore[return-value]
 
 
-def plan_forward_passes(pieces: Sequence[Sequence[str]], settings: EmbedSettings) -> list[list[int]]:
-    """Length-bucketed batches (stateless) or input-order batches of a fixed size (stateful)."""
-    if settings.stateful:
-        return batching.in_order(len(pieces), settings.stateful_batch_size)
-    return batching.length_bucketed(
-        [len(p) for p in pieces], settings.batch_tokens, settings.max_batch_sentences
-    )
+def _join_pieces(parts: list[np.ndarray], sizes: list[int], pool: bool) -> np.ndarray:
+    """A split line's pieces as one value: concatenated on the token axis, or (pooled) their
+    means weighted by their token counts."""
+    if len(parts) == 1:
+        return parts[0]
+    if not pool:
+        return np.concatenate(parts, axis=-2)
+    total = sum(sizes)
+    joined = sum(part.astype(np.float32) * (n / total) for part, n in zip(parts, sizes, strict=True))
+    return joined.astype(parts[0].dtype)
 
 
 def embed_lines(
-    bilm: BiLM,
+    encoder: SentenceEncoder,
     prepared: PreparedLines,
-    settings: EmbedSettings,
     num_layers: int,
     output_dim: int,
-    device: torch.device,
 ) -> list[np.ndarray]:
-    """One value per line of ``prepared`` (see module docstring); split lines are concatenated on the token axis."""
+    """One value per line of ``prepared`` (see ``SentenceEncoder``); split lines are joined."""
+    settings = encoder.settings
     flat: list[list[str]] = []
     owner: list[int] = []
     for line, pieces in enumerate(prepared.pieces):
@@ -114,14 +193,16 @@ def embed_lines(
             )
         flat.extend(pieces)
         owner.extend([line] * len(pieces))
-    piece_values = embed_pieces(bilm, flat, plan_forward_passes(flat, settings), settings.layers, device)
+    piece_values = encoder.embed(flat)
     per_line: list[list[np.ndarray]] = [[] for _ in prepared.pieces]
-    for line, value in zip(owner, piece_values, strict=True):
+    sizes: list[list[int]] = [[] for _ in prepared.pieces]
+    for line, piece, value in zip(owner, flat, piece_values, strict=True):
         per_line[line].append(value)
-    empty = empty_value(settings.layers, num_layers, output_dim)
+        sizes[line].append(len(piece))
+    empty = empty_value(settings.layers, num_layers, output_dim, encoder.pool)
     return [
-        np.concatenate(parts, axis=-2) if len(parts) > 1 else (parts[0] if parts else empty)
-        for parts in per_line
+        _join_pieces(parts, n, encoder.pool) if parts else empty
+        for parts, n in zip(per_line, sizes, strict=True)
     ]
 
 
@@ -191,6 +272,7 @@ class ShardEmbedder:
             torch.backends.cudnn.allow_tf32 = False
         self.bilm = load_bilm(self.source).to(self.device)
         self.bilm.stateful = self.settings.stateful
+        self.encoder = SentenceEncoder(self.bilm, self.settings, self.device)
 
     def embed_spec(self, spec: ShardSpec) -> tuple[dict, list[np.ndarray]]:
         """Shard stats and one value per line, in line order."""
@@ -204,9 +286,7 @@ class ShardEmbedder:
             invalid_utf8=s.invalid_utf8,
             where=where,
         )
-        values = embed_lines(
-            self.bilm, prepared, s, self.source.num_layers, self.source.output_dim, self.device
-        )
+        values = embed_lines(self.encoder, prepared, self.source.num_layers, self.source.output_dim)
         return shard_stats(spec, prepared), values
 
     def process(self, spec: ShardSpec, write: bool) -> dict:
@@ -216,7 +296,11 @@ class ShardEmbedder:
             return stats
         # each entry names what made it, so a shard copied out of its folder still says so
         stats.update(layers=self.settings.layers, dtype=self.settings.dtype, model_sha256=self.source.sha256)
-        return commit_shard(self.output, stats, encode_shard(spec.first_line, values, self.settings.dtype))
+        s = self.settings
+        stats.update(layout=s.layout, pool=s.pool)
+        return commit_shard(
+            self.output, stats, encode_shard(spec.first_line, values, s.dtype, s.layout, s.pool == "mean")
+        )
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         entries, written = [], []

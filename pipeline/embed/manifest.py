@@ -9,7 +9,7 @@ Layout of a sharded output (local folder or s3 prefix)::
 
 A shard entry: ``name``, ``index``, ``first_line``, ``end_line`` (exclusive), ``sentences``, ``tokens``,
 ``empty_sentences``, ``invalid_utf8_lines``, ``control_char_lines``, ``split_sentences``, ``layers``,
-``dtype``, ``model_sha256``, ``bytes``, ``sha256`` (of the HDF5 file) and ``input_sha256`` (of the
+``dtype``, ``layout`` (``allennlp`` or ``packed``), ``pool``, ``model_sha256``, ``bytes``, ``sha256`` (of the HDF5 file) and ``input_sha256`` (of the
 input lines it holds).
 """
 
@@ -74,6 +74,9 @@ def build_manifest(run: dict, model: dict, entries: list[dict], config: dict) ->
         "format": FORMAT,
         "layers": run["layers"],
         "dtype": run["dtype"],
+        "layout": run.get("layout", "allennlp"),
+        "pool": run.get("pool", "none"),
+        "precision": run.get("precision", "float32"),
         "stateful": run["stateful"],
         "lines_per_shard": run["lines_per_shard"],
         "input": run["input"],

@@ -47,6 +47,9 @@ def run_settings(cfg, kind: str, paths: list[str], model_sha256: str) -> dict:
         "model_sha256": model_sha256,
         "layers": cfg.layers.value,
         "dtype": cfg.dtype.value,
+        "precision": cfg.precision.value,
+        "pool": cfg.pool.value,
+        "layout": cfg.layout.value,
         "stateful": cfg.stateful,
         "stateful_batch_size": cfg.stateful_batch_size if cfg.stateful else 0,
         "lines_per_shard": cfg.lines_per_shard,
@@ -92,6 +95,9 @@ def settings_for(cfg, device: str) -> EmbedSettings:
         invalid_utf8=cfg.invalid_utf8.value,
         threads=max(1, int(cfg.cpus_per_worker)),
         device=device,
+        precision=cfg.precision.value,
+        pool=cfg.pool.value,
+        layout=cfg.layout.value,
     )
 
 

@@ -129,6 +129,32 @@ def test_killed_run_on_s3_finishes_exactly_once(ray_local, s3_prefix, model):
     assert json.loads(storage.read_bytes(manifest.manifest_path(output)))["shards"] == doc["shards"]
 
 
+def test_packed_mean_pooled_run_on_a_shard_of_lines(ray_local, tmp_path, model):
+    from pipeline.embed.hdf5_shard import iter_shard
+
+    lines = sample_lines(30, start=100)
+    lines[5] = b""
+    corpus = tmp_path / "in.txt"
+    corpus.write_bytes(b"\n".join(lines))
+    out = tmp_path / "out"
+    args = {"options_file": str(OPTIONS), "weights_file": str(WEIGHTS), "input": [str(corpus)]}
+    result = run_embed(_config(**args, output=str(out), layout="packed", pool="mean", lines_per_shard=16))
+    assert result.complete and result.details["shards"] == 2
+    document = json.loads((out / "manifest.json").read_text())
+    assert document["layout"] == "packed" and document["pool"] == "mean"
+    assert {(e["layout"], e["pool"]) for e in document["shards"]} == {("packed", "mean")}
+    values = dict(pair for path in sorted(out.glob("embeddings-*.hdf5")) for pair in iter_shard(str(path)))
+    assert sorted(values) == list(range(len(lines)))
+    for i, line in enumerate(lines):
+        if line:
+            np.testing.assert_allclose(
+                values[i], expected_value(model, line, "all").mean(axis=1), atol=1e-6, rtol=1e-5
+            )
+    assert values[5].shape == (3, 32) and not values[5].any()
+    with pytest.raises(Exception, match="layout=packed writes shards into a folder"):
+        _config(**args, output=str(tmp_path / "one.hdf5"), layout="packed")
+
+
 def test_single_file_has_allennlp_layout(ray_local, tmp_path, model):
     lines = sample_lines(30, start=200) + [b"same sentence", b"  same sentence  "]
     corpus = tmp_path / "in.txt"

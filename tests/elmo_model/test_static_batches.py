@@ -1,0 +1,63 @@
+"""elmo_model.static_batches: passes planned by token budget (CPU) or fixed bucket shapes (CUDA)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from elmo_model.static_batches import BucketPlan, build_batch, plan_batches, reverse_positions
+
+
+def test_shrunk_passes_covers_every_index_once_within_budget():
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 60) for _ in range(500)] + [300]
+    batches = plan_batches(lengths, BucketPlan(token_budget=512, max_rows=32))
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(len(lengths)))
+    for batch in batches:
+        width = max(lengths[i] for i in batch) + 2
+        assert len(batch) <= 32
+        assert len(batch) * width <= 512 or len(batch) == 1
+    # the 302-position sentence is over budget only with company, so it is alone or fits
+    assert [len(lengths) - 1] in batches or all(len(b) * 302 <= 512 for b in batches if len(lengths) - 1 in b)
+
+
+def test_shrunk_passes_sorts_by_length_then_input_order():
+    assert plan_batches([3, 1, 3, 1], BucketPlan(token_budget=100, max_rows=2)) == [[1, 3], [0, 2]]
+
+
+def test_shrunk_passes_oversized_sentence_alone():
+    assert plan_batches([1, 50, 1], BucketPlan(token_budget=20, max_rows=8)) == [[0, 2], [1]]
+
+
+def test_fixed_passes_hold_one_bucket_each_and_never_more_than_its_rows():
+    rng = random.Random(1)
+    lengths = [rng.randint(1, 300) for _ in range(400)]
+    plan = BucketPlan(token_budget=1024, max_rows=16, fixed=True)
+    batches = plan_batches(lengths, plan)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    windows = set()
+    for batch in batches:
+        window = {plan.window(lengths[i]) for i in batch}
+        assert len(window) == 1 and len(batch) <= plan.rows(window.pop())
+        windows.add(build_batch([["w"] * lengths[i] for i in batch], plan).shape[:2])
+    # a handful of shapes, whatever the lengths: the buckets, and multiples of 256 beyond them
+    assert len(windows) <= len(plan.steps) + 1
+    assert plan.window(254) == 256 and plan.window(255) == 512 and plan.window(1) == 16
+
+
+def test_reverse_positions_reverse_within_each_length():
+    assert reverse_positions(np.array([3, 0, 5]), 5).tolist() == [
+        [2, 1, 0, 3, 4],
+        [0, 1, 2, 3, 4],
+        [4, 3, 2, 1, 0],
+    ]
+
+
+def test_bad_plans_are_refused():
+    with pytest.raises(ValueError, match="ascending"):
+        BucketPlan(steps=(32, 16))
+    with pytest.raises(ValueError, match=">= 1"):
+        BucketPlan(token_budget=0)
