@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Every GPU measurement of the embed stage (issue 23) in one go, for a short lease on a CUDA machine:
+#   bash benchmarks/gpu_embed_session.sh OUTDIR             # on the GPU machine, under 8 minutes
+#   DEVICE=cpu bash benchmarks/gpu_embed_session.sh OUTDIR  # a dry run of the script on a CPU
+# Needs the project's Python dependencies importable (the GPU machine reaches no registry: carry
+# wheels of ray, webdataset, wandb, omegaconf, boto3, h5py, tqdm for its Python and unpack them onto
+# PYTHONPATH, as the training session script's header says). Logs go to OUTDIR, tables to
+# OUTDIR/summary.txt.
+#   1. correctness: the static-shape passes against both fixture sets on the GPU, and the CUDA tests
+#   2. raw forward (model only, static shapes, CUDA graphs): small and original, float32 / tf32 /
+#      bf16, top float16 and all float32: tokens/s, error against float32, GPU peak, graph count
+#   3. end to end, one actor per GPU, local disk: original, --layers top --dtype float16 in the
+#      packed and the allennlp layout, and --layers all (packed), each with its raw forward beside it
+set -u
+out=${1:?usage: gpu_embed_session.sh OUTDIR}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+device=${DEVICE:-cuda}
+deadline=$((SECONDS + ${BUDGET:-480}))
+work=$(mktemp -d /tmp/elmo-gpu-embed-XXXXXX)
+step() {  # step NAME SECONDS CMD...: run with a limit, log to OUTDIR, never stop the session
+    local name=$1 limit=$2; shift 2
+    local left=$((deadline - SECONDS))
+    [ "$limit" -gt "$left" ] && limit=$left
+    if [ "$limit" -lt 10 ]; then echo "=== $name skipped: out of time" | tee -a "$out/summary.txt"; return; fi
+    echo "=== $name ($(date +%T), limit ${limit}s): $*"
+    timeout "$limit" "$@" >"$work/$name.txt" 2>"$work/$name.err"
+    local rc=$?
+    echo "=== $name exit $rc"
+    tail -n 25 "$work/$name.txt"; tail -n 5 "$work/$name.err"
+    { echo "== $name (exit $rc): $*"; cat "$work/$name.txt"; tail -n 5 "$work/$name.err"; } >>"$out/summary.txt"
+}
+if [ "$device" = cuda ]; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$out/summary.txt"
+    raw=(--device cuda --sizes small,original --sentences 20000)
+    e2e=(--device cuda --preset original --workers 1 --cpus-per-worker 8 --sentences 40000 --raw-sentences 20000 --scales 1 --storage local --lines-per-shard 5000 --batch-tokens 8192)
+else
+    raw=(--device cpu --sizes small --sentences 200 --precisions float32,bf16)
+    e2e=(--device cpu --preset small --workers 1 --sentences 300 --raw-sentences 200 --scales 1 --storage local --lines-per-shard 150)
+fi
+[ "$device" = cuda ] && step cuda_tests 90 $py -m pytest -q -m cuda -p no:cacheprovider tests/elmo_model tests/pipeline/train/test_snapshot.py
+step raw_forward 200 $py benchmarks/static_forward.py "${raw[@]}"
+step e2e_top_f16_packed 120 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout packed
+step e2e_top_f16_allennlp 90 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout allennlp
+step e2e_all_packed 90 $py benchmarks/embed.py "${e2e[@]}" --layers all --dtype float16 --layout packed
+rm -rf "$work"
+echo "summary: $out/summary.txt"

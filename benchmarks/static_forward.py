@@ -1,0 +1,136 @@
+"""Raw static-shape forward (model only): tokens/s per precision, its error against float32, and the
+fixture check, for the embed stage's compute (``elmo_model.static_inference``).
+
+    python benchmarks/static_forward.py --device cuda --sizes small,original   # the GPU rows
+    python benchmarks/static_forward.py --sentences 400 --sizes small          # a CPU dry run
+
+Random bilm-tf-initialised weights of each preset size, the shipped sample corpus's sentences,
+planned as the stage plans them (fixed bucket shapes replayed as CUDA graphs on CUDA; passes shrunk
+to their sentences on a CPU). Timing covers host batch building, the passes and the copies of their
+outputs to the host (``SentenceEncoder.embed``), after one warm-up pass over the same data (the
+graph captures). "max |err|" compares each precision's vectors with float32's, element by element.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "elmo_model"))
+
+from elmo_model import BiLM  # noqa: E402
+from pipeline.embed.embedder import EmbedSettings, SentenceEncoder  # noqa: E402
+from pipeline.model_config import preset_options  # noqa: E402
+
+TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def sentences(count: int) -> list[list[str]]:
+    out = []
+    with gzip.open(REPO / "pipeline" / "data" / "kjv-sample.txt.gz", "rt", encoding="utf-8") as f:
+        for line in f:
+            tokens = TOKEN.findall(line)
+            if tokens:
+                out.append(tokens)
+            if len(out) == count:
+                break
+    return out
+
+
+def encoder(bilm, device, precision: str, layers: str, dtype: str, batch_tokens: int) -> SentenceEncoder:
+    settings = EmbedSettings(
+        layers=layers, dtype=dtype, stateful=False, batch_tokens=batch_tokens, max_batch_sentences=1024,
+        stateful_batch_size=64, max_sentence_tokens=1000, long_sentences="split", invalid_utf8="replace",
+        threads=torch.get_num_threads(), device=device.type, precision=precision,
+    )  # fmt: skip
+    return SentenceEncoder(bilm, settings, device)
+
+
+def timed(enc: SentenceEncoder, data: list[list[str]], device) -> tuple[float, list[np.ndarray]]:
+    enc.embed(data)  # warm-up: graph captures
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    values = enc.embed(data)
+    return time.perf_counter() - start, values
+
+
+def fixture_check(device) -> str:
+    from elmo_reference import ReferenceSet
+
+    from elmo_model.static_batches import BucketPlan, build_batch, split_rows
+    from elmo_model.static_inference import OutputSpec, StaticInference
+
+    lines = []
+    for name in ("bilm_tf", "allennlp"):
+        ref = ReferenceSet(name)
+        model = ref.load().to(device)
+        batch = build_batch(
+            [ref.sentences()[k][0] for k in range(3)], BucketPlan(fixed=device.type == "cuda")
+        )
+        top = split_rows(StaticInference(model, OutputSpec("top"))(batch).cpu().numpy(), batch, False)
+        err = max(float(np.abs(top[k] - ref.expected()[k][0]).max()) for k in range(3))
+        lines.append(
+            f"fixture {name} (first batch, float32, {device.type}): max |err| {err:.1e} ({'ok' if err < 1e-6 else 'OVER 1e-6'})"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--sizes", default="small,original")
+    parser.add_argument("--sentences", type=int, default=20_000)
+    parser.add_argument("--batch-tokens", type=int, default=8192)
+    parser.add_argument("--precisions", default="float32,tf32,bf16")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    data = sentences(args.sentences)
+    tokens = sum(map(len, data))
+    name = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"CPU, {torch.get_num_threads()} threads"
+    )
+    print(f"static-shape forward on {name}, torch {torch.__version__}, {len(data):,} sentences, {tokens:,} tokens, "
+          f"batch_tokens {args.batch_tokens}\n")  # fmt: skip
+    print(fixture_check(device) + "\n")
+    print(
+        f"{'size':<9} {'precision':<9} {'output':<14} {'tokens/s':>11} {'max |err|':>10} {'GPU peak GiB':>12} {'graphs':>6}"
+    )
+    for size in args.sizes.split(","):
+        bilm = BiLM.from_options(preset_options(size)).eval().to(device)
+        exact = None
+        for layers, dtype in (("top", "float16"), ("all", "float32")):
+            for precision in args.precisions.split(","):
+                enc = encoder(bilm, device, precision, layers, dtype, args.batch_tokens)
+                seconds, values = timed(enc, data, device)
+                if precision == "float32":
+                    exact = values
+                err = max(
+                    float(np.abs(a.astype(np.float32) - b.astype(np.float32)).max())
+                    for a, b in zip(values, exact, strict=True)
+                )
+                peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+                shapes = len(enc.static.captured_shapes)
+                print(
+                    f"{size:<9} {precision:<9} {layers + ' ' + dtype:<14} {tokens / seconds:>11,.0f} {err:>10.1e} {peak:>12.2f} {shapes:>6}",
+                    flush=True,
+                )
+        del bilm
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
