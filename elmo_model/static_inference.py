@@ -160,7 +160,8 @@ class StaticInference:
                 # the distinct token vectors' products (2K, 4C), gathered to every position of
                 # each stream: on CUDA all at once, on a CPU step by step into its dense buffer
                 products = torch.baddbmm(bias, vectors.expand(2, -1, -1), w_ih)
-                index = streams + torch.tensor([0, products.shape[1]], device=streams.device).view(2, 1, 1)
+                # backward rows follow the K forward ones; no host tensor, which a graph capture forbids
+                index = torch.stack([streams[0], streams[1] + products.shape[1]])
                 products = products.view(-1, 4 * dim)
                 if gates is not None:
                     torch.index_select(products, 0, index.reshape(-1), out=gates.view(-1, 4 * dim))
