@@ -36,6 +36,15 @@ COUNTED = (
 version of the stage, counts 0)."""
 
 
+RUN_DEFAULTS = {"precision": "float32", "pool": "none", "layout": "allennlp"}
+"""Run settings added after ``run.json`` was first written: an older run had these values."""
+
+
+def with_defaults(run: dict) -> dict:
+    """``run`` (a ``run.json``) with ``RUN_DEFAULTS`` for the settings an older version did not record."""
+    return {**RUN_DEFAULTS, **run}
+
+
 def shard_name(index: int) -> str:
     return f"embeddings-{index:06d}.hdf5"
 
@@ -70,13 +79,14 @@ def totals(entries: list[dict]) -> dict:
 def build_manifest(run: dict, model: dict, entries: list[dict], config: dict) -> dict:
     """The manifest document: ``run`` settings, ``model`` (paths, sha256, dims), shards in line order."""
     ordered = sorted(entries, key=lambda e: e["index"])
+    run = with_defaults(run)
     return {
         "format": FORMAT,
         "layers": run["layers"],
         "dtype": run["dtype"],
-        "layout": run.get("layout", "allennlp"),
-        "pool": run.get("pool", "none"),
-        "precision": run.get("precision", "float32"),
+        "layout": run["layout"],
+        "pool": run["pool"],
+        "precision": run["precision"],
         "stateful": run["stateful"],
         "lines_per_shard": run["lines_per_shard"],
         "input": run["input"],

@@ -160,18 +160,20 @@ def check_writable(output: str) -> None:
 def claim_output(output: str, run: dict) -> bool:
     """Record ``run`` as the owner of ``output``; True when an earlier run with the same settings is resumed.
 
-    EmbedError when the output holds a run with other settings, naming the first difference.
+    EmbedError when the output holds a run with other settings, naming the first difference. A
+    setting one side does not record (an older version's) counts as its default value.
     """
     path = manifest.run_path(output)
     if storage.exists(path):
         try:
-            previous = json.loads(storage.read_bytes(path))
+            previous = manifest.with_defaults(json.loads(storage.read_bytes(path)))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise EmbedError(f"{path} is damaged (not JSON); delete the output {output} and rerun") from None
-        for key in sorted(set(run) | set(previous)):
-            if previous.get(key) != run.get(key):
+        current = manifest.with_defaults(run)
+        for key in sorted(set(current) | set(previous)):
+            if previous.get(key) != current.get(key):
                 raise EmbedError(
-                    f"output {output} holds a run with other settings ({key}: {previous.get(key)!r}, now {run.get(key)!r}); "
+                    f"output {output} holds a run with other settings ({key}: {previous.get(key)!r}, now {current.get(key)!r}); "
                     "use another output or delete it"
                 )
         return True

@@ -262,6 +262,13 @@ def test_rerun_with_other_settings_or_changed_input_is_refused(tmp_path):
     assert resume.claim_output(out, dict(run)) is True
     with pytest.raises(EmbedError, match=r"holds a run with other settings \(layers: 'all', now 'top'\)"):
         resume.claim_output(out, {**run, "layers": "top"})
+    # a claim written before layout, pool and precision were recorded holds their defaults
+    assert (
+        resume.claim_output(out, {**run, "layout": "allennlp", "pool": "none", "precision": "float32"})
+        is True
+    )
+    with pytest.raises(EmbedError, match=r"other settings \(layout: 'allennlp', now 'packed'\)"):
+        resume.claim_output(out, {**run, "layout": "packed"})
 
     path = tmp_path / "in.txt"
     path.write_bytes(b"a\nb\nc\n")
