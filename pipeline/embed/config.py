@@ -95,8 +95,8 @@ class EmbedConfig:
     """Stored dtype: ``float32`` (AllenNLP's) or ``float16`` (half the bytes; computed in float32)."""
     precision: Precision = Precision.float32
     """Compute precision of the forward pass (apart from the stored ``dtype``): ``float32`` (exact),
-    ``tf32`` or ``bf16`` (faster on GPUs; their error against float32 is in docs/benchmarks.md).
-    Stateful runs compute in float32."""
+    ``tf32`` or ``bf16`` (faster on GPUs; ``benchmarks/static_forward.py`` measures their error
+    against float32). Stateful runs take float32 only."""
     pool: Pool = Pool.none
     """``mean``: one vector per sentence (the mean over its tokens, boundaries excluded), (N+1, 2P)
     for ``all`` or (2P,) otherwise; an empty line gets zeros."""
@@ -187,6 +187,11 @@ class EmbedConfig:
             raise ConfigError(
                 f"layout=packed writes shards into a folder; output {self.output} is a single .hdf5 file "
                 "(always AllenNLP's layout): use layout=allennlp or a folder output"
+            )
+        if self.stateful and self.precision is not Precision.float32:
+            raise ConfigError(
+                f"stateful mode computes in float32 only (precision={self.precision.value} applies to stateless runs); "
+                "set precision=float32 or stateful=false"
             )
         if self.stateful and self.lines_per_shard % self.stateful_batch_size:
             raise ConfigError(

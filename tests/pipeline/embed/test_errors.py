@@ -97,6 +97,17 @@ def test_missing_input_and_bad_settings(tmp_path, corpus, capsys):
         "lines_per_shard=100",
     )
     assert code == 2 and "must be a multiple of stateful_batch_size (64)" in line
+    code, line = _run(
+        capsys,
+        *_model_args(),
+        "--input",
+        corpus,
+        "--output",
+        str(tmp_path / "o"),
+        "--stateful",
+        "precision=bf16",
+    )
+    assert code == 2 and "stateful mode computes in float32 only (precision=bf16" in line
     for share in ("0", "1.5"):
         code, line = _run(
             capsys, *_model_args(), "--input", corpus, "--output", str(tmp_path / "o"), f"gpu_share={share}"
