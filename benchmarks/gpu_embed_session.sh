@@ -19,18 +19,8 @@ py=${PYTHON:-python3}
 device=${DEVICE:-cuda}
 deadline=$((SECONDS + ${BUDGET:-480}))
 work=$(mktemp -d /tmp/elmo-gpu-embed-XXXXXX)
-step() {  # step NAME SECONDS CMD...: run with a limit, log to OUTDIR, never stop the session
-    local name=$1 limit=$2; shift 2
-    local left=$((deadline - SECONDS))
-    [ "$limit" -gt "$left" ] && limit=$left
-    if [ "$limit" -lt 10 ]; then echo "=== $name skipped: out of time" | tee -a "$out/summary.txt"; return; fi
-    echo "=== $name ($(date +%T), limit ${limit}s): $*"
-    timeout "$limit" "$@" >"$work/$name.txt" 2>"$work/$name.err"
-    local rc=$?
-    echo "=== $name exit $rc"
-    tail -n 25 "$work/$name.txt"; tail -n 5 "$work/$name.err"
-    { echo "== $name (exit $rc): $*"; cat "$work/$name.txt"; tail -n 5 "$work/$name.err"; } >>"$out/summary.txt"
-}
+logs=$work
+. "$(dirname "$0")/session_step.sh"
 if [ "$device" = cuda ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$out/summary.txt"
     raw=(--device cuda --sizes small,original --sentences 20000)

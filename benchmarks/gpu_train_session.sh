@@ -30,19 +30,7 @@ deadline=$((SECONDS + ${BUDGET:-540}))  # every step ends by then, whatever its 
 work=$(mktemp -d /tmp/elmo-gpu-XXXXXX)
 logs=$work/logs
 mkdir -p "$logs"
-step() {  # step NAME SECONDS CMD...: run with a limit, log to logs/NAME.txt, never stop the session
-    local name=$1 limit=$2; shift 2
-    local left=$((deadline - SECONDS))
-    [ "$limit" -gt "$left" ] && limit=$left
-    if [ "$limit" -lt 10 ]; then echo "=== $name skipped: out of time" | tee -a "$out/summary.txt"; return; fi
-    echo "=== $name ($(date +%T), limit ${limit}s): $*"
-    timeout "$limit" "$@" >"$logs/$name.txt" 2>"$logs/$name.err"
-    local rc=$?
-    echo "=== $name exit $rc ($(date +%T))"
-    tail -n 30 "$logs/$name.txt"
-    tail -n 5 "$logs/$name.err"
-    { echo "== $name (exit $rc)"; cat "$logs/$name.txt"; tail -n 5 "$logs/$name.err"; } >>"$out/summary.txt"
-}
+. "$(dirname "$0")/session_step.sh"
 if [ "$device" = cuda ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
     gpu="use_gpu=true"

@@ -14,8 +14,6 @@ graph captures). "max |err|" compares each precision's vectors with float32's, e
 from __future__ import annotations
 
 import argparse
-import gzip
-import re
 import sys
 import time
 from pathlib import Path
@@ -26,24 +24,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "elmo_model"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from bilm_forward import DEFAULT_CORPUS, read_batches  # noqa: E402
 
 from elmo_model import BiLM  # noqa: E402
 from pipeline.embed.embedder import EmbedSettings, SentenceEncoder  # noqa: E402
 from pipeline.model_config import preset_options  # noqa: E402
-
-TOKEN = re.compile(r"\w+|[^\w\s]")
-
-
-def sentences(count: int) -> list[list[str]]:
-    out = []
-    with gzip.open(REPO / "pipeline" / "data" / "kjv-sample.txt.gz", "rt", encoding="utf-8") as f:
-        for line in f:
-            tokens = TOKEN.findall(line)
-            if tokens:
-                out.append(tokens)
-            if len(out) == count:
-                break
-    return out
 
 
 def encoder(bilm, device, precision: str, layers: str, dtype: str, batch_tokens: int) -> SentenceEncoder:
@@ -96,7 +83,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     torch.manual_seed(0)
-    data = sentences(args.sentences)
+    data = read_batches(DEFAULT_CORPUS, 1, args.sentences)[0]
     tokens = sum(map(len, data))
     name = (
         torch.cuda.get_device_name(device)

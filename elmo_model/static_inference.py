@@ -309,8 +309,9 @@ class _GraphedShape:
         )
 
     def load(self, batch: StaticBatch) -> None:
-        """Copy the batch into the fixed buffers (queued on the current stream; pinned sources
-        copy without blocking the host)."""
+        """Copy the batch into the fixed buffers, queued on the current stream: from pageable memory
+        the host stages each array at once and does not wait for the stream (a pass's inputs are a
+        few hundred KB); the copy runs before the pass that reads the buffers."""
         for buffer, array in zip(
             self.inputs, (batch.chars, batch.positions, batch.reverse, batch.lengths), strict=True
         ):
