@@ -37,8 +37,10 @@ sys.path.insert(0, str(REPO))
 
 from elmo_model import BiLM  # noqa: E402
 from pipeline import storage  # noqa: E402
-from pipeline.embed.embedder import EmbedSettings, SentenceEncoder  # noqa: E402
+from pipeline.embed.embedder import EmbedSettings, SentenceEncoder, work_settings  # noqa: E402
+from pipeline.embed.inputs import ShardSpec  # noqa: E402
 from pipeline.embed.sentences import prepare_lines  # noqa: E402
+from pipeline.embed.shard_work import work_from_lines  # noqa: E402
 from pipeline.local_s3 import REGION, LocalS3Server  # noqa: E402
 from pipeline.model_config import preset_options  # noqa: E402
 
@@ -225,8 +227,9 @@ def run_job(args, model: str, corpus: str, output: str) -> dict:
 
 
 def raw_forward(args, model_dir: Path, threads: int) -> dict:
-    """Forward passes only, one process: the stage's own compute (``SentenceEncoder``: static
-    shapes, on CUDA graphs and copies to pinned host memory) over the stage's shards and batches."""
+    """Forward passes only, one process: the stage's own compute (``SentenceEncoder.run``: static
+    shapes, on CUDA graphs and copies to and from pinned host memory) over the stage's shards and
+    passes, prepared beforehand (the stage's CPU operator does that beside the actors)."""
     torch.set_num_threads(threads)
     device = torch.device(args.device)
     bilm = BiLM.from_files(model_dir / "options.json", model_dir / "weights.hdf5").to(device)
@@ -238,22 +241,24 @@ def raw_forward(args, model_dir: Path, threads: int) -> dict:
     )  # fmt: skip
     encoder = SentenceEncoder(bilm, settings, device)
     lines = corpus_lines(args.raw_sentences)
-    shards = []
+    prepare = work_settings(settings)
+    shards = []  # prepared as the stage's CPU operator does, outside the timing
     for first in range(0, len(lines), args.lines_per_shard):
+        spec = ShardSpec(len(shards), first, args.lines_per_shard, segments=(), input_sha256="")
         prepared = prepare_lines(
             lines[first : first + args.lines_per_shard], first, max_tokens=1000, long_sentences="split",
             invalid_utf8="replace", where="bench",
         )  # fmt: skip
-        shards.append([p for line in prepared.pieces for p in line])
+        shards.append(work_from_lines(spec, True, prepared, prepare))
     # Warm-up: on CUDA a whole pass (graph captures per shape are one-off costs the job pays once
     # per actor too); on CPU one shard.
-    for pieces in shards if device.type == "cuda" else shards[:1]:
-        encoder.embed(pieces)
+    for work in shards if device.type == "cuda" else shards[:1]:
+        encoder.run(work)
     start, cpu_start = time.monotonic(), time.process_time()
-    for pieces in shards:
-        encoder.embed(pieces)
+    for work in shards:
+        encoder.run(work)
     seconds, cpu = time.monotonic() - start, time.process_time() - cpu_start
-    tokens = sum(len(p) for pieces in shards for p in pieces)
+    tokens = sum(sum(work.sizes) for work in shards)
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "cpu_s": cpu}
 
 

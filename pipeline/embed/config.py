@@ -111,13 +111,16 @@ class EmbedConfig:
     actor. Off: every sentence's vectors depend only on the sentence and the model."""
     cpus_per_worker: float = 1.0
     """CPUs reserved per actor; torch in the actor uses this many threads (at least 1)."""
+    readers: int = 0
+    """Shards being read and prepared at once (decoding, tokenizing, character ids: the CPU side,
+    run as tasks beside the actors, ahead of them); 0: the cluster's CPUs not held by actors, at least 1."""
     use_gpu: UseGPU = UseGPU.auto
     """``auto``: one GPU per actor when the cluster has GPUs; ``true``: require them; ``false``: CPU only."""
     gpu_share: float = 1.0
     """GPUs each actor reserves when actors use GPUs: 1 = a GPU of its own; a fraction packs actors onto
-    one GPU (0.25: four per GPU). An actor is one process doing its own CPU-side work (reading,
-    character ids, HDF5 encoding) between forward passes; on a fast GPU that work, not the GPU, sets
-    the pace, so several actors per GPU keep it busy. A fraction must be <= 1; above 1, a whole number."""
+    one GPU (0.25: four per GPU). Reading and character ids run in separate tasks and an actor
+    encodes one shard while the next one's passes run, so one actor per GPU is the usual choice.
+    A fraction must be <= 1; above 1, a whole number."""
     lines_per_shard: int = 1000
     """Input lines per output shard: shard k holds lines [k*lines_per_shard, (k+1)*lines_per_shard).
     The unit of resumption and of memory (one shard's vectors are held at a time per actor)."""
@@ -169,6 +172,7 @@ class EmbedConfig:
                 ),
                 ("cpus_per_worker", self.cpus_per_worker, self.cpus_per_worker > 0, "> 0"),
                 ("stop_after_shards", self.stop_after_shards, self.stop_after_shards >= 0, ">= 0"),
+                ("readers", self.readers, self.readers >= 0, ">= 0 (0: the CPUs the actors leave)"),
                 (
                     "output",
                     self.output,

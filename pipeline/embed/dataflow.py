@@ -1,18 +1,23 @@
 """The Ray Data graph of the embed stage.
 
     shard specs (one row and one block per shard; only the shards still to do)
-      -> map_batches(ShardEmbedder), actor pool of ``workers`` (model loaded once per actor;
-         one GPU each when asked): read the shard's lines, batch by length, run the biLM,
-         encode the HDF5 shard and commit it (shard + entry, atomically) -> entry
+      -> map_batches(prepare_rows), CPU tasks: read the shard's lines, clean and tokenize them, plan
+         the forward passes and build their arrays (``shard_work``) -> one prepared shard per row
+      -> map_batches(ShardEmbedder), actor pool of ``workers`` (model loaded once per actor; one GPU
+         each when asked): run the passes, encode the HDF5 shard and commit it (shard + entry,
+         atomically), two shards at a time on two threads, so that one encodes and uploads while
+         the other's passes run -> entry
       -> the driver, streaming (``iter_rows``): progress and the manifest.
 
-The actor commits its own shard rather than handing the bytes to a separate write operator: a shard's
-vectors then never travel through the object store, and no extra worker processes (each importing
-torch through webdataset) compete with the actors for the cores; measured on 2 cores, the separate
-writer cost as much CPU as a third of the embedding. While one actor uploads, the others compute.
-Ray Data's streaming executor hands each actor at most two shards at a time, so only a few shards'
-vectors exist at once, whatever the corpus size. Stateful mode needs the shards in input order
-through one actor: one actor, one task in flight, and ``preserve_order``.
+Preparing is the CPU side of embedding; as its own operator it runs on the cores the actors do not
+hold, ahead of them, so an actor only waits for its device. Its tasks reserve no CPU: an actor pool
+that reserves every core (a CPU-only laptop) must not starve them, so their number is capped
+instead (``readers``). A prepared shard is a few bytes per token and travels through the object
+store; a shard's vectors do not: the actor commits its own shard rather than handing the bytes to a
+separate write operator (measured on 2 cores, a separate writer cost as much CPU as a third of the
+embedding). Ray Data's streaming executor keeps a bounded number of prepared shards and tasks in
+flight, so memory does not grow with the corpus. Stateful mode needs the shards in input order
+through one actor: one actor, one call at a time, and ``preserve_order``.
 """
 
 from __future__ import annotations
@@ -21,15 +26,28 @@ import json
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
+import numpy as np
 import ray
-from ray.data import ActorPoolStrategy, DataContext
+from ray.data import ActorPoolStrategy, DataContext, TaskPoolStrategy
 
-from pipeline.embed.embedder import EmbedSettings, ShardEmbedder
+from pipeline.embed.embedder import EmbedSettings, ShardEmbedder, work_settings
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.model_files import ModelSource
+from pipeline.embed.shard_work import WorkSettings, prepare_shard
+
+
+@dataclass(frozen=True)
+class ActorPool:
+    """Where the stage runs: ``workers`` model actors of ``cpus_per_worker`` CPUs and
+    ``gpus_per_worker`` GPUs, fed by at most ``readers`` preparing tasks at once."""
+
+    workers: int
+    cpus_per_worker: float
+    gpus_per_worker: float
+    readers: int
 
 
 @contextmanager
@@ -63,43 +81,72 @@ def _data_context(preserve_order: bool) -> Iterator[None]:
         logger.setLevel(level)
 
 
+def prepare_rows(batch: dict[str, np.ndarray], settings: WorkSettings) -> dict[str, list]:
+    """CPU operator: shard specs -> prepared shards (``ShardWork.to_bytes``)."""
+    out = []
+    for spec_json, write in zip(batch["spec"], batch["write"], strict=True):
+        spec = ShardSpec.from_dict(json.loads(spec_json))
+        out.append(prepare_shard(spec, bool(write), settings).to_bytes())
+    return {"work": out}
+
+
 def embed_stream(
     todo: Sequence[tuple[ShardSpec, bool]],
     source: ModelSource,
     settings: EmbedSettings,
     output: str,
-    workers: int,
-    cpus_per_worker: float,
-    gpus_per_worker: float,
+    pool: ActorPool,
 ) -> Iterator[dict]:
     """Embed and commit ``todo`` = (spec, write) pairs; yields ``{"entry": dict, "written": bool}`` per
-    shard as shards finish (in input order when ``settings.stateful``). A worker's one-line error
-    (bad input line, unwritable output) is raised here as EmbedError with the worker's message."""
+    shard as shards finish (in input order when ``settings.stateful``). A one-line error (bad input
+    line, unwritable output) is raised here as EmbedError with the worker's message."""
     if not todo:
         return
-    rows = [{"spec": json.dumps(spec.to_dict()), "write": write} for spec, write in todo]
-    stateful = settings.stateful
-    with _data_context(preserve_order=stateful):
-        ds = ray.data.from_items(rows, override_num_blocks=len(rows))
-        ds = ds.map_batches(
-            ShardEmbedder,
-            fn_constructor_kwargs={
-                "source": source.to_dict(),
-                "settings": asdict(settings),
-                "output": output,
-            },
-            batch_size=1,
-            batch_format="numpy",
-            # More actors than shards would each load the model and then idle.
-            compute=ActorPoolStrategy(
-                size=1 if stateful else min(workers, len(rows)),
-                max_tasks_in_flight_per_actor=1 if stateful else 2,
-            ),
-            num_cpus=cpus_per_worker,
-            num_gpus=gpus_per_worker,
-        )
-        for row in ds.iter_rows():
+    with _data_context(preserve_order=settings.stateful):
+        for row in build_dataset(todo, source, settings, output, pool).iter_rows():
             entry = json.loads(row["entry"])
             if "error" in entry:
                 raise EmbedError(entry["error"])
             yield {"entry": entry, "written": bool(row["written"])}
+
+
+def build_dataset(
+    todo: Sequence[tuple[ShardSpec, bool]],
+    source: ModelSource,
+    settings: EmbedSettings,
+    output: str,
+    pool: ActorPool,
+) -> ray.data.Dataset:
+    """The graph of the module docstring over ``todo`` (lazy: nothing runs until it is read)."""
+    rows = [{"spec": json.dumps(spec.to_dict()), "write": write} for spec, write in todo]
+    stateful = settings.stateful
+    calls = 1 if stateful else ShardEmbedder.CONCURRENT_CALLS
+    ds = ray.data.from_items(rows, override_num_blocks=len(rows))
+    ds = ds.map_batches(
+        prepare_rows,
+        fn_kwargs={"settings": work_settings(settings)},
+        batch_size=1,
+        batch_format="numpy",
+        compute=TaskPoolStrategy(size=max(1, min(pool.readers, len(rows)))),
+        num_cpus=0,
+    )
+    ds = ds.map_batches(
+        ShardEmbedder,
+        fn_constructor_kwargs={
+            "source": source.to_dict(),
+            "settings": asdict(settings),
+            "output": output,
+        },
+        batch_size=1,
+        batch_format="numpy",
+        # More actors than shards would each load the model and then idle.
+        compute=ActorPoolStrategy(
+            size=1 if stateful else min(pool.workers, len(rows)),
+            max_tasks_in_flight_per_actor=calls,
+            max_concurrent_calls_per_actor=calls,
+            enable_true_multi_threading=calls > 1,
+        ),
+        num_cpus=pool.cpus_per_worker,
+        num_gpus=pool.gpus_per_worker,
+    )
+    return ds

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,15 +19,16 @@ import numpy as np
 import torch
 
 from elmo_model import BiLM, batch_to_ids
-from elmo_model.static_batches import BucketPlan, build_batch, plan_batches, split_rows
+from elmo_model.static_batches import BucketPlan, StaticBatch, build_batch, plan_batches, split_rows
 from elmo_model.static_inference import OutputSpec, StaticInference
 from pipeline.embed import batching
 from pipeline.embed.errors import WORKER_ERRORS, EmbedError
 from pipeline.embed.hdf5_shard import encode_shard
-from pipeline.embed.inputs import ShardSpec, read_lines
+from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.model_files import ModelSource, load_bilm
 from pipeline.embed.resume import commit_shard
-from pipeline.embed.sentences import PreparedLines, prepare_lines
+from pipeline.embed.sentences import PreparedLines
+from pipeline.embed.shard_work import ShardWork, WorkSettings, join_lines, work_from_lines
 
 
 @dataclass(frozen=True)
@@ -71,11 +73,12 @@ def empty_value(mode: str, num_layers: int, output_dim: int, pool: bool = False)
 class SentenceEncoder:
     """One actor's model and the way it runs: stateless passes as static shapes
     (``elmo_model.static_inference``; on CUDA fixed bucket shapes replayed as CUDA graphs, their
-    outputs copied to pinned host memory on a second stream, no synchronising call per pass), or,
-    stateful, today's ``BiLM.forward`` in input-order batches.
+    inputs copied from pinned memory on a load stream and their outputs to pinned host memory on a
+    copy stream, no synchronising call per pass), or, stateful, ``BiLM.forward`` in input-order
+    batches.
 
-    ``embed(pieces)`` -> one float32 or float16 array per piece (non-empty token lists), boundaries
-    removed: (N+1, n, 2P) for ``all``, (n, 2P) otherwise; pooled: (N+1, 2P) or (2P,).
+    ``run(work)`` / ``embed(pieces)`` -> one float32 or float16 array per piece (non-empty token
+    lists), boundaries removed: (N+1, n, 2P) for ``all``, (n, 2P) otherwise; pooled: (N+1, 2P) or (2P,).
     """
 
     IN_FLIGHT = 2
@@ -90,25 +93,41 @@ class SentenceEncoder:
             output = OutputSpec(settings.layers, pool=self.pool, dtype=dtype)
             self.static = StaticInference(bilm, output, settings.precision)
             if device.type == "cuda":
-                self.plan = BucketPlan(settings.batch_tokens, settings.max_batch_sentences, fixed=True)
                 self.copy_stream = torch.cuda.Stream(device)
-            else:
-                self.plan = BucketPlan(settings.batch_tokens, settings.max_batch_sentences)
+
+    def run(self, work: ShardWork) -> list[np.ndarray]:
+        """The values of ``work``'s pieces (prepared for this encoder's device)."""
+        if self.static is None:
+            return self._stateful(work.pieces)
+        return self.run_passes(work.passes, len(work.sizes))
 
     def embed(self, pieces: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """Plan, build and run ``pieces`` in one go (tests, benchmarks; the stage prepares its
+        passes in a CPU operator instead)."""
         if self.static is None:
-            batches = batching.in_order(len(pieces), self.settings.stateful_batch_size)
-            return embed_pieces(self.bilm, pieces, batches, self.settings.layers, self.device, self.pool)
-        values: list[np.ndarray | None] = [None] * len(pieces)
+            return self._stateful(pieces)
+        plan = bucket_plan(self.settings, self.device.type)
+        passes = [
+            (i, build_batch([pieces[k] for k in i], plan))
+            for i in plan_batches([len(p) for p in pieces], plan)
+        ]
+        return self.run_passes(passes, len(pieces))
+
+    def run_passes(self, passes: Sequence[tuple[list[int], StaticBatch]], count: int) -> list[np.ndarray]:
+        """``count`` piece values from ``passes`` = (piece indices, batch)."""
+        values: list[np.ndarray | None] = [None] * count
         pending: deque = deque()
-        for indices in plan_batches([len(p) for p in pieces], self.plan):
-            batch = build_batch([pieces[i] for i in indices], self.plan)
+        for indices, batch in passes:
             pending.append((indices, batch, self._to_host(self.static(batch))))
             while len(pending) > (self.IN_FLIGHT if self.device.type == "cuda" else 0):
                 self._collect(pending.popleft(), values)
         while pending:
             self._collect(pending.popleft(), values)
         return values  # type: ignore[return-value]
+
+    def _stateful(self, pieces: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        batches = batching.in_order(len(pieces), self.settings.stateful_batch_size)
+        return embed_pieces(self.bilm, pieces, batches, self.settings.layers, self.device, self.pool)
 
     def _to_host(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
         """The pass's output on its way to the host: on CUDA a copy queued on the copy stream into
@@ -163,16 +182,21 @@ def embed_pieces(
     return values  # type: ignore[return-value]
 
 
-def _join_pieces(parts: list[np.ndarray], sizes: list[int], pool: bool) -> np.ndarray:
-    """A split line's pieces as one value: concatenated on the token axis, or (pooled) their
-    means weighted by their token counts."""
-    if len(parts) == 1:
-        return parts[0]
-    if not pool:
-        return np.concatenate(parts, axis=-2)
-    total = sum(sizes)
-    joined = sum(part.astype(np.float32) * (n / total) for part, n in zip(parts, sizes, strict=True))
-    return joined.astype(parts[0].dtype)
+def bucket_plan(settings: EmbedSettings, device_type: str) -> BucketPlan:
+    """The pass shapes for actors on ``device_type``: fixed buckets for CUDA graphs, shrinking
+    passes elsewhere."""
+    return BucketPlan(settings.batch_tokens, settings.max_batch_sentences, fixed=device_type == "cuda")
+
+
+def work_settings(settings: EmbedSettings) -> WorkSettings:
+    """What the CPU operator needs to prepare shards for actors on ``settings.device``."""
+    return WorkSettings(
+        stateful=settings.stateful,
+        max_sentence_tokens=settings.max_sentence_tokens,
+        long_sentences=settings.long_sentences,
+        invalid_utf8=settings.invalid_utf8,
+        plan=bucket_plan(settings, pick_device(settings.device).type),
+    )
 
 
 def embed_lines(
@@ -181,45 +205,12 @@ def embed_lines(
     num_layers: int,
     output_dim: int,
 ) -> list[np.ndarray]:
-    """One value per line of ``prepared`` (see ``SentenceEncoder``); split lines are joined."""
-    settings = encoder.settings
-    flat: list[list[str]] = []
-    owner: list[int] = []
-    for line, pieces in enumerate(prepared.pieces):
-        if settings.stateful and len(pieces) > 1:
-            raise EmbedError(
-                f"line {prepared.first_line + line} has more than max_sentence_tokens={settings.max_sentence_tokens} "
-                "tokens: stateful mode cannot split it (splitting would change the batch rows); raise max_sentence_tokens"
-            )
-        flat.extend(pieces)
-        owner.extend([line] * len(pieces))
-    piece_values = encoder.embed(flat)
-    per_line: list[list[np.ndarray]] = [[] for _ in prepared.pieces]
-    sizes: list[list[int]] = [[] for _ in prepared.pieces]
-    for line, piece, value in zip(owner, flat, piece_values, strict=True):
-        per_line[line].append(value)
-        sizes[line].append(len(piece))
-    empty = empty_value(settings.layers, num_layers, output_dim, encoder.pool)
-    return [
-        _join_pieces(parts, n, encoder.pool) if parts else empty
-        for parts, n in zip(per_line, sizes, strict=True)
-    ]
-
-
-def shard_stats(spec: ShardSpec, prepared: PreparedLines) -> dict:
-    """The manifest fields an embedder knows about one shard."""
-    return {
-        "index": spec.index,
-        "first_line": spec.first_line,
-        "end_line": spec.first_line + spec.num_lines,
-        "sentences": prepared.num_lines,
-        "tokens": prepared.num_tokens,
-        "empty_sentences": prepared.empty_sentences,
-        "invalid_utf8_lines": prepared.invalid_utf8_lines,
-        "control_char_lines": prepared.control_char_lines,
-        "split_sentences": prepared.split_sentences,
-        "input_sha256": spec.input_sha256,
-    }
+    """One value per line of ``prepared`` (see ``SentenceEncoder``); split lines are joined. The
+    stage's own order of the same steps, in one process (tests, benchmarks)."""
+    spec = ShardSpec(0, prepared.first_line, prepared.num_lines, segments=(), input_sha256="")
+    work = work_from_lines(spec, True, prepared, work_settings(encoder.settings))
+    empty = empty_value(encoder.settings.layers, num_layers, output_dim, encoder.pool)
+    return join_lines(work, encoder.run(work), empty, encoder.pool)
 
 
 def _libc_malloc_trim():
@@ -252,13 +243,19 @@ def pick_device(name: str) -> torch.device:
 
 
 class ShardEmbedder:
-    """Ray Data actor: loads the model once, then embeds and commits one shard per input row.
+    """Ray Data actor: loads the model once, then embeds and commits one prepared shard per input row.
 
-    Input batch: ``spec`` (JSON ShardSpec) and ``write`` (bool; false only in a stateful rerun for a
+    Input batch: ``work`` (``ShardWork.to_bytes``; ``write`` false only in a stateful rerun for a
     shard that is already complete: it still runs, to carry the state forward, but is not written).
     Output batch: ``entry`` (JSON manifest entry, see resume.commit_shard) and ``written`` (bool).
     A WORKER_ERRORS failure becomes the entry ``{"index", "error": message}``; the driver raises it.
+
+    Stateless, Ray runs two calls at once on two threads: the model lock lets one shard's passes
+    run while the other thread encodes and commits the shard before it (HDF5 encoding, upload),
+    so the device does not wait for the output side.
     """
+
+    CONCURRENT_CALLS = 2
 
     def __init__(self, source: dict, settings: dict, output: str):
         self.source = ModelSource(**source)
@@ -273,43 +270,41 @@ class ShardEmbedder:
         self.bilm = load_bilm(self.source).to(self.device)
         self.bilm.stateful = self.settings.stateful
         self.encoder = SentenceEncoder(self.bilm, self.settings, self.device)
-
-    def embed_spec(self, spec: ShardSpec) -> tuple[dict, list[np.ndarray]]:
-        """Shard stats and one value per line, in line order."""
+        self.model_lock = threading.Lock()
         s = self.settings
-        where = spec.segments[0].path if spec.segments else "input"
-        prepared = prepare_lines(
-            read_lines(spec),
-            spec.first_line,
-            max_tokens=s.max_sentence_tokens,
-            long_sentences=s.long_sentences,
-            invalid_utf8=s.invalid_utf8,
-            where=where,
-        )
-        values = embed_lines(self.encoder, prepared, self.source.num_layers, self.source.output_dim)
-        return shard_stats(spec, prepared), values
+        self.empty = empty_value(s.layers, self.source.num_layers, self.source.output_dim, s.pool == "mean")
 
-    def process(self, spec: ShardSpec, write: bool) -> dict:
-        """Embed one shard and, when ``write``, commit it; the manifest entry (or the stats)."""
-        stats, values = self.embed_spec(spec)
-        if not write:
+    def process(self, work: ShardWork) -> dict:
+        """Embed one prepared shard and, when ``work.write``, commit it; the manifest entry (or the stats)."""
+        if work.error:
+            raise EmbedError(work.error)
+        with self.model_lock:  # CUDA work only under it: a graph capture allows no other thread's
+            piece_values = self.encoder.run(work)
+        values = join_lines(work, piece_values, self.empty, self.encoder.pool)
+        del piece_values
+        stats = dict(work.stats)
+        if not work.write:
             return stats
-        # each entry names what made it, so a shard copied out of its folder still says so
-        stats.update(layers=self.settings.layers, dtype=self.settings.dtype, model_sha256=self.source.sha256)
         s = self.settings
-        stats.update(layout=s.layout, pool=s.pool)
+        # each entry names what made it, so a shard copied out of its folder still says so
+        stats.update(
+            layers=s.layers, dtype=s.dtype, model_sha256=self.source.sha256, layout=s.layout, pool=s.pool
+        )
         return commit_shard(
-            self.output, stats, encode_shard(spec.first_line, values, s.dtype, s.layout, s.pool == "mean")
+            self.output,
+            stats,
+            encode_shard(work.spec.first_line, values, s.dtype, s.layout, s.pool == "mean"),
         )
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         entries, written = [], []
-        for spec_json, write in zip(batch["spec"], batch["write"], strict=True):
-            spec = ShardSpec.from_dict(json.loads(spec_json))
+        for data in batch["work"]:
+            work = ShardWork.from_bytes(data)
             try:
-                entries.append(json.dumps(self.process(spec, bool(write))))
+                entries.append(json.dumps(self.process(work)))
             except WORKER_ERRORS as err:
-                entries.append(json.dumps({"index": spec.index, "error": str(err)}))
-            written.append(bool(write))
+                entries.append(json.dumps({"index": work.spec.index, "error": str(err)}))
+            written.append(work.write)
+            del work
             release_free_memory()
         return {"entry": entries, "written": written}

@@ -13,13 +13,14 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+import ray
 from tqdm import tqdm
 
 from pipeline import cluster_capacity, ray_runtime
 from pipeline.config import UseGPU, to_dict
 from pipeline.embed import manifest
 from pipeline.embed.config import EmbedConfig, is_single_file
-from pipeline.embed.dataflow import embed_stream
+from pipeline.embed.dataflow import ActorPool, embed_stream
 from pipeline.embed.embedder import EmbedSettings
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import plan_shards, resolve_inputs
@@ -80,6 +81,17 @@ def check_capacity(cfg, workers: int, gpus: float, embedded: bool) -> None:
         cluster_capacity.secure(need, embedded, cfg.resources_timeout_s)
     except cluster_capacity.CapacityError as err:
         raise EmbedError(str(err)) from None
+
+
+def actor_pool(cfg, gpus: float) -> ActorPool:
+    """The actors and readers of a run on the connected cluster (``readers=0``: the CPUs the
+    actors leave free now, at least 1)."""
+    workers = 1 if cfg.stateful else cfg.workers
+    readers = cfg.readers
+    if not readers:
+        free = ray.cluster_resources().get("CPU", 0) - workers * cfg.cpus_per_worker
+        readers = max(1, int(free))
+    return ActorPool(workers, cfg.cpus_per_worker, gpus, readers)
 
 
 def settings_for(cfg, device: str) -> EmbedSettings:
@@ -168,7 +180,8 @@ def _run(job: _EmbedJob, guard: ClaimGuard) -> StageResult:
         if todo:
             check_capacity(cfg, 1 if cfg.stateful else cfg.workers, gpus, embedded)
         settings = settings_for(cfg, "cuda" if gpus else "cpu")
-        stream = embed_stream(todo, source, settings, target, cfg.workers, cfg.cpus_per_worker, gpus)
+        pool = actor_pool(cfg, gpus) if todo else None
+        stream = embed_stream(todo, source, settings, target, pool)
         for result in stream:
             if not result["written"]:
                 continue

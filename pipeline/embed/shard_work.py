@@ -1,0 +1,148 @@
+"""A shard's CPU-side work: what a CPU operator prepares so that the model actor only runs passes,
+and how the actor's per-piece values become one value per line again.
+
+``prepare_shard`` (Ray Data's CPU operator, ``pipeline.embed.dataflow``): read the shard's lines,
+decode, clean and tokenize them (``sentences``), and, stateless, plan the forward passes and build
+their arrays (``elmo_model.static_batches``: character ids of each distinct token, positions,
+reverse indices), with the bucket shapes of the device the actors run on. Stateful mode keeps the
+token lists: its passes are input-order batches that ``BiLM.forward`` runs as today.
+
+``join_lines`` (the actor, after the passes): split lines' pieces joined, empty lines given their
+empty value. A shard's work is a few bytes per token (int32 positions, int16 characters per
+distinct token), a small fraction of its vectors, so it travels through Ray's object store cheaply.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from elmo_model.static_batches import BucketPlan, StaticBatch, build_batch, plan_batches
+from pipeline.embed.errors import WORKER_ERRORS, EmbedError
+from pipeline.embed.inputs import ShardSpec, read_lines
+from pipeline.embed.sentences import PreparedLines, prepare_lines
+
+
+@dataclass(frozen=True)
+class WorkSettings:
+    """What preparing a shard needs from the embed settings."""
+
+    stateful: bool
+    max_sentence_tokens: int
+    long_sentences: str
+    invalid_utf8: str
+    plan: BucketPlan
+
+
+@dataclass
+class ShardWork:
+    """One shard, ready for the model.
+
+    ``owner[p]`` / ``sizes[p]``: the line (counted from the shard's first) and token count of piece
+    ``p`` (lines split at ``max_sentence_tokens`` have several pieces; empty lines none).
+    ``passes``: stateless, (piece indices, ``StaticBatch``) per forward pass; ``pieces``: stateful,
+    the token lists in input order. ``error``: a one-line problem found while preparing (the shard
+    is then not embedded; the driver raises it).
+    """
+
+    spec: ShardSpec
+    write: bool
+    stats: dict = field(default_factory=dict)
+    num_lines: int = 0
+    owner: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    passes: list[tuple[list[int], StaticBatch]] = field(default_factory=list)
+    pieces: list[list[str]] = field(default_factory=list)
+    error: str = ""
+
+    def to_bytes(self) -> bytes:
+        return pickle.dumps(self, protocol=5)
+
+    @staticmethod
+    def from_bytes(data: bytes) -> ShardWork:
+        # only ever bytes that this pipeline's own CPU operator made in the same job
+        return pickle.loads(data)  # noqa: S301
+
+
+def shard_stats(spec: ShardSpec, prepared: PreparedLines) -> dict:
+    """The manifest fields known once a shard's lines are read."""
+    return {
+        "index": spec.index,
+        "first_line": spec.first_line,
+        "end_line": spec.first_line + spec.num_lines,
+        "sentences": prepared.num_lines,
+        "tokens": prepared.num_tokens,
+        "empty_sentences": prepared.empty_sentences,
+        "invalid_utf8_lines": prepared.invalid_utf8_lines,
+        "control_char_lines": prepared.control_char_lines,
+        "split_sentences": prepared.split_sentences,
+        "input_sha256": spec.input_sha256,
+    }
+
+
+def work_from_lines(
+    spec: ShardSpec, write: bool, prepared: PreparedLines, settings: WorkSettings
+) -> ShardWork:
+    """The passes (stateless) or ordered pieces (stateful) of ``prepared``, the lines of ``spec``."""
+    work = ShardWork(spec, write, shard_stats(spec, prepared), prepared.num_lines)
+    flat: list[list[str]] = []
+    for line, pieces in enumerate(prepared.pieces):
+        if settings.stateful and len(pieces) > 1:
+            raise EmbedError(
+                f"line {prepared.first_line + line} has more than max_sentence_tokens={settings.max_sentence_tokens} "
+                "tokens: stateful mode cannot split it (splitting would change the batch rows); raise max_sentence_tokens"
+            )
+        flat.extend(pieces)
+        work.owner.extend([line] * len(pieces))
+        work.sizes.extend(len(piece) for piece in pieces)
+    if settings.stateful:
+        work.pieces = flat
+    else:
+        for indices in plan_batches(work.sizes, settings.plan):
+            work.passes.append((indices, build_batch([flat[i] for i in indices], settings.plan)))
+    return work
+
+
+def prepare_shard(spec: ShardSpec, write: bool, settings: WorkSettings) -> ShardWork:
+    """Read and prepare one shard; a one-line input problem becomes ``ShardWork.error``."""
+    try:
+        prepared = prepare_lines(
+            read_lines(spec),
+            spec.first_line,
+            max_tokens=settings.max_sentence_tokens,
+            long_sentences=settings.long_sentences,
+            invalid_utf8=settings.invalid_utf8,
+            where=spec.segments[0].path if spec.segments else "input",
+        )
+        return work_from_lines(spec, write, prepared, settings)
+    except WORKER_ERRORS as err:
+        return ShardWork(spec, write, error=str(err))
+
+
+def _join_pieces(parts: list[np.ndarray], sizes: list[int], pool: bool) -> np.ndarray:
+    """A split line's pieces as one value: concatenated on the token axis, or (pooled) their
+    means weighted by their token counts."""
+    if len(parts) == 1:
+        return parts[0]
+    if not pool:
+        return np.concatenate(parts, axis=-2)
+    total = sum(sizes)
+    joined = sum(part.astype(np.float32) * (n / total) for part, n in zip(parts, sizes, strict=True))
+    return joined.astype(parts[0].dtype)
+
+
+def join_lines(
+    work: ShardWork, piece_values: list[np.ndarray], empty: np.ndarray, pool: bool
+) -> list[np.ndarray]:
+    """One value per line of ``work`` from one value per piece (``work.owner`` order); lines
+    without pieces get ``empty``."""
+    per_line: list[list[np.ndarray]] = [[] for _ in range(work.num_lines)]
+    sizes: list[list[int]] = [[] for _ in range(work.num_lines)]
+    for line, n, value in zip(work.owner, work.sizes, piece_values, strict=True):
+        per_line[line].append(value)
+        sizes[line].append(n)
+    return [
+        _join_pieces(parts, n, pool) if parts else empty for parts, n in zip(per_line, sizes, strict=True)
+    ]
