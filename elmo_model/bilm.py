@@ -81,11 +81,15 @@ class BiLM(nn.Module):
 
     @classmethod
     def from_files(cls, options_file: str | Path, weight_file, max_batch_size: int = 0) -> BiLM:
-        """Load options.json + bilm-tf HDF5 weights: eval mode, float32, stateless."""
-        from elmo_model.weights import load_weights
+        """Load options.json + bilm-tf HDF5 weights: eval mode, float32, stateless. The file's
+        datasets are checked against the options (names, shapes, dtypes, values) before the model
+        is built, so options that disagree with their weights allocate nothing."""
+        from elmo_model.weights import copy_arrays, read_arrays
 
-        model = cls(BiLMOptions.from_file(options_file), max_batch_size=max_batch_size)
-        load_weights(model, weight_file)
+        options = BiLMOptions.from_file(options_file)
+        arrays = read_arrays(weight_file, options)
+        model = cls(options, max_batch_size=max_batch_size)
+        copy_arrays(model, arrays)
         return model.eval()
 
     def save_files(self, options_file: str | Path, weight_file) -> None:

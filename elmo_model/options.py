@@ -32,14 +32,28 @@ class OptionsError(ValueError):
     """A malformed or unsupported options.json value; the message names the key."""
 
 
-def _int(section: dict, key: str, path: str, minimum: int = 1, default: int | None = None) -> int:
+MAX_SIZE = 1 << 16
+"""Largest width of any one layer (``lstm.dim``, ``lstm.projection_dim``, a filter count, the
+character embedding): 64 times the original model's widest, far past any trained ELMo."""
+MAX_DEPTH = 64
+"""Most LSTM layers, highway layers or char CNN filters."""
+MAX_PARAMETERS = 1 << 31
+"""Most biLM parameters (8 GiB in float32; the original model has 93.6M): options asking for more
+are refused before anything is allocated."""
+
+
+def _int(
+    section: dict, key: str, path: str, minimum: int = 1, default: int | None = None, maximum: int = MAX_SIZE
+) -> int:
     if key not in section:
         if default is None:
             raise OptionsError(f"options: missing required key '{path}.{key}'")
         return default
     value = section[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise OptionsError(f"options: '{path}.{key}' must be an integer >= {minimum}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise OptionsError(
+            f"options: '{path}.{key}' must be an integer in [{minimum}, {maximum}], got {value!r}"
+        )
     return value
 
 
@@ -76,20 +90,21 @@ def _filters(char_cnn: dict) -> tuple[tuple[int, int], ...]:
     if "filters" not in char_cnn:
         raise OptionsError("options: missing required key 'char_cnn.filters'")
     raw = char_cnn["filters"]
-    if not isinstance(raw, list) or not raw:
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_DEPTH:
+        shown = raw if not isinstance(raw, list) or len(raw) <= MAX_DEPTH else f"{len(raw)} entries"
         raise OptionsError(
-            f"options: 'char_cnn.filters' must be a non-empty list of [width, count], got {raw!r}"
+            f"options: 'char_cnn.filters' must be a list of 1 to {MAX_DEPTH} [width, count] pairs, got {shown!r}"
         )
     filters = []
     for i, entry in enumerate(raw):
         ok = (
             isinstance(entry, (list, tuple))
             and len(entry) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in entry)
+            and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_SIZE for v in entry)
         )
         if not ok:
             raise OptionsError(
-                f"options: 'char_cnn.filters[{i}]' must be [width, count] positive ints, got {entry!r}"
+                f"options: 'char_cnn.filters[{i}]' must be [width, count] ints in [1, {MAX_SIZE}], got {entry!r}"
             )
         if entry[0] > MAX_CHARACTERS_PER_TOKEN:
             raise OptionsError(f"options: 'char_cnn.filters[{i}]' width {entry[0]} exceeds 50 characters")
@@ -160,20 +175,37 @@ class BiLMOptions:
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
             raise OptionsError(f"options: 'dropout' must be a number in [0, 1), got {dropout!r}")
         extra = {k: v for k, v in options.items() if k not in ("lstm", "char_cnn", "dropout")}
-        return cls(
+        parsed = cls(
             char_embed_dim=char_embed_dim,
             filters=_filters(char_cnn),
-            n_highway=_int(char_cnn, "n_highway", "char_cnn", minimum=0, default=0),
+            n_highway=_int(char_cnn, "n_highway", "char_cnn", minimum=0, default=0, maximum=MAX_DEPTH),
             activation=activation,
             dim=dim,
             projection_dim=projection_dim,
-            n_layers=_int(lstm, "n_layers", "lstm", default=1),
+            n_layers=_int(lstm, "n_layers", "lstm", default=1, maximum=MAX_DEPTH),
             cell_clip=_clip(lstm, "cell_clip"),
             proj_clip=_clip(lstm, "proj_clip"),
             use_skip_connections=bool(skip),
             dropout=float(dropout),
             extra=extra,
         )
+        if parsed.num_parameters > MAX_PARAMETERS:
+            raise OptionsError(
+                f"options: the model would have {parsed.num_parameters:,} parameters "
+                f"({parsed.num_parameters * 4 / 2**30:,.1f} GiB in float32), more than the limit of "
+                f"{MAX_PARAMETERS:,}; check lstm.dim, lstm.n_layers, char_cnn.filters and char_cnn.n_highway"
+            )
+        return parsed
+
+    @property
+    def num_parameters(self) -> int:
+        """Parameters of the biLM these options describe (char CNN, highways, projection, LSTMs)."""
+        d_c, width, p, c = self.char_embed_dim, self.n_filters, self.projection_dim, self.dim
+        cnn = N_CHARACTERS * d_c + sum(w * d_c * n + n for w, n in self.filters)
+        highway = self.n_highway * 2 * (width * width + width)
+        projection = width * p + p if width != p else 0
+        lstm = 2 * self.n_layers * (4 * c * 2 * p + 4 * c + c * p)
+        return cnn + highway + projection + lstm
 
     @classmethod
     def from_file(cls, path: str | Path) -> BiLMOptions:

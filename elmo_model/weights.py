@@ -125,9 +125,12 @@ def _t(array: np.ndarray) -> torch.Tensor:
 
 def load_weights(model, source) -> None:
     """Copy a bilm-tf weight file into `model` (a BiLM) in place (mapping of docs/weights.md#loading)."""
-    opts = model.bilm_options
-    a = read_arrays(source, opts)
-    enc, p = model.token_encoder, opts.projection_dim
+    copy_arrays(model, read_arrays(source, model.bilm_options))
+
+
+def copy_arrays(model, a: dict[str, np.ndarray]) -> None:
+    """Copy ``read_arrays``' result into `model` (a BiLM of the same options) in place."""
+    enc, p = model.token_encoder, model.bilm_options.projection_dim
     with torch.no_grad():
         enc.char_embedding.weight[0].zero_()
         enc.char_embedding.weight[1:].copy_(_t(a["char_embed"]))

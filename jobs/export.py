@@ -23,6 +23,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("out", metavar="OUT", help="output directory (local or s3://)")
     parser.add_argument("--endpoint", metavar="URL", help="S3 endpoint (default AWS_ENDPOINT_URL)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a folder that holds other files (its export files are replaced, the rest kept)",
+    )
     args = parser.parse_args(main_argv(argv))
 
     def body() -> int:
@@ -30,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.endpoint:
             storage.configure(endpoint_url=args.endpoint)
-        written = export_checkpoint(args.checkpoint.rstrip("/"), args.out.rstrip("/"))
+        written = export_checkpoint(args.checkpoint.rstrip("/"), args.out.rstrip("/"), args.overwrite)
         print("wrote " + ", ".join(written))
         return 0
 

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from pipeline.config import load_config
 from pipeline.errors import PipelineError, Terminated
+from pipeline.redaction import redact
 
 
 def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -82,14 +83,14 @@ def resolve(
 
 def run_main(body: Callable[[], int | None]) -> int:
     """Run a stage body with the one exit-code policy of every entry point: a `PipelineError` (the
-    package's one error family) prints ``error: MESSAGE`` and exits 2, Ctrl-C prints
+    package's one error family) prints ``error: MESSAGE`` (credentials in URLs redacted) and exits 2, Ctrl-C prints
     ``interrupted`` and exits 130, SIGTERM while Ray runs (`Terminated`) prints ``terminated`` and
     exits 143 (128 + the signal, as a shell reports it); anything else is a bug and keeps its
     traceback."""
     try:
         return int(body() or 0)
     except PipelineError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {redact(str(err))}", file=sys.stderr)
         return 2
     except Terminated:
         print("terminated", file=sys.stderr)

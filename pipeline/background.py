@@ -24,6 +24,7 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, BinaryIO
 
 
@@ -94,6 +95,19 @@ class HelperProcess:
                 pass  # the child is gone: the collector fails every pending future, this one too
         return future
 
+    def wait(self, future: Future, timeout_s: float, what: str) -> Any:
+        """``future.result()`` within ``timeout_s`` seconds; past it the child (stopped, hung or
+        starved: its state is said) is ended and HelperProcessError names it and ``what``."""
+        try:
+            return future.result(timeout=timeout_s)
+        except FutureTimeout:
+            pid = self.pid
+            state = _process_state(pid) if pid is not None else "gone"
+            self.close()
+            raise HelperProcessError(
+                f"the helper process {pid} ({state}) did not answer {what} within {timeout_s:g} s; it was ended"
+            ) from None
+
     def close(self) -> None:
         """End the child now (work in flight is abandoned; its futures fail)."""
         with self._lock:
@@ -128,6 +142,26 @@ class HelperProcess:
         # collected without a close: the child answers what was submitted, then sees its jobs end
         # (no reference to self here, or this object would never be collected)
         self._finalizer = weakref.finalize(self, _end_jobs, child)
+
+
+_STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "waiting for I/O",
+    "T": "stopped by a signal",
+    "t": "stopped by a debugger",
+    "Z": "exited",
+}
+
+
+def _process_state(pid: int) -> str:
+    """What ``/proc/PID/stat`` says the process is doing, in words."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            code = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "state unknown"
+    return _STATES.get(code, f"state {code}")
 
 
 def _send(stream: BinaryIO, message: Any) -> None:

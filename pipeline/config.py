@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import enum
 import importlib
+import typing
 from collections.abc import Iterable, Sequence
 from importlib import resources
 from pathlib import Path
@@ -24,6 +25,7 @@ from omegaconf import DictConfig, EnumNode, OmegaConf, StringNode
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from pipeline.errors import PipelineError
+from pipeline.redaction import redact_values
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -71,6 +73,12 @@ def check_rules(rules: Iterable[tuple[str, Any, bool, str]]) -> None:
     for key, value, ok, expected in rules:
         if value != "???" and not ok:
             raise ConfigError(f"config key {key!r} must be {expected}, got {value!r}")
+
+
+def seed_rule(seed: int) -> tuple[str, Any, bool, str]:
+    """The rule of a ``seed`` key: a non-negative 64-bit signed integer, which torch and numpy take
+    (a larger one would start the run and fail inside it)."""
+    return ("seed", seed, 0 <= seed < 2**63, "in [0, 2**63 - 1]")
 
 
 def stage_schema(stage: str) -> type:
@@ -160,12 +168,25 @@ def _raise(err: Exception):
     raise err from None
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML without aliases: a few lines of nested aliases expand to billions of nodes (an "alias
+    bomb" that hangs the reader and fills memory), and a config file has no need for them."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.YAMLError(
+                f"line {mark.line + 1}: YAML aliases (*name) are not allowed in config files"
+            )
+        return super().compose_node(parent, index)
+
+
 def _load_yaml(path: str | Path) -> DictConfig:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_NoAliasLoader)  # noqa: S506 (a SafeLoader)
     except (yaml.YAMLError, UnicodeDecodeError) as err:  # report the first line only
         raise ConfigError(f"cannot parse config file {path}: {str(err).splitlines()[0]}") from None
     if data is None:
@@ -212,7 +233,29 @@ def resolve_config(
         cfg = _merge(cfg, _parse_overrides(overrides), schema, "command-line overrides")
     if not allow_missing:
         check_complete(cfg)
+    check_values(cfg, schema)
     return cfg
+
+
+def check_values(cfg: DictConfig, schema: type) -> None:
+    """Run the schema's range rules (its ``__post_init__``) on ``cfg``, unset keys included: what
+    ``elmo config`` prints is what a stage would accept. Unset keys (``???``) pass every rule."""
+    _instantiate(schema, OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False))
+
+
+def _instantiate(schema: type, data: dict) -> Any:
+    """``schema(**data)`` with nested dataclass fields built the same way (``OmegaConf.to_object``
+    would refuse unset keys)."""
+    hints = typing.get_type_hints(schema)
+    kwargs = {}
+    for f in dataclasses.fields(schema):
+        if not f.init or f.name not in data:
+            continue
+        value, kind = data[f.name], hints[f.name]
+        kwargs[f.name] = (
+            _instantiate(kind, value) if dataclasses.is_dataclass(kind) and isinstance(value, dict) else value
+        )
+    return schema(**kwargs)
 
 
 def load_config(
@@ -279,6 +322,6 @@ def to_yaml(cfg: Any) -> str:
 
 
 def to_dict(cfg: Any) -> dict:
-    """A config (node or dataclass instance) as plain Python containers, choices by name (for
-    JSON manifests and wandb)."""
-    return OmegaConf.to_container(_node(cfg), resolve=True, enum_to_str=True)
+    """A config (node or dataclass instance) as plain Python containers, choices by name, credentials
+    in URLs redacted (for JSON manifests, metrics, checkpoints and wandb)."""
+    return redact_values(OmegaConf.to_container(_node(cfg), resolve=True, enum_to_str=True))

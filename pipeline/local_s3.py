@@ -7,8 +7,12 @@ S3 requests are refused, and every way around the S3 gateway is shut. The filer'
 APIs are off (``-disableHttp``); the volume server's HTTP reads and writes need JWTs signed with keys
 made for each start (so would the filer's, were its API on); every gRPC port, on TCP or on weed's
 unix sockets, requires a client certificate from a CA made for each start, whose key is never
-written down. Still answering anyone: read-only status pages (master UI and ``/cluster/status``,
-volume ``/status``, health checks, admin ``/metrics``), which hold no object data.
+written down. Still answering anyone on this machine (loopback only): read-only status pages (the
+master UI and ``/cluster/status``: the topology and the servers' addresses; volume ``/status``:
+its disks and each bucket's name and file count; health checks; admin ``/metrics``), which hold no
+object key, object data or token. weed has no
+switch to close them: ``security.toml``'s ``[access] ui = false`` closes only the volume UI (already
+closed by the JWT keys) and ``[guard] white_list`` leaves them answering too (tried with weed 4.48).
 
 The keys and certificates live in the data dir (``security.toml``, ``grpc-*.pem``; mode 0600, new on
 each start). weed finds that ``security.toml`` first (``-config_dir``) and runs with ``HOME`` set to

@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from pipeline.config import check_rules
 from pipeline.embed.config import EmbedConfig
 from pipeline.shard.config import ShardConfig, TokenizerName
 from pipeline.train.config import TrainConfig
@@ -54,3 +55,9 @@ class PipelineConfig:
     """Stage 2 settings (shards/output/name derived unless set); presets apply here."""
     embed: EmbedConfig = field(default_factory=lambda: EmbedConfig(workers=2))
     """Stage 3 settings (model/input/output derived unless set)."""
+
+    def __post_init__(self) -> None:
+        name = self.name
+        one_segment = bool(name.strip()) and not set(name) & {"/", "\\", "\0"} and name not in (".", "..")
+        # a name with a separator or a dot-dot would put the run outside (or across) ``storage``
+        check_rules([("name", name, one_segment, "one folder name (no '/', '\\', '.' or '..')")])

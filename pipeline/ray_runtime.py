@@ -85,6 +85,31 @@ def _raise_on_sigterm():
     return signal.signal(signal.SIGTERM, _raise_terminated)
 
 
+def _scratch_inside(temp_dir: str) -> tuple[str | None, str | None]:
+    """Point this process's and the cluster's temporary files into the cluster's own temp dir
+    (``TMPDIR``, inherited by every process Ray starts): Python's ``pymp-*`` folders of Ray's
+    dashboard processes, wandb's temporary folders, Ray Train's storage folder. They go when the
+    cluster goes, with its temp dir, even after a SIGKILL of the driver (the watchdog removes
+    it). Returns what to restore."""
+    scratch = os.path.join(temp_dir, "tmp")
+    os.makedirs(scratch, exist_ok=True)
+    saved = (os.environ.get("TMPDIR"), tempfile.tempdir)
+    os.environ["TMPDIR"] = scratch
+    tempfile.tempdir = scratch
+    return saved
+
+
+def _restore_scratch(saved: tuple[str | None, str | None] | None) -> None:
+    if saved is None:
+        return
+    environ, tempdir = saved
+    if environ is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = environ
+    tempfile.tempdir = tempdir
+
+
 @contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[None]:
     """Run the body with Ray initialised.
@@ -101,7 +126,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
     kwargs = {"logging_level": logging.WARNING}
-    watchdog = previous_sigterm = None
+    watchdog = previous_sigterm = saved_tmp = None
     previous = os.environ.get("RAY_ADDRESS")
     try:
         if address:
@@ -110,6 +135,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
             # short: Ray's unix socket paths live under it and must stay within ~107 characters
             watchdog = Watchdog(tempfile.mkdtemp(prefix="elmo-ray-", dir="/tmp"))
             os.environ[MARKER_VAR] = watchdog.marker  # inherited by every process of the cluster
+            saved_tmp = _scratch_inside(watchdog.temp_dir)
             try:
                 dashboard = _dashboard_installed()
                 context = ray.init(
@@ -139,6 +165,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         ray.shutdown()
         if watchdog is not None:
             watchdog.stop()
+            _restore_scratch(saved_tmp)
         if previous is None:
             os.environ.pop("RAY_ADDRESS", None)
         else:

@@ -16,10 +16,12 @@ blocks always give the same bytes, which the shard stage's reruns and sha256 che
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -238,9 +240,70 @@ def iter_tar_samples(fileobj: BinaryIO, url: str = "?") -> Iterator[dict[str, An
 
 def read_shard(path: str) -> Iterator[Block]:
     """The decoded blocks of one shard file (local or ``s3://``), in file order."""
-    with storage.open_read(path) as f:
-        for sample in iter_tar_samples(f, url=path):
-            yield decode_block(sample)
+    with open_shard(path) as blocks:
+        yield from blocks
+
+
+class _HashingReader(io.RawIOBase):
+    """A read-only stream that hashes every byte read through it and keeps the last ``TAIL``."""
+
+    TAIL = 2 * 512  # a tar ends with two zero blocks
+
+    def __init__(self, raw: BinaryIO):
+        self.raw, self.digest, self.size, self.tail = raw, hashlib.sha256(), 0, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.digest.update(data)
+        self.size += len(data)
+        self.tail = (self.tail + data)[-self.TAIL :]
+        return data
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def drain(self) -> None:
+        while self.read(1 << 20):
+            pass
+
+
+@contextmanager
+def open_shard(path: str, sha256: str = "") -> Iterator[Iterator[Block]]:
+    """``with open_shard(path, sha256) as blocks``: the decoded blocks of one shard file, in file
+    order; a reader may stop early. With ``sha256`` (the manifest's), the rest of the file is read
+    on exit and the whole file checked against it: a damaged, truncated or replaced shard is a
+    FormatError naming it, also when the damage first showed as an undecodable block."""
+    with storage.open_read(path) as raw:
+        stream = _HashingReader(raw)
+        try:
+            yield (decode_block(sample) for sample in iter_tar_samples(stream, url=path))
+        except FormatError:
+            if sha256:
+                _check_hash(stream, path, sha256)
+            raise
+        if sha256:
+            _check_hash(stream, path, sha256)
+
+
+def _check_hash(stream: _HashingReader, path: str, sha256: str) -> None:
+    stream.drain()
+    got = stream.digest.hexdigest()
+    if got == sha256:
+        return
+    if stream.tail.strip(b"\0") or stream.size < stream.TAIL:
+        raise FormatError(
+            f"shard {path} is truncated ({stream.size:,} bytes, no end-of-archive marker; its sha256 "
+            f"differs from the manifest's): copy it again or reshard"
+        )
+    raise FormatError(
+        f"shard {path} is damaged or was replaced: sha256 {got[:16]}... where the manifest says "
+        f"{sha256[:16]}...; copy it again or reshard"
+    )
 
 
 def encode_vocab(tokens: Sequence[str]) -> bytes:

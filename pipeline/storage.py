@@ -16,6 +16,7 @@ environment (inherited from the driver on an embedded cluster; see ``pipeline.ra
 
 from __future__ import annotations
 
+import errno
 import glob as globlib
 import hashlib
 import io
@@ -43,6 +44,7 @@ from botocore.exceptions import (
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from pipeline.errors import PipelineError
+from pipeline.redaction import redact
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,11 @@ seconds (a refused connection: ~0.5 s here), while throttling still gets three j
 
 class StorageError(PipelineError):
     """A storage operation failed; the message is one line naming the path and the cause."""
+
+
+class OutOfSpace(StorageError):
+    """A local write found its filesystem full (or over quota). Unlike an outage, trying again
+    fails the same way until someone frees space, so callers do not retry it."""
 
 
 # ---------------------------------------------------------------- paths (pure)
@@ -144,7 +151,7 @@ def literal_prefix(pattern: str) -> str:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+    return redact(" ".join(str(text).split()))
 
 
 # ---------------------------------------------------------------- local backend
@@ -169,7 +176,40 @@ def _local_errors(path: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
+        if _full_device(exc):
+            raise _out_of_space(path) from exc
         raise StorageError(f"{path}: {_local_cause(exc)}") from exc
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _full_device(exc: BaseException | None) -> bool:
+    """Whether ``exc`` or an exception it was raised from is a full filesystem or quota (writers
+    such as ``torch.save`` wrap the OSError in their own error)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _mount_point(path: str) -> str:
+    folder = os.path.abspath(path)
+    while not os.path.ismount(folder):
+        folder = os.path.dirname(folder)
+    return folder
+
+
+def _out_of_space(path: str) -> OutOfSpace:
+    mount = _mount_point(path)
+    free = shutil.disk_usage(mount).free
+    return OutOfSpace(
+        f"{path}: no space left on the filesystem mounted at {mount} ({free:,} bytes free); free space "
+        "there or write elsewhere"
+    )
 
 
 class _LocalWrite:
@@ -354,7 +394,7 @@ def _client_cause(exc: ClientError, bucket: str) -> str:
 
 
 def _endpoint_label() -> str:
-    return endpoint_url() or "the default AWS endpoint"
+    return redact(endpoint_url() or "the default AWS endpoint")
 
 
 @contextmanager
@@ -695,8 +735,10 @@ def open_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
     pending = _backend(path).start_write(path)
     try:
         yield pending.file
-    except BaseException:
+    except BaseException as exc:
         pending.discard()
+        if not is_s3(path) and _full_device(exc):
+            raise _out_of_space(path) from exc
         raise
     pending.commit()
 

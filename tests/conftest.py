@@ -18,6 +18,7 @@ import re
 import secrets
 import shutil
 import socket
+import subprocess
 import tempfile
 from dataclasses import dataclass
 
@@ -215,3 +216,20 @@ def ray_local(s3_server, ray_temp_dir):
         _set_env(previous)
         ray.shutdown()
         _set_env(wandb_key)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 2 MiB tmpfs mounted under ``tmp_path`` (a full disk for real: writes fail with ENOSPC);
+    skipped where mounting is not allowed (it needs root). Unmounted after the test."""
+    mount = tmp_path / "small-fs"
+    mount.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True
+    )
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)

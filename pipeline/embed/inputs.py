@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from pipeline import shard_format, storage
@@ -28,12 +28,14 @@ COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip")
 @dataclass(frozen=True)
 class Segment:
     """Part of one input file: ``kind`` ``text`` = bytes [start, end); ``tar`` = sentences [start, end)
-    of a shard tar, counted from its first block."""
+    of a shard tar, counted from its first block, and the tar's sha256 from the shard manifest
+    (checked over the whole file at every read)."""
 
     kind: str
     path: str
     start: int
     end: int
+    sha256: str = ""
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,7 @@ def _tar_segments(shard_dir: str, splits: Sequence[str], planner: _Planner) -> N
             while done < entry["sentences"]:
                 take = min(planner.room, entry["sentences"] - done)
                 key = f"{entry['sha256']}:{done}:{done + take}\n".encode()
-                planner.add(Segment("tar", path, done, done + take), take, key)
+                planner.add(Segment("tar", path, done, done + take, entry["sha256"]), take, key)
                 done += take
 
 
@@ -221,16 +223,20 @@ def _read_exactly(stream: io.IOBase, size: int, path: str) -> bytes:
     return b"".join(parts)
 
 
-def _tar_lines(segment: Segment) -> Iterator[bytes]:
+def _tar_lines(segment: Segment) -> list[bytes]:
+    """The segment's sentences; blocks past it are not decoded, but the whole tar is read and
+    checked against its sha256 (a damaged shard is named, not embedded)."""
+    lines: list[bytes] = []
     seen = 0
-    for block in shard_format.read_shard(segment.path):
-        count = len(block.sentences)
-        lo, hi = max(segment.start - seen, 0), min(segment.end - seen, count)
-        for sentence in block.sentences[lo:hi]:
-            yield " ".join(sentence).encode("utf-8")
-        seen += count
-        if seen >= segment.end:
-            return
+    with shard_format.open_shard(segment.path, segment.sha256) as blocks:
+        for block in blocks:
+            count = len(block.sentences)
+            lo, hi = max(segment.start - seen, 0), min(segment.end - seen, count)
+            lines.extend(" ".join(sentence).encode("utf-8") for sentence in block.sentences[lo:hi])
+            seen += count
+            if seen >= segment.end:
+                break
+    return lines
 
 
 def read_lines(spec: ShardSpec) -> list[bytes]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from pipeline.config import check_rules
+from pipeline.config import check_rules, seed_rule
 
 RUNTIME_KEYS = ("output", "workers", "ray_address", "progress", "chunk_bytes")
 """Keys that change how the stage runs but not what it writes; the manifest leaves them out so
@@ -76,6 +76,7 @@ class ShardConfig:
                 ("max_line_bytes", self.max_line_bytes, self.max_line_bytes >= 0, ">= 0"),
                 ("chunk_bytes", self.chunk_bytes, self.chunk_bytes >= 1, ">= 1"),
                 ("workers", self.workers, self.workers >= 0, ">= 0"),
+                seed_rule(self.seed),
                 ("input", self.input, len(self.input) > 0, "at least one path"),
                 ("output", self.output, bool(self.output), "a directory or s3:// prefix"),
             ]

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from omegaconf import MISSING
 
-from pipeline.config import UseGPU, check_rules
+from pipeline.config import UseGPU, check_rules, seed_rule
 from pipeline.model_config import ModelConfig
 
 
@@ -203,6 +203,7 @@ class TrainConfig:
             [
                 *((key, getattr(self, key), getattr(self, key) >= 1, ">= 1") for key in _AT_LEAST_ONE),
                 ("max_steps", self.max_steps, self.max_steps >= 0, ">= 0 (0: n_epochs epochs)"),
+                seed_rule(self.seed),
                 ("dropout", self.dropout, 0 <= self.dropout < 1, "in [0, 1)"),
                 ("softmax.negatives", self.softmax.negatives, self.softmax.negatives >= 1, ">= 1"),
                 (

@@ -53,6 +53,11 @@ _SHARD_ORDER_TAG = 0
 _SENTENCE_ORDER_TAG = 1
 
 
+READ_AHEAD_TIMEOUT_S = 600.0
+"""How long a stream waits for its read-ahead process's shard: a stopped or hung helper (reading a
+shard takes seconds, even from S3) ends the run with a message naming it instead of a silent hang."""
+
+
 class ReadAhead(enum.Enum):
     """Where a stream reads its next shard while it trains on the current one."""
 
@@ -182,6 +187,12 @@ class SentenceSource:
             return
         self._ahead = (following, self.process.submit(read_layout, self._plan(following), self.reader))
 
+    def _wait(self, future, where: tuple[int, int]) -> WrappedSentences:
+        if self.prefetch is not ReadAhead.process:
+            return future.result()
+        what = f"with the sentences of {self._plan(where).url}"
+        return self.process.wait(future, READ_AHEAD_TIMEOUT_S, what)
+
     def close(self) -> None:
         """End the read-ahead process, if one started (a later read ahead starts another)."""
         self._ahead = None
@@ -193,7 +204,9 @@ class SentenceSource:
             return self._loaded[1]
         # a read ahead for another position (the stream was moved by set_position) is dropped
         ahead, self._ahead = self._ahead, None
-        wrapped = ahead[1].result() if ahead is not None and ahead[0] == where else self._read(where)
+        wrapped = (
+            self._wait(ahead[1], where) if ahead is not None and ahead[0] == where else self._read(where)
+        )
         self._loaded = (where, wrapped)
         self._read_ahead(where)
         n = wrapped.n_sentences

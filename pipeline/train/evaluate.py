@@ -60,10 +60,19 @@ class HeldoutSums:
             )
         mean = (self.losses / self.batches).tolist()
         return {
-            "eval/perplexity_fwd": math.exp(mean[0]),
-            "eval/perplexity_bwd": math.exp(mean[1]),
-            "eval/perplexity": math.exp(mean[2]),
+            "eval/perplexity_fwd": perplexity(mean[0]),
+            "eval/perplexity_bwd": perplexity(mean[1]),
+            "eval/perplexity": perplexity(mean[2]),
         }
+
+
+def perplexity(loss: float) -> float:
+    """exp(``loss``), a mean cross-entropy in nats; infinite where that overflows a float (a
+    runaway's loss, which the divergence guard must still be able to judge)."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
 
 
 def heldout_sums(

@@ -27,6 +27,7 @@ OPTIONS_FILE = "options.json"
 WEIGHTS_FILE = "weights.hdf5"
 SOFTMAX_FILE = "softmax.hdf5"
 VOCAB_FILE = "vocab.txt"
+EXPORT_FILES = (OPTIONS_FILE, WEIGHTS_FILE, SOFTMAX_FILE, VOCAB_FILE)
 
 
 def write_softmax(softmax: SharedSoftmax, path: str) -> None:
@@ -56,9 +57,7 @@ def export_model(bilm: BiLM, softmax: SharedSoftmax, vocab: bytes, out_dir: str)
     """Write the four export files to ``out_dir`` (local or ``s3://``); returns their paths."""
     written = []
     with tempfile.TemporaryDirectory(prefix="elmo-export-") as tmp:
-        local = {
-            name: os.path.join(tmp, name) for name in (OPTIONS_FILE, WEIGHTS_FILE, SOFTMAX_FILE, VOCAB_FILE)
-        }
+        local = {name: os.path.join(tmp, name) for name in EXPORT_FILES}
         bilm.save_files(local[OPTIONS_FILE], local[WEIGHTS_FILE])
         write_softmax(softmax, local[SOFTMAX_FILE])
         with open(local[VOCAB_FILE], "wb") as f:
@@ -74,9 +73,18 @@ def model_from_checkpoint(path: str) -> tuple[BiLM, SharedSoftmax, dict]:
     """The BiLM (eval mode) and softmax held by checkpoint ``path``, and its model payload."""
     payload = ckpt.load_model(path)
     try:
-        bilm = BiLM(payload["options"])
+        with torch.device("meta"):  # shapes only: options that disagree with the tensors allocate nothing
+            expected = BiLM(payload["options"]).state_dict()
     except OptionsError as err:
         raise ckpt.CheckpointError(f"checkpoint {path}: {err}") from None
+    for key, tensor in expected.items():
+        stored = payload["bilm"].get(key)
+        if stored is None or tuple(stored.shape) != tuple(tensor.shape):
+            found = "missing" if stored is None else f"of shape {tuple(stored.shape)}"
+            raise ckpt.CheckpointError(
+                f"checkpoint {path}: tensor '{key}' is {found}, but its options need shape {tuple(tensor.shape)}"
+            )
+    bilm = BiLM(payload["options"])
     bilm.load_state_dict(payload["bilm"])
     weight = payload["softmax"]["weight"]
     softmax = SharedSoftmax(weight.shape[0], weight.shape[1])
@@ -84,14 +92,30 @@ def model_from_checkpoint(path: str) -> tuple[BiLM, SharedSoftmax, dict]:
     return bilm.eval(), softmax, payload
 
 
-def export_checkpoint(path: str, out_dir: str) -> list[str]:
+def check_export_folder(out_dir: str, overwrite: bool) -> None:
+    """Refuse (TrainError, one line) an ``out_dir`` holding files other than an export's own four
+    unless ``overwrite``: ``elmo export`` must not replace a user's ``options.json`` in a folder of
+    other files. A new or empty folder, or an earlier export, is fine."""
+    prefix = out_dir.rstrip("/") + "/"
+    names = sorted(path[len(prefix) :].replace(os.sep, "/") for path in storage.list_prefix(prefix))
+    foreign = [name for name in names if name not in EXPORT_FILES]
+    if foreign and not overwrite:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise TrainError(
+            f"output {out_dir} holds files an export did not write ({shown}); choose an empty folder, "
+            "or pass --overwrite to replace its export files and keep the rest"
+        )
+
+
+def export_checkpoint(path: str, out_dir: str, overwrite: bool = False) -> list[str]:
     """``elmo export CHECKPOINT OUT``: a checkpoint directory (or a run directory: its latest
-    checkpoint) exported to ``out_dir``."""
+    checkpoint) exported to ``out_dir`` (see ``check_export_folder``)."""
     if not storage.exists(storage.join(path, ckpt.MODEL_FILE)):
         latest = ckpt.latest_checkpoint(path)
         if latest is None:
             raise ckpt.CheckpointError(f"{path}: neither a checkpoint nor a run directory with checkpoints")
         path = latest
+    check_export_folder(out_dir, overwrite)
     bilm, softmax, payload = model_from_checkpoint(path)
     with torch.no_grad():
         return export_model(bilm, softmax, payload["vocab"], out_dir)

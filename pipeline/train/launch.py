@@ -37,6 +37,7 @@ from pipeline.train.evaluate import check_heldout_split
 from pipeline.train.metrics import METRICS_FILE, read_metrics
 from pipeline.train.plan import RunPlan
 from pipeline.train.progress import MetricsFollower
+from pipeline.train.run_lease import RunLease
 from pipeline.train.trainer import train_loop_per_worker
 from pipeline.train.unigram import heldout_unigram_perplexity
 from pipeline.train.wandb_run import new_wandb_id, sync_command
@@ -167,6 +168,7 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
         )
     options = _model_options(cfg)
     name = cfg.name or run_dir.rstrip("/").rsplit("/", 1)[-1]
+    RunLease(run_dir).check()  # another live run in this directory: refused before anything is written
     wandb_id = _claim_run_dir(run_dir, name, data_identity(shards, manifest))
     return RunPlan(
         run_dir=run_dir,
@@ -227,7 +229,7 @@ def run_training(cfg: TrainConfig, plan: RunPlan | None = None) -> StageResult:
     plan = prepare_run(cfg) if plan is None else plan
     plan.use_gpu = _cluster_check(cfg)
     started, steps_before = time.perf_counter(), _logged_steps(plan.run_dir)
-    with MetricsFollower(plan.run_dir, plan.total_steps, from_step=steps_before):
+    with RunLease(plan.run_dir), MetricsFollower(plan.run_dir, plan.total_steps, from_step=steps_before):
         _fit_with_restarts(cfg, plan)
     final = final_status(plan.run_dir)
     if cfg.wandb.mode is WandbMode.offline:
@@ -324,8 +326,8 @@ DETERMINISTIC_ERRORS = (ValueError, TypeError, LookupError, AttributeError, Asse
 def _worth_retrying(err: BaseException) -> bool:
     """Whether another attempt can succeed: every worker failed because a process, node or
     connection was lost (a Ray error, a broken collective, a storage outage), none because the
-    run's own code refused its input (a PipelineError other than storage, or a built-in error
-    that bad data or a bug raises)."""
+    run's own code refused its input (a PipelineError other than a storage outage, or a built-in
+    error that bad data or a bug raises). A full disk is not an outage: it stays full."""
     failures = list((getattr(err, "worker_failures", None) or {}).values())
     if not failures:  # the controller itself failed (e.g. the workers could not be placed)
         return False
@@ -333,7 +335,7 @@ def _worth_retrying(err: BaseException) -> bool:
 
 
 def _deterministic(failure: BaseException) -> bool:
-    if isinstance(failure, storage.StorageError):
+    if isinstance(failure, storage.StorageError) and not isinstance(failure, storage.OutOfSpace):
         return False
     return isinstance(failure, (PipelineError, *DETERMINISTIC_ERRORS))
 

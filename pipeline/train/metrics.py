@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import threading
 import time
 from typing import Any
@@ -54,11 +53,6 @@ def _sync(device: torch.device) -> None:
 
 
 # ---- metrics.jsonl ---------------------------------------------------------------------------
-
-
-def perplexity(loss: float) -> float:
-    """exp(loss), inf on overflow."""
-    return math.exp(loss) if loss < 700 else math.inf
 
 
 class MetricsLog:

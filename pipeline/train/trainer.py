@@ -56,8 +56,8 @@ from pipeline.train.distributed import (
 )
 from pipeline.train.divergence import DivergenceGuard, GuardReading
 from pipeline.train.errors import TrainError
-from pipeline.train.evaluate import EVAL_UNROLL_STEPS, Evaluator
-from pipeline.train.metrics import PLOT_FILE, RunLog, measure_matmul_peak, perplexity, plot_perplexity
+from pipeline.train.evaluate import EVAL_UNROLL_STEPS, Evaluator, perplexity
+from pipeline.train.metrics import PLOT_FILE, RunLog, measure_matmul_peak, plot_perplexity
 from pipeline.train.objective import SharedSoftmax, SoftmaxRows, bidirectional_loss, sample_negatives
 from pipeline.train.optimization import (
     adagrad_rows_,

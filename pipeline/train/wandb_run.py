@@ -176,8 +176,13 @@ class WandbRun:
         """End the wandb run; an s3 run directory then gets the last files before this returns."""
         if self.run is None:
             return
+        import wandb
+
         self.run.finish()
         self.run = None
+        # wandb's process-wide state (its service, the session's login) would outlive the run: a
+        # later run in this process would inherit another run's credentials
+        wandb.teardown()
         if self._tmp is not None:
             self._wait_for_copy()
             self._copy_new_files()

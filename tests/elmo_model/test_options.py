@@ -85,3 +85,40 @@ def test_unreadable_file_names_the_file(tmp_path):
     bad.write_text(json.dumps({"lstm": {}, "char_cnn": {}}))
     with pytest.raises(OptionsError, match=r"options.json: .*char_cnn.activation"):
         BiLMOptions.from_file(bad)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    ("section", "key", "value", "message"),
+    [
+        ("lstm", "dim", 10**9, r"'lstm.dim' must be an integer in \[1, 65536\], got 1000000000"),
+        ("lstm", "n_layers", 10**6, r"'lstm.n_layers' must be an integer in \[1, 64\], got 1000000"),
+        (
+            "char_cnn",
+            "filters",
+            [[1, 10**9]],
+            r"'char_cnn.filters\[0\]' must be \[width, count\] ints in \[1, 65536\]",
+        ),
+        (
+            "char_cnn",
+            "filters",
+            [[1, 4]] * 1000,
+            r"'char_cnn.filters' must be a list of 1 to 64 .*1000 entries",
+        ),
+        ("char_cnn", "n_highway", 10**5, r"'char_cnn.n_highway' must be an integer in \[0, 64\]"),
+    ],
+)
+def test_absurd_sizes_are_refused_before_anything_is_allocated(section, key, value, message):
+    raw = copy.deepcopy(TINY_OPTIONS)
+    raw[section][key] = value
+    with pytest.raises(OptionsError, match=message):
+        BiLMOptions.from_dict(raw)
+
+
+def test_a_model_past_the_parameter_limit_is_refused():
+    raw = copy.deepcopy(TINY_OPTIONS)
+    raw["lstm"].update(dim=60000, projection_dim=4096, n_layers=8)  # each size allowed, together 35B
+    with pytest.raises(
+        OptionsError, match=r"the model would have 35,[\d,]+ parameters \([\d.,]+ GiB in float32\)"
+    ):
+        BiLMOptions.from_dict(raw)

@@ -121,6 +121,19 @@ def test_options_disagreeing_with_weights(reference, tmp_path):
         load_weights(BiLM(more_layers), reference.weight_file)
 
 
+def test_from_files_checks_the_weights_before_building_the_model(reference, tmp_path, monkeypatch):
+    raw = json.loads(reference.options_file.read_text())
+    raw["lstm"]["dim"] = 60000  # allowed on its own; the file's W_0 is (32, 256)
+    options = tmp_path / "options.json"
+    options.write_text(json.dumps(raw))
+    built = []
+    original = BiLM.__init__
+    monkeypatch.setattr(BiLM, "__init__", lambda self, *a, **k: built.append(1) or original(self, *a, **k))
+    with pytest.raises(WeightsError, match=r"W_0' has shape \(32, 256\), expected \(32, 240000\)"):
+        BiLM.from_files(options, reference.weight_file)
+    assert built == []  # nothing of 60000-wide LSTMs was allocated
+
+
 def test_not_hdf5_names_the_file(tmp_path, reference):
     junk = tmp_path / "junk.hdf5"
     junk.write_bytes(b"not an hdf5 file")

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ELMO = str(Path(sys.executable).parent / "elmo")
@@ -35,6 +36,26 @@ def test_misspelled_workers_key_is_one_line_with_a_suggestion():
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert "'wokrers'" in result.stderr and "did you mean 'workers'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "stage, override, message",
+    [
+        ("train", "max_steps=-1", "'max_steps' must be >= 0"),
+        ("train", "optimizer.lr=nan", "'optimizer.lr' must be > 0, got nan"),
+        ("train", "batch_size=0", "'batch_size' must be >= 1"),
+        ("train", "checkpoint_every=-3", "'checkpoint_every' must be >= 1"),
+        ("train", "keep_checkpoints=0", "'keep_checkpoints' must be >= 1"),
+        ("train", "seed=99999999999999999999999", "'seed' must be in [0, 2**63 - 1]"),
+        ("shard", "seed=-1", "'seed' must be in [0, 2**63 - 1]"),
+        ("pipeline", "name=../escape", "'name' must be one folder name"),
+    ],
+)
+def test_config_refuses_what_the_stage_refuses(stage, override, message):
+    # unset keys (the train stage's shards and output) do not stop the rules being checked
+    result = _elmo("config", stage, override)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().count("\n") == 0 and message in result.stderr, result.stderr
 
 
 def test_unknown_command_is_one_line():

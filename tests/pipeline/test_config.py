@@ -96,6 +96,24 @@ def test_missing_and_unparsable_files(tmp_path):
         load_config(_Schema, config_file=scalar)
 
 
+@pytest.mark.timeout(20)
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    # 9 levels of 9-way aliases: 9**9 (387 million) leaves once expanded
+    levels = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(levels) + "\nworkers: 2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(_Schema, config_file=bomb)
+    assert (
+        str(err.value)
+        == f"cannot parse config file {bomb}: line 2: YAML aliases (*name) are not allowed in config files"
+    )
+    plain = tmp_path / "anchor.yaml"
+    plain.write_text("workers: &w 2\n")  # an anchor alone expands nothing
+    assert load_config(_Schema, config_file=plain).workers == 2
+
+
 def test_pipeline_takes_presets_under_its_train_section():
     cfg = resolve_config(stage_schema("pipeline"), preset="small", allow_missing=True)
     assert cfg.train.model.lstm.dim == 1024

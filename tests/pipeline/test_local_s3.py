@@ -371,6 +371,20 @@ def test_master_http_hands_out_no_file_ids_or_tokens(stored):
     assert _s3_body(server, bucket, key) == SECRET
 
 
+def test_what_answers_anonymously_is_read_only_status_without_data(stored):
+    # weed offers no switch for these pages (security.toml's [access] ui and [guard] white_list
+    # leave them answering): loopback only, they show the servers and (the volume's /status) the
+    # buckets' names and file counts, never a key, object data or a token
+    server, bucket, key = stored
+    pages = [("master.port", "/"), ("master.port", "/cluster/status"), ("volume.port", "/status")]
+    for port, path in pages:
+        status, headers, answer = _http(server.ports[port], "GET", path)
+        assert status == 200, (port, path, status)
+        for secret in (key.encode(), SECRET, b"fid", b"jwt", b"Authorization"):
+            assert secret not in answer and secret.decode() not in str(headers), (port, path, secret)
+        assert (bucket.encode() in answer) == (port == "volume.port")
+
+
 def test_admin_http_serves_no_api(s3_server):
     status, _, answer = _http(
         s3_server.server.ports["admin.port"], "GET", f"/api/s3/buckets/{s3_server.bucket}"

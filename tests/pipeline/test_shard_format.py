@@ -1,3 +1,4 @@
+import hashlib
 import io
 import json
 
@@ -133,3 +134,43 @@ def test_invalid_manifest_is_one_line_error(tmp_path, mutate, match):
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(fmt.FormatError, match="not valid JSON"):
         fmt.read_manifest(str(tmp_path))
+
+
+def _many_blocks_tar(tmp_path):
+    samples = [
+        fmt.encode_block([[f"w{b}", "x"]] * 50, [5] * 100, fmt.block_key("train", 0, b)) for b in range(20)
+    ]
+    data = _write_tar(samples)
+    path = tmp_path / "train-000000.tar"
+    path.write_bytes(data)
+    return path, data, hashlib.sha256(data).hexdigest()
+
+
+def test_open_shard_checks_the_whole_file_even_when_the_reader_stops_early(tmp_path):
+    path, data, sha = _many_blocks_tar(tmp_path)
+    with fmt.open_shard(str(path), sha) as blocks:
+        assert next(blocks).sentences[0] == ["w0", "x"]  # then stops: the rest is read and hashed
+    damaged = bytearray(data)
+    damaged[len(data) * 3 // 4] ^= 0xFF  # a byte in a block the reader never decodes
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(fmt.FormatError) as err:
+        with fmt.open_shard(str(path), sha) as blocks:
+            next(blocks)
+    assert str(err.value).startswith(f"shard {path} is damaged or was replaced: sha256 ")
+    with fmt.open_shard(str(path)) as blocks:  # without a hash nothing is checked
+        next(blocks)
+
+
+@pytest.mark.parametrize("keep", [0.3, 0.6])
+def test_a_truncated_shard_is_named_truncated(tmp_path, keep):
+    path, data, sha = _many_blocks_tar(tmp_path)
+    cut = int(len(data) * keep) // 512 * 512  # at a tar block boundary: tarfile itself sees no error
+    path.write_bytes(data[:cut])
+    with pytest.raises(fmt.FormatError) as err:
+        with fmt.open_shard(str(path), sha) as blocks:
+            for _ in blocks:
+                pass
+    assert str(err.value) == (
+        f"shard {path} is truncated ({cut:,} bytes, no end-of-archive marker; its sha256 differs from "
+        "the manifest's): copy it again or reshard"
+    )

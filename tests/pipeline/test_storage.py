@@ -551,3 +551,18 @@ def test_ray_workers_reach_s3_through_storage(ray_local, s3_prefix):
     worker_pid = ray_local.get(copy_in_worker.remote(s3_prefix))
     assert worker_pid != os.getpid()
     assert storage.read_bytes(join(s3_prefix, "out.bin")) == b"FROM THE DRIVER"
+
+
+def test_a_full_disk_is_named_and_leaves_nothing(small_filesystem):
+    import torch
+
+    path = str(small_filesystem / "run" / "model.pt")
+    for write in (
+        lambda out: out.write(b"x" * (3 << 20)),
+        lambda out: torch.save({"w": torch.zeros(1 << 20)}, out),  # torch wraps the OSError in its own
+    ):
+        with pytest.raises(storage.OutOfSpace) as excinfo:
+            with storage.open_write(path) as out:
+                write(out)
+        one_line_error(excinfo, path, f"no space left on the filesystem mounted at {small_filesystem} (")
+        assert os.listdir(small_filesystem / "run") == []

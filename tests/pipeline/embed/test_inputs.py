@@ -135,3 +135,15 @@ def test_shard_directory_sentences_in_manifest_order(tmp_path):
     assert _all_lines(specs) == [b"a b", b"c", b"d e f", b"g", b"h i"]
     with pytest.raises(EmbedError, match="unknown split 'dev'"):
         inputs.plan_shards(kind, paths, 2, shard_splits=["dev"])
+
+
+def test_a_damaged_shard_is_named_not_embedded(tmp_path):
+    root = str(tmp_path / "shards")
+    write_shard_dir(root, [[[["a", "b"], ["c"]]] * 30, [[["g"], ["h", "i"]]]])
+    specs = inputs.plan_shards("shards", [root], lines_per_shard=4, shard_splits=["train"])
+    tar = storage.join(root, shard_format.shard_name("train", 0))
+    data = storage.read_bytes(tar)
+    storage.write_bytes(tar, data[: len(data) // 2 // 512 * 512])
+    with pytest.raises(EmbedError, match=f"input: shard {tar} is truncated"):
+        inputs.read_lines(specs[0])  # its first 4 sentences are still there: the hash tells
+    assert inputs.read_lines(specs[-1]) == [b"g", b"h i"]

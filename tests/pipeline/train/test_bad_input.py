@@ -226,3 +226,14 @@ def test_the_same_shards_copied_elsewhere_resume(shards, tmp_path):
     shutil.copytree(shards, copy)
     plan = prepare_run(cfg_for(copy, run, SMALL))
     assert plan.shards == copy
+
+
+def test_a_second_run_into_the_same_output_is_refused_while_the_first_holds_it(shards, tmp_path):
+    from pipeline.train.run_lease import RunLease
+
+    run_dir = str(tmp_path / "run")
+    with RunLease(run_dir):  # the first run, still going
+        with pytest.raises(TrainError, match=f"run directory {run_dir} is in use by another run"):
+            prepare_run(cfg_for(shards, run_dir, "softmax.negatives=100"))
+        assert not os.path.exists(os.path.join(run_dir, "run.json"))
+    prepare_run(cfg_for(shards, run_dir, "softmax.negatives=100"))  # once it ended

@@ -470,3 +470,30 @@ def test_a_failed_read_ahead_raises_where_its_shard_is_needed(tmp_path, vocab):
     assert None not in source_sentences(source, 7)  # the whole first shard, though its successor failed
     with pytest.raises(shard_format.FormatError, match="train-000001.tar: broken"):
         source.next_sentence()
+
+
+def test_a_stopped_read_ahead_process_is_named_not_waited_for_forever(tmp_path, vocab, monkeypatch):
+    from pipeline.background import HelperProcessError
+    from pipeline.train import data
+
+    monkeypatch.setattr(data, "READ_AHEAD_TIMEOUT_S", 2.0)
+    many_shards_dir(str(tmp_path), vocab)
+    urls = shard_format.shard_urls(str(tmp_path), "train")
+    source = SentenceSource(urls, len(vocab), test=True)
+    source.next_sentence()  # the first shard read here; the second one is asked of the helper
+    source.process.close()  # that answer may be in already: ask again, and stop the new helper at once
+    source._read_ahead((0, 0))
+    helper = source.process.pid
+    os.kill(helper, signal.SIGSTOP)
+    try:
+        with pytest.raises(HelperProcessError) as err:
+            while True:
+                source.next_sentence()
+        assert str(err.value) == (
+            f"the helper process {helper} (stopped by a signal) did not answer with the sentences of "
+            f"{urls[1]} within 2 s; it was ended"
+        )
+        assert source.process.pid is None
+    finally:
+        if _alive(helper):
+            os.kill(helper, signal.SIGKILL)

@@ -66,6 +66,16 @@ def _config(shards: str, run_dir: str, *overrides: str):
 def drift_once(monkeypatch):
     """After step 9 (once per test), the last (rarest) softmax row's bias jumps by 60: the sampled
     loss almost never reads that row, the full softmax puts nearly all its mass there."""
+    return _drift(monkeypatch, 60.0)
+
+
+@pytest.fixture
+def runaway_once(monkeypatch):
+    """As ``drift_once``, by 1000: a held-out loss over 700 nats, whose exp overflows a float."""
+    return _drift(monkeypatch, 1000.0)
+
+
+def _drift(monkeypatch, jump: float) -> list[int]:
     done = []
     original = StepRunner.train_step
 
@@ -73,7 +83,7 @@ def drift_once(monkeypatch):
         out = original(self, batch, total_steps)
         if self.step == 9 and not done:
             with torch.no_grad():
-                self.softmax.bias[-1] += 60.0
+                self.softmax.bias[-1] += jump
             done.append(self.step)
         return out
 
@@ -130,3 +140,16 @@ def test_rollback_without_a_checkpoint_stops(shards, tmp_path, drift_once):
     run_dir = str(tmp_path / "run")
     status = _run(_config(shards, run_dir, "checkpoint_every=100", "guard.on_divergence=rollback"))
     assert status["status"] == "diverged" and "no checkpoint to roll back to" in status["message"]
+
+
+@pytest.mark.parametrize("action", ["stop", "rollback"])
+def test_an_overflowing_perplexity_is_infinite_and_the_guard_acts(shards, tmp_path, runaway_once, action):
+    run_dir = str(tmp_path / "run")
+    status = _run(_config(shards, run_dir, f"guard.on_divergence={action}"))
+    rows = read_metrics(f"{run_dir}/{METRICS_FILE}")
+    [guard] = [r for r in rows if r["kind"] == "guard"]
+    assert guard["step"] == 10 and guard["action"] == action and guard["guard/perplexity_fwd"] == math.inf
+    if action == "stop":
+        assert status["status"] == "diverged" and "perplexity inf >" in status["message"]
+    else:
+        assert status["status"] == "done" and guard["to_step"] == 8

@@ -55,3 +55,45 @@ def test_missing_datasets(tmp_path):
         f.create_dataset("softmax/W", data=np.zeros((4, 3)))
     with pytest.raises(TrainError, match="not a softmax file"):
         read_softmax(str(path))
+
+
+def test_a_checkpoint_whose_options_disagree_with_its_tensors_is_refused_before_building(
+    tmp_path, monkeypatch
+):
+    import copy
+
+    from elmo_model import BiLM
+    from pipeline.model_config import preset_options
+    from pipeline.train import checkpoint as ckpt
+    from pipeline.train.export import model_from_checkpoint
+    from pipeline.train.objective import SharedSoftmax
+
+    options = preset_options("tiny")
+    bilm, softmax = BiLM(options), SharedSoftmax(10, options["lstm"]["projection_dim"])
+    grown = copy.deepcopy(options)
+    grown["lstm"]["dim"] = 60000  # a size of its own allowed; the tensors say otherwise
+    path = str(tmp_path / "step-000000001")
+    payload = {
+        "options": grown,
+        "bilm": bilm.state_dict(),
+        "softmax": softmax.state_dict(),
+        "vocab": b"<S>\n",
+    }
+    ckpt.save_model(path, payload)
+    built = []
+    original = BiLM.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        built.append(next(self.parameters()).device.type)
+
+    monkeypatch.setattr(BiLM, "__init__", init)
+    with pytest.raises(
+        ckpt.CheckpointError,
+        match=r"tensor 'lstm.layers.0.w_ih' is of shape .*, but its options need shape \(2, 64, 240000\)",
+    ):
+        model_from_checkpoint(path)
+    assert built == ["meta"]  # only the shapes were built
+    ckpt.save_model(path, {**payload, "options": options})
+    model_from_checkpoint(path)
+    assert built[-1] == "cpu"

@@ -171,6 +171,34 @@ def test_checkpoints_keep_the_last_two_and_the_export_reproduces_the_model(train
     assert (tmp_path / "again" / "weights.hdf5").read_bytes() == Path(export, "weights.hdf5").read_bytes()
 
 
+def test_export_refuses_a_folder_of_other_files_unless_overwrite(trained, tmp_path, capsys):
+    from jobs.export import main as export_main
+
+    run_dir, _ = trained
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "options.json").write_text('{"mine": true}')
+    (mine / "notes.txt").write_text("keep me")
+    assert export_main([run_dir, str(mine)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: output {mine} holds files an export did not write (notes.txt); choose an empty folder, "
+        "or pass --overwrite to replace its export files and keep the rest"
+    )
+    assert (mine / "options.json").read_text() == '{"mine": true}' and sorted(os.listdir(mine)) == [
+        "notes.txt",
+        "options.json",
+    ]
+    assert export_main([run_dir, str(mine), "--overwrite"]) == 0
+    assert (
+        json.loads((mine / "options.json").read_text())["lstm"]
+        and (mine / "notes.txt").read_text() == "keep me"
+    )
+    # an earlier export is this command's own: exported again without --overwrite
+    assert export_main([run_dir, str(tmp_path / "again")]) == 0
+    assert export_main([run_dir, str(tmp_path / "again")]) == 0
+
+
 def test_continue_pretraining_from_exported_weights(trained, shards, tmp_path):
     run_dir, _ = trained
     cfg = tiny(
@@ -352,3 +380,31 @@ def test_sigterm_stops_the_run_like_ctrl_c_keeps_its_checkpoint_and_exits_143(sh
     assert err.strip().splitlines()[-1] == "terminated" and "SIGTERM received" not in err, err[-2000:]
     latest = ckpt.latest_checkpoint(run_dir)
     assert ckpt.load_model(latest)["step"] % 5 == 0
+
+
+def test_a_run_records_its_config_without_the_credentials_of_its_endpoint(shards, tmp_path, single_thread):
+    secret = "topsecret-9c1b"
+    endpoint = f"http://AKIAUSER:{secret}@127.0.0.1:9"  # local paths: configured, never dialled
+    run_dir = tmp_path / "run"
+    overrides = ["workers=1", "max_steps=4", "log_every=2", "checkpoint_every=4", "eval_max_batches=1"]
+    cfg = tiny(shards, str(run_dir), *overrides, "wandb.mode=offline", f"storage_endpoint={endpoint}")
+    try:
+        status = Trainer(cfg, prepare_run(cfg), torch.device("cpu")).run()
+    finally:
+        storage.configure()
+    assert status["status"] == "done"
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".wandb" for p in files) and any("checkpoints" in p.parts for p in files)
+    assert [str(p) for p in files if secret.encode() in p.read_bytes()] == []
+    [config] = [r for r in read_metrics(str(run_dir / METRICS_FILE)) if r["kind"] == "config"]
+    assert config["config"]["storage_endpoint"] == "http://***@127.0.0.1:9"
+
+
+def test_a_full_disk_during_a_checkpoint_is_named_and_not_retried(shards, small_filesystem, ray_local):
+    run_dir = str(small_filesystem / "run")  # 2 MiB: the run's records fit, a checkpoint (~5 MB) does not
+    cfg = tiny(shards, run_dir, "workers=1", "max_steps=4", "checkpoint_every=2", "wandb.mode=disabled")
+    with pytest.raises(TrainError) as err:
+        run_training(cfg)
+    message = str(err.value)
+    assert "no space left on the filesystem mounted at" in message and str(small_filesystem) in message
+    assert message.endswith("(not retried: it would fail again)") and "\n" not in message

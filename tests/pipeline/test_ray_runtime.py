@@ -1,0 +1,70 @@
+"""pipeline.ray_runtime: an embedded cluster keeps the temporary files of its processes in its own
+temp dir, which goes with the cluster, even when the driver is killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from pipeline.cluster_watchdog import stop_marked
+
+DRIVER = """
+import json, multiprocessing.util, os, sys, tempfile, time
+import ray
+from pipeline.cluster_watchdog import MARKER_VAR
+from pipeline.ray_runtime import ray_session
+
+before = tempfile.gettempdir()
+with ray_session(num_cpus=1):
+    @ray.remote
+    def make_temporaries():
+        return [tempfile.mkdtemp(prefix="worker-"), multiprocessing.util.get_temp_dir()]
+
+    made = ray.get(make_temporaries.remote()) + [tempfile.mkdtemp(prefix="driver-")]
+    marker = ray.get(ray.remote(lambda: os.environ[MARKER_VAR]).remote())
+    temp_dir = ray._private.worker._global_node.get_temp_dir_path()
+    print(json.dumps({"made": made, "temp_dir": temp_dir, "marker": marker}), flush=True)
+    if sys.argv[1] == "wait":
+        time.sleep(600)
+print(json.dumps({"restored": tempfile.gettempdir() == before and "TMPDIR" not in os.environ}), flush=True)
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("ending", ["clean exit", "SIGKILL"])
+def test_an_embedded_cluster_keeps_its_temporary_files_in_its_own_folder(ending):
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "TMPDIR")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, "exit" if ending == "clean exit" else "wait"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    first = proc.stdout.readline()
+    if not first.strip():
+        proc.kill()
+        raise AssertionError(f"driver did not start: {proc.communicate()[1][-2000:]}")
+    started = json.loads(first)
+    try:
+        temp_dir = started["temp_dir"]
+        assert all(path.startswith(temp_dir + os.sep) for path in started["made"]), started
+        if ending == "SIGKILL":
+            proc.send_signal(signal.SIGKILL)
+        else:
+            assert json.loads(proc.stdout.readline()) == {"restored": True}
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while os.path.exists(temp_dir) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(os.path.exists(path) for path in [temp_dir, *started["made"]])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stop_marked(started["marker"], grace=1.0)
+    assert tempfile.gettempdir() == "/tmp"  # this process untouched
