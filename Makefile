@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU wheel when no GPU is present, so no multi-GB CUDA build is pulled in.
 TORCH_CPU := torch==2.13.0
 
-.PHONY: setup test demo lint bench clean
+.PHONY: setup test test-fast demo lint bench clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,10 @@ $(STAMP): pyproject.toml
 test: setup
 	@$(VENV)/bin/pytest -q; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
+
+# the unit tier: no Ray cluster, no S3 server, no subprocess jobs (tests/conftest.py and the markers)
+test-fast: setup
+	$(VENV)/bin/pytest -q -m "not cluster and not s3 and not subprocess and not slow and not cuda"
 
 demo: setup
 	$(VENV)/bin/elmo pipeline

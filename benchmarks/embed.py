@@ -195,7 +195,8 @@ def run_job(args, model: str, corpus: str, output: str) -> dict:
         "--layers", args.layers, "--dtype", args.dtype, "--workers", str(args.workers),
         f"lines_per_shard={args.lines_per_shard}", f"batch_tokens={args.batch_tokens}",
         f"precision={args.precision}", f"layout={args.layout}", f"pool={args.pool}",
-        f"cpus_per_worker={args.cpus_per_worker}", f"num_cpus={int(args.workers * args.cpus_per_worker)}",
+        f"cpus_per_worker={args.cpus_per_worker}", f"readers={args.readers}",
+        f"num_cpus={args.num_cpus or int(args.workers * args.cpus_per_worker)}",
         "progress=false", f"use_gpu={'true' if args.device == 'cuda' else 'false'}", f"gpu_share={args.gpu_share}",
     ]  # fmt: skip
     start = time.monotonic()
@@ -276,6 +277,15 @@ def main(argv=None) -> int:
     parser.add_argument("--preset", default="small")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cpus-per-worker", type=float, default=1.0)
+    parser.add_argument(
+        "--num-cpus",
+        type=int,
+        default=0,
+        help="CPUs of the job's embedded cluster (0: workers x cpus-per-worker); the preparing tasks use the rest",
+    )
+    parser.add_argument(
+        "--readers", type=int, default=0, help="shards prepared at once (0: the CPUs the actors leave)"
+    )
     parser.add_argument("--layers", default="all", choices=["all", "top", "average"])
     parser.add_argument("--dtype", default="float16", choices=["float32", "float16"])
     parser.add_argument("--precision", default="float32", choices=["float32", "tf32", "bf16"])

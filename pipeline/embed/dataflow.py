@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -42,12 +43,16 @@ from pipeline.embed.shard_work import WorkSettings, prepare_shard
 @dataclass(frozen=True)
 class ActorPool:
     """Where the stage runs: ``workers`` model actors of ``cpus_per_worker`` CPUs and
-    ``gpus_per_worker`` GPUs, fed by at most ``readers`` preparing tasks at once."""
+    ``gpus_per_worker`` GPUs, fed by at most ``readers`` preparing tasks at once. ``restartable``:
+    Ray restarts a dead actor (a cluster that loses nodes); on an embedded cluster a dead actor
+    fails the run instead (its node is the whole cluster; a rerun resumes), which also keeps Ray's
+    error-level line about restartable actors with arguments in the object store (ray#53727) away."""
 
     workers: int
     cpus_per_worker: float
     gpus_per_worker: float
     readers: int
+    restartable: bool = True
 
 
 @contextmanager
@@ -130,23 +135,28 @@ def build_dataset(
         compute=TaskPoolStrategy(size=max(1, min(pool.readers, len(rows)))),
         num_cpus=0,
     )
-    ds = ds.map_batches(
-        ShardEmbedder,
-        fn_constructor_kwargs={
-            "source": source.to_dict(),
-            "settings": asdict(settings),
-            "output": output,
-        },
-        batch_size=1,
-        batch_format="numpy",
-        # More actors than shards would each load the model and then idle.
-        compute=ActorPoolStrategy(
-            size=1 if stateful else min(pool.workers, len(rows)),
-            max_tasks_in_flight_per_actor=calls,
-            max_concurrent_calls_per_actor=calls,
-            enable_true_multi_threading=calls > 1,
-        ),
-        num_cpus=pool.cpus_per_worker,
-        num_gpus=pool.gpus_per_worker,
-    )
-    return ds
+    with warnings.catch_warnings():
+        # max_restarts has no named parameter yet; Ray 2.60 warns that **ray_remote_args will go in 2.64
+        warnings.filterwarnings(
+            "ignore", message="`ray_remote_args` is deprecated", category=DeprecationWarning
+        )
+        return ds.map_batches(
+            ShardEmbedder,
+            fn_constructor_kwargs={
+                "source": source.to_dict(),
+                "settings": asdict(settings),
+                "output": output,
+            },
+            batch_size=1,
+            batch_format="numpy",
+            # More actors than shards would each load the model and then idle.
+            compute=ActorPoolStrategy(
+                size=1 if stateful else min(pool.workers, len(rows)),
+                max_tasks_in_flight_per_actor=calls,
+                max_concurrent_calls_per_actor=calls,
+                enable_true_multi_threading=calls > 1,
+            ),
+            num_cpus=pool.cpus_per_worker,
+            num_gpus=pool.gpus_per_worker,
+            **({} if pool.restartable else {"max_restarts": 0}),
+        )

@@ -91,7 +91,7 @@ def actor_pool(cfg, gpus: float) -> ActorPool:
     if not readers:
         free = ray.cluster_resources().get("CPU", 0) - workers * cfg.cpus_per_worker
         readers = max(1, int(free))
-    return ActorPool(workers, cfg.cpus_per_worker, gpus, readers)
+    return ActorPool(workers, cfg.cpus_per_worker, gpus, readers, restartable=not ray_runtime.embedded())
 
 
 def settings_for(cfg, device: str) -> EmbedSettings:

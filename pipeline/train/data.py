@@ -117,7 +117,7 @@ class SentenceSource:
         stream: int = 0,
         reverse: bool = False,
         test: bool = False,
-        sizes: Sequence[tuple[int, int]] | None = None,
+        sizes: Sequence[tuple[int, int, str]] | None = None,
         reader: Callable[..., ShardSentences] = read_shard_sentences,
         prefetch: ReadAhead = ReadAhead.process,
         process: HelperProcess | None = None,
@@ -390,7 +390,7 @@ class LMBatchStream:
         world_size: int = 1,
         seed: int = 0,
         test: bool = False,
-        sizes: Sequence[tuple[int, int]] | None = None,
+        sizes: Sequence[tuple[int, int, str]] | None = None,
         reader: Callable[..., ShardSentences] = read_shard_sentences,
         prefetch: ReadAhead = ReadAhead.process,
     ):
@@ -524,7 +524,7 @@ def open_lm_batches(
             f"shard directory {shard_dir}: manifest vocab.size {manifest['vocab']['size']} but the "
             f"vocabulary has {cache.vocab_size} tokens"
         )
-    sizes = [(entry["sentences"], entry["tokens"]) for entry in manifest["shards"][split]]
+    sizes = [(entry["sentences"], entry["tokens"], entry["sha256"]) for entry in manifest["shards"][split]]
     return LMBatchStream(
         urls,
         cache,

@@ -235,33 +235,54 @@ class RunLog:
 # ---- plot ------------------------------------------------------------------------------------
 
 
+def perplexity_series(rows: list[dict]) -> list[tuple[str, list[int], list[float], str, dict]]:
+    """What ``perplexity.png`` draws, as (label, steps, values, line style, matplotlib options): the
+    model's perplexities (held-out at each evaluation; the full-softmax perplexity of the guard's
+    held-out sample at each logged step) and, faint and labelled as such, the exponential of the
+    sampled-softmax training loss, which is not a perplexity of the model (it sees a few thousand
+    rows of the softmax). Series without rows are left out."""
+    train = [r for r in rows if r.get("kind") == "train"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    guarded = [r for r in train if "guard/perplexity_fwd" in r]
+    faint = {"alpha": 0.35, "color": "gray"}
+    wanted = [
+        (evals, "eval/perplexity", "held-out perplexity", "o-", {}),
+        (evals, "eval/perplexity_fwd", "held-out, forward LM", "x:", {}),
+        (evals, "eval/perplexity_bwd", "held-out, backward LM", "+:", {}),
+        (guarded, "guard/perplexity_fwd", "held-out sample, full softmax, forward LM", "-", {}),
+        (guarded, "guard/perplexity_bwd", "held-out sample, full softmax, backward LM", "-", {}),
+        (
+            train,
+            "train/sampled_perplexity",
+            "exp(sampled-softmax training loss): not comparable",
+            "--",
+            faint,
+        ),
+    ]
+    return [
+        (label, [int(r["step"]) for r in part], [float(r[key]) for r in part], style, extra)
+        for part, key, label, style, extra in wanted
+        if part
+    ]
+
+
 def plot_perplexity(rows: list[dict], path: str) -> None:
-    """PNG of train and held-out perplexity (forward, backward, average) and the unigram baseline vs step."""
+    """PNG of ``perplexity_series(rows)`` and the held-out unigram baseline vs step (log scale)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    train = [r for r in rows if r.get("kind") == "train"]
-    evals = [r for r in rows if r.get("kind") == "eval"]
-    for key, style in (
-        ("train/perplexity", "-"),
-        ("train/perplexity_fwd", ":"),
-        ("train/perplexity_bwd", ":"),
-    ):
-        if train:
-            ax.plot([r["step"] for r in train], [r[key] for r in train], style, label=key)
-    for key, style in (
-        ("eval/perplexity", "o-"),
-        ("eval/perplexity_fwd", "x:"),
-        ("eval/perplexity_bwd", "+:"),
-    ):
-        if evals:
-            ax.plot([r["step"] for r in evals], [r[key] for r in evals], style, label=key)
-    baselines = [r["eval/unigram_perplexity"] for r in evals if "eval/unigram_perplexity" in r]
+    for label, steps, values, style, extra in perplexity_series(rows):
+        ax.plot(steps, values, style, label=label, **extra)
+    baselines = [
+        r["eval/unigram_perplexity"]
+        for r in rows
+        if r.get("kind") == "eval" and "eval/unigram_perplexity" in r
+    ]
     if baselines:
-        ax.axhline(baselines[-1], color="gray", linestyle="--", label="held-out unigram")
+        ax.axhline(baselines[-1], color="gray", linestyle="-.", label="held-out unigram baseline")
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("perplexity")

@@ -70,10 +70,14 @@ class ProgressLines:
         self._last = (step, elapsed)
         guard = ""
         if "guard/perplexity_fwd" in row:
-            guard = f"full-softmax fwd {_ppl(row['guard/perplexity_fwd'])} bwd {_ppl(row['guard/perplexity_bwd'])} | "
+            guard = (
+                f"held-out sample (full softmax) fwd {_ppl(row['guard/perplexity_fwd'])} "
+                f"bwd {_ppl(row['guard/perplexity_bwd'])} | "
+            )
+        # the sampled softmax's loss is no perplexity of the model: said so, beside the full-softmax one
         line = (
-            f"train step {step}/{self.total_steps} (epoch {row['epoch']:.2f}) | perplexity fwd "
-            f"{_ppl(row['train/perplexity_fwd'])} bwd {_ppl(row['train/perplexity_bwd'])} | "
+            f"train step {step}/{self.total_steps} (epoch {row['epoch']:.2f}) | sampled perplexity fwd "
+            f"{_ppl(row['train/sampled_perplexity_fwd'])} bwd {_ppl(row['train/sampled_perplexity_bwd'])} | "
             f"{guard}{row['train/tokens_per_s']:,.0f} tok/s | MFU {100 * row['train/mfu']:.2f}%{eta}"
         )
         return [line, *self._checkpoint_warning(row, since)]

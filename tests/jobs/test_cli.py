@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.subprocess
+
 ELMO = str(Path(sys.executable).parent / "elmo")
 
 

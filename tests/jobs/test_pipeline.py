@@ -11,10 +11,13 @@ import json
 import os
 
 import h5py
+import pytest
 
 from jobs.cli import main as elmo
 from pipeline import storage
 from pipeline.end_to_end import SAMPLE_CORPUS
+
+pytestmark = pytest.mark.subprocess
 
 
 def test_pipeline_end_to_end_on_s3(

@@ -22,6 +22,8 @@ import pytest
 
 from pipeline import storage
 
+pytestmark = pytest.mark.subprocess
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SAMPLE = REPO / "pipeline" / "data" / "kjv-sample.txt.gz"

@@ -22,7 +22,7 @@ import pytest
 from pipeline.cluster_capacity import Need, shortfall
 from pipeline.cluster_watchdog import MARKER_VAR, new_marker, stop_marked
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.subprocess]
 REPO = Path(__file__).resolve().parents[2]
 
 _EMPTY_LISTS = (

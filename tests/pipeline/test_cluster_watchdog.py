@@ -13,6 +13,8 @@ import pytest
 
 from pipeline.cluster_watchdog import marked_pids, stop_marked
 
+pytestmark = pytest.mark.subprocess
+
 DRIVER = """
 import os, sys, time
 import ray

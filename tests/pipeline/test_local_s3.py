@@ -21,6 +21,8 @@ from botocore.exceptions import ClientError
 from pipeline import local_s3
 from pipeline.local_s3 import ADMIN_GRPC_OFFSET, LocalS3Error, LocalS3Server
 
+pytestmark = pytest.mark.subprocess
+
 SECRET = b"only-signed-s3-requests-may-read-this"
 REFUSED = {401, 403, 404, "refused"}
 """What an anonymous request may get: 404 where -disableHttp removed the whole API (the tests check

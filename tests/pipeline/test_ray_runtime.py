@@ -15,6 +15,8 @@ import pytest
 
 from pipeline.cluster_watchdog import stop_marked
 
+pytestmark = pytest.mark.subprocess
+
 DRIVER = """
 import json, multiprocessing.util, os, sys, tempfile, time
 import ray

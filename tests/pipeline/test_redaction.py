@@ -59,6 +59,7 @@ def test_a_storage_error_names_the_endpoint_without_its_credentials(secret_endpo
     assert "cannot reach S3 endpoint http://***@127.0.0.1:" in str(err.value) and SECRET not in str(err.value)
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_the_console_of_a_failing_command_shows_no_credentials(secret_endpoint, tmp_path):
     elmo = str(Path(sys.executable).parent / "elmo")

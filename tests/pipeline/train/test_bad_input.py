@@ -46,11 +46,41 @@ def test_missing_shard(shards, tmp_path):
         prepare_run(cfg_for(shards, str(tmp_path / "run")))
 
 
-def test_shard_that_does_not_match_the_manifest(shards, tmp_path):
+def _bytes_read() -> int:
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def test_a_launch_reads_no_shard_bytes_on_the_driver(shards, tmp_path):
+    junk = os.urandom(1 << 20) * 16  # 16 MiB where each training shard was: not even a tar
+    train = json.loads(storage.read_bytes(os.path.join(shards, "manifest.json")))["shards"]["train"]
+    for entry in train:
+        storage.write_bytes(os.path.join(shards, entry["name"]), junk)
+    before = _bytes_read()
+    prepare_run(cfg_for(shards, str(tmp_path / "run"), "softmax.negatives=100"))
+    assert _bytes_read() - before < len(junk)  # the manifest, the vocabulary, the held-out split
+
+
+def test_a_damaged_shard_fails_the_run_in_the_worker_that_reads_it(shards, tmp_path):
+    import torch
+
+    from pipeline.train.trainer import Trainer
+
     first = storage.read_bytes(os.path.join(shards, "train-000000.tar"))
     storage.write_bytes(os.path.join(shards, "train-000001.tar"), first)
-    with pytest.raises(TrainError, match="train-000001.tar does not match manifest.json"):
-        prepare_run(cfg_for(shards, str(tmp_path / "run")))
+    cfg = cfg_for(
+        shards,
+        str(tmp_path / "run"),
+        "softmax.negatives=100",
+        "workers=1",
+        "max_steps=400",
+        "wandb.mode=disabled",
+    )
+    with pytest.raises(FormatError) as err:
+        Trainer(cfg, prepare_run(cfg), torch.device("cpu")).run()
+    assert str(err.value).startswith(
+        f"shard {os.path.join(shards, 'train-000001.tar')} is damaged or was replaced"
+    )
 
 
 def test_empty_split(shards, tmp_path):

@@ -113,10 +113,10 @@ def test_train_perplexity_falls_and_heldout_beats_half_the_unigram(trained):
     rows = read_metrics(os.path.join(run_dir, METRICS_FILE))
     train = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(10, STEPS + 1, 10))
-    assert train[-1]["train/perplexity"] < 0.5 * train[0]["train/perplexity"]
+    assert train[-1]["train/sampled_perplexity"] < 0.5 * train[0]["train/sampled_perplexity"]
     for r in train:
         assert r["train/tokens_per_s"] > 0 and 0 < r["train/mfu"] < 1.5
-        assert r["train/perplexity"] == pytest.approx(np.exp(r["train/loss"]), rel=1e-6)
+        assert r["train/sampled_perplexity"] == pytest.approx(np.exp(r["train/loss"]), rel=1e-6)
         # the rows exchange or, when it would move more (a small vocabulary), the dense all-reduce
         assert 0 < r["train/softmax_exchange_bytes"] <= r["train/softmax_dense_bytes"]
         # what the saves of steps 50 and 100 (after those steps' rows) cost the loop: in the next row
@@ -141,7 +141,7 @@ def test_wandb_offline_run_holds_the_logged_perplexities(trained):
     seen = 0
     for row in history:
         step = row["_step"]
-        for key in ("train/perplexity", "eval/perplexity", "eval/unigram_perplexity"):
+        for key in ("train/sampled_perplexity", "eval/perplexity", "eval/unigram_perplexity"):
             if key in row:
                 assert row[key] == pytest.approx(logged[step][key], rel=1e-6)
                 seen += 1
@@ -318,7 +318,7 @@ def test_killed_worker_restarts_from_checkpoint_on_s3(shards, s3_prefix, ray_loc
     # the offline wandb run of an s3 run directory is written locally, then uploaded at the end
     # (wandb runs in the workers only: it is never started in this test process)
     runs = [p for p in storage.list_prefix(storage.join(run_dir, "wandb") + "/") if p.endswith(".wandb")]
-    assert any(b"train/perplexity" in storage.read_bytes(p) for p in runs)
+    assert any(b"train/sampled_perplexity" in storage.read_bytes(p) for p in runs)
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(shards, tmp_path):

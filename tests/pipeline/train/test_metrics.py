@@ -5,7 +5,13 @@ import pytest
 import torch
 
 from pipeline import storage
-from pipeline.train.metrics import MetricsLog, measure_matmul_peak, plot_perplexity, read_metrics
+from pipeline.train.metrics import (
+    MetricsLog,
+    measure_matmul_peak,
+    perplexity_series,
+    plot_perplexity,
+    read_metrics,
+)
 
 
 def test_measured_peak_is_positive():
@@ -90,14 +96,15 @@ def test_rows_are_written_beside_the_loop_and_a_failed_write_is_raised_at_the_ne
     assert [r["step"] for r in read_metrics(log.path)][-1] == log.rows[-1]["step"]
 
 
-def test_plot_writes_a_png(tmp_path):
+def test_the_plot_shows_the_models_perplexities_and_marks_the_sampled_loss(tmp_path):
     rows = [
         {
             "kind": "train",
             "step": s,
-            "train/perplexity": 100 / s,
-            "train/perplexity_fwd": 101 / s,
-            "train/perplexity_bwd": 99 / s,
+            "train/sampled_perplexity": 100 / s,
+            "train/sampled_perplexity_fwd": 101 / s,
+            "train/sampled_perplexity_bwd": 99 / s,
+            **({"guard/perplexity_fwd": 300 / s, "guard/perplexity_bwd": 310 / s} if s > 1 else {}),
         }
         for s in (1, 2, 3)
     ]
@@ -111,6 +118,11 @@ def test_plot_writes_a_png(tmp_path):
             "eval/unigram_perplexity": 200.0,
         }
     )
+    series = {label: (steps, values) for label, steps, values, _, _ in perplexity_series(rows)}
+    assert series["held-out perplexity"] == ([3], [40.0])
+    assert series["held-out sample, full softmax, forward LM"] == ([2, 3], [150.0, 100.0])
+    assert series["exp(sampled-softmax training loss): not comparable"][0] == [1, 2, 3]
+    assert not any("perplexity" in label and "sampled" in label for label in series)  # never called one
     path = str(tmp_path / "plot.png")
     plot_perplexity(rows, path)
     with open(path, "rb") as f:

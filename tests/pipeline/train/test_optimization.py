@@ -133,6 +133,7 @@ def test_lr_lives_in_one_device_tensor_and_survives_a_checkpoint_of_the_unfused_
     assert float(p.detach()[0]) == pytest.approx(-0.2 / math.sqrt(2) - 0.05 / math.sqrt(3), rel=1e-6)
 
 
+@pytest.mark.subprocess
 def test_adagrad_cuda_kernel_under_the_triton_interpreter():
     pytest.importorskip("triton", reason="Triton is not installed (the Adagrad kernel is CUDA-only)")
     checks = Path(__file__).with_name("adagrad_kernel_checks.py")

@@ -12,8 +12,8 @@ def train_row(step: int, time: float) -> dict:
         "kind": "train",
         "step": step,
         "epoch": step / 100,
-        "train/perplexity_fwd": 812.25,
-        "train/perplexity_bwd": float("inf"),
+        "train/sampled_perplexity_fwd": 812.25,
+        "train/sampled_perplexity_bwd": float("inf"),
         "train/tokens_per_s": 12345.6,
         "train/mfu": 0.1234,
         "time": time,
@@ -33,7 +33,7 @@ EVAL = {
 def test_lines_say_step_rates_and_eta():
     lines = ProgressLines(total_steps=400)
     assert lines.lines(train_row(10, 5.0)) == [
-        "train step 10/400 (epoch 0.10) | perplexity fwd 812.2 bwd inf | 12,346 tok/s | MFU 12.34%"
+        "train step 10/400 (epoch 0.10) | sampled perplexity fwd 812.2 bwd inf | 12,346 tok/s | MFU 12.34%"
     ]
     # 10 steps took 20 s: 380 more take 760 s
     (line,) = lines.lines(train_row(20, 25.0))
