@@ -16,7 +16,8 @@ switch to close them: ``security.toml``'s ``[access] ui = false`` closes only th
 closed by the JWT keys) and ``[guard] white_list`` leaves them answering too (tried with weed 4.48).
 
 The keys and certificates live in the data dir (``security.toml``, ``grpc-*.pem``; mode 0600, new on
-each start). weed finds that ``security.toml`` first (``-config_dir``) and runs with ``HOME`` set to
+each start), and so do weed's logs (``tmp/weed.*``: ``-logdir`` and ``TMPDIR``); its unix sockets are
+weed's fixed ``/tmp/seaweedfs-*.sock``, removed when it stops. weed finds that ``security.toml`` first (``-config_dir``) and runs with ``HOME`` set to
 the data dir and no ``WEED_*`` variables, so neither ``~/.seaweedfs`` nor the environment changes it.
 A data dir this module creates is mode 0700, so other users cannot read the stored objects from disk.
 ``python -m pipeline.local_s3 --data-dir D`` runs one in the foreground.
@@ -249,9 +250,12 @@ def write_security(directory: str) -> str:
 
 def weed_env(home: str) -> dict[str, str]:
     """The environment for ``weed``: this one without ``WEED_*`` variables (they would override
-    ``security.toml``) and with ``HOME=home``, so no ``~/.seaweedfs/*.toml`` is read either."""
+    ``security.toml``), with ``HOME=home``, so no ``~/.seaweedfs/*.toml`` is read either, and with
+    ``TMPDIR`` inside ``home``: weed writes its logs (``weed.*``) and unix sockets there, which
+    would otherwise stay behind in /tmp after every start."""
     env = {name: value for name, value in os.environ.items() if not name.upper().startswith("WEED_")}
     env["HOME"] = home
+    env["TMPDIR"] = os.path.join(home, "tmp")
     return env
 
 
@@ -279,8 +283,13 @@ def mini_command(
         "volume.preStopSeconds": "0",
         **{name: str(port) for name, port in ports.items()},
     }
-    # -config_dir is weed's global flag: it goes before the command
-    return [weed, f"-config_dir={config_dir}", "mini", *(f"-{name}={value}" for name, value in flags.items())]
+    # -config_dir and -logdir are weed's global flags: they go before the command; its logs
+    # (weed.INFO, weed.WARNING, ...) would otherwise pile up in /tmp, one set per start
+    logs = os.path.join(config_dir, "tmp")
+    return [
+        weed, f"-config_dir={config_dir}", f"-logdir={logs}", "mini",
+        *(f"-{name}={value}" for name, value in flags.items()),
+    ]  # fmt: skip
 
 
 def choose_ports(s3_port: int | None = None) -> dict[str, int]:
@@ -393,6 +402,7 @@ class LocalS3Server:
     def _launch(self, weed: str, config_path: str) -> None:
         data = os.path.join(self.data_dir, "data")
         command = mini_command(weed, data, config_path, self.ports, config_dir=self.data_dir)
+        os.makedirs(weed_env(self.data_dir)["TMPDIR"], exist_ok=True)
         with open(self.log_path, "ab") as log:
             # its own process group, so stop() can end exactly what was started here; cwd is also a
             # place weed looks for *.toml: the data dir, like -config_dir

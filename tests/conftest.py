@@ -153,8 +153,15 @@ def home_state_in_tmp(tmp_path_factory):
     }
     values = {name: str(root / sub) for name, sub in names.items()}
     values["RAY_AUTH_MODE"] = "disabled"
-    previous = _set_env(values)
+    # every temporary file of this process and its children (wandb's service and media folders,
+    # CLI subprocesses) inside the session's tmp dir, which pytest removes at the end
+    scratch = root / "tmp"
+    scratch.mkdir()
+    values["TMPDIR"] = str(scratch)
+    previous, previous_tempdir = _set_env(values), tempfile.tempdir
+    tempfile.tempdir = str(scratch)
     yield root
+    tempfile.tempdir = previous_tempdir
     _set_env(previous)
 
 
@@ -208,7 +215,11 @@ def ray_local(s3_server, ray_temp_dir):
 
     if ray.is_initialized():
         raise RuntimeError("ray_local: Ray is already initialised by something else in this session")
-    wandb_key = _set_env({"WANDB_API_KEY": FAKE_WANDB_KEY})
+    # as an embedded cluster of the stages: its processes' temporary files (pymp-*, wandb's) go
+    # inside its temp dir, which the session removes
+    scratch = os.path.join(ray_temp_dir, "tmp")
+    os.makedirs(scratch, exist_ok=True)
+    wandb_key = _set_env({"WANDB_API_KEY": FAKE_WANDB_KEY, "TMPDIR": scratch})
     ray.init(
         num_cpus=2,
         # as an embedded cluster of the stages: the State API (dashboard) lets Ray Train's

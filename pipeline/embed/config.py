@@ -113,7 +113,8 @@ class EmbedConfig:
     """CPUs reserved per actor; torch in the actor uses this many threads (at least 1)."""
     readers: int = 0
     """Shards being read and prepared at once (decoding, tokenizing, character ids: the CPU side,
-    run as tasks beside the actors, ahead of them); 0: the cluster's CPUs not held by actors, at least 1."""
+    run as tasks beside the actors, ahead of them); 0: the cluster's CPUs not held by actors, at
+    least 1 and at most 8 per actor."""
     use_gpu: UseGPU = UseGPU.auto
     """``auto``: one GPU per actor when the cluster has GPUs; ``true``: require them; ``false``: CPU only."""
     gpu_share: float = 1.0

@@ -83,14 +83,25 @@ def check_capacity(cfg, workers: int, gpus: float, embedded: bool) -> None:
         raise EmbedError(str(err)) from None
 
 
+READERS_PER_ACTOR = 8
+"""Default cap on preparing tasks per model actor (``readers=0``)."""
+
+
+def default_readers(cluster_cpus: float, workers: int, cpus_per_worker: float) -> int:
+    """The CPUs ``workers`` actors leave of ``cluster_cpus``, at least 1, at most
+    ``READERS_PER_ACTOR`` per actor."""
+    free = int(cluster_cpus - workers * cpus_per_worker)
+    return max(1, min(free, READERS_PER_ACTOR * workers))
+
+
 def actor_pool(cfg, gpus: float) -> ActorPool:
     """The actors and readers of a run on the connected cluster (``readers=0``: the CPUs the
-    actors leave free now, at least 1)."""
+    actors leave free now, at least 1 and at most ``READERS_PER_ACTOR`` per actor: the tasks
+    reserve no CPU, so a large cluster's count would start that many processes)."""
     workers = 1 if cfg.stateful else cfg.workers
-    readers = cfg.readers
-    if not readers:
-        free = ray.cluster_resources().get("CPU", 0) - workers * cfg.cpus_per_worker
-        readers = max(1, int(free))
+    readers = cfg.readers or default_readers(
+        ray.cluster_resources().get("CPU", 0), workers, cfg.cpus_per_worker
+    )
     return ActorPool(workers, cfg.cpus_per_worker, gpus, readers, restartable=not ray_runtime.embedded())
 
 

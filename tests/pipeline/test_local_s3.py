@@ -186,7 +186,7 @@ def test_mini_command_binds_loopback_without_telemetry():
     ports = {"s3.port": 1111, "master.port": 2222}
     command = local_s3.mini_command("/bin/weed", "/d/data", "/d/s3.json", ports, config_dir="/d")
     # -config_dir (where security.toml is) is a global flag: before the command, or weed ignores it
-    assert command[:3] == ["/bin/weed", "-config_dir=/d", "mini"]
+    assert command[:4] == ["/bin/weed", "-config_dir=/d", "-logdir=/d/tmp", "mini"]
     for flag in (
         "-disableHttp=true",
         "-ip=127.0.0.1",
@@ -258,6 +258,9 @@ def test_server_lifecycle(tmp_path):
         # one private key on disk, the server's own: the CA's, which could sign another, is nowhere
         files = [f for f in (tmp_path / "srv").iterdir() if f.is_file()]
         assert [f.name for f in files if b"PRIVATE KEY" in f.read_bytes()] == ["grpc-key.pem"]
+        # weed's own logs stay in the data dir, not in the machine's /tmp
+        assert list((tmp_path / "srv" / "tmp").glob("weed.*"))
+        assert local_s3.weed_env(str(tmp_path / "srv"))["TMPDIR"] == str(tmp_path / "srv" / "tmp")
     assert not _port_open(port) and server.pid is None
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)

@@ -42,6 +42,7 @@ print(json.dumps({"restored": tempfile.gettempdir() == before and "TMPDIR" not i
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("ending", ["clean exit", "SIGKILL"])
 def test_an_embedded_cluster_keeps_its_temporary_files_in_its_own_folder(ending):
+    mine = tempfile.gettempdir()
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "TMPDIR")}
     proc = subprocess.Popen(
         [sys.executable, "-c", DRIVER, "exit" if ending == "clean exit" else "wait"],
@@ -69,4 +70,4 @@ def test_an_embedded_cluster_keeps_its_temporary_files_in_its_own_folder(ending)
             proc.kill()
             proc.wait()
         stop_marked(started["marker"], grace=1.0)
-    assert tempfile.gettempdir() == "/tmp"  # this process untouched
+    assert tempfile.gettempdir() == mine  # this process untouched

@@ -13,7 +13,7 @@ from pipeline.embed.config import EmbedConfig
 from pipeline.embed.dataflow import ActorPool, build_dataset
 from pipeline.embed.inputs import plan_shards
 from pipeline.embed.model_files import resolve_model
-from pipeline.embed.runner import actor_pool, settings_for
+from pipeline.embed.runner import actor_pool, default_readers, settings_for
 
 
 def _config(**overrides) -> EmbedConfig:
@@ -50,7 +50,14 @@ def test_readers_take_the_cpus_the_actors_leave(ray_local):
     assert actor_pool(_config(workers=2), 0.0).readers == 1  # none left: still one, reserving no CPU
     assert actor_pool(_config(workers=1, cpus_per_worker=0.5), 0.0).readers == 1
     assert actor_pool(_config(workers=2, readers=5), 0.0).readers == 5
+    assert actor_pool(_config(workers=2, readers=50), 0.0).readers == 50  # asked for: as asked
     assert (
         actor_pool(_config(workers=2, stateful=True, stateful_batch_size=8, lines_per_shard=8), 0.0).workers
         == 1
     )
+
+
+def test_default_readers_fill_the_free_cpus_up_to_eight_per_actor():
+    assert default_readers(16, 1, 2) == 8  # a 16-core GPU node, one actor of 2 CPUs: 14 free, 8 per actor
+    assert default_readers(1024, 2, 1) == 16  # a large cluster: not a thousand processes
+    assert default_readers(2, 2, 1) == 1 and default_readers(4, 1, 1) == 3
