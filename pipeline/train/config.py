@@ -172,7 +172,10 @@ class TrainConfig:
     eval_batch_size: int = 256
     """Rows of the held-out evaluation (bilm-tf run_test: 256)."""
     eval_max_batches: int = 0
-    """Score at most this many held-out batches; 0 = the whole held-out split."""
+    """Score at most this many held-out batches at the end of the run; 0 = the whole held-out split."""
+    eval_interval_batches: int = 100
+    """Held-out batches scored by each evaluation during the run (``eval_every``): the same first N
+    of the split every time, so its cost stays fixed however large the corpus; 0 = as at the end."""
     log_every: int = 100
     """Training metrics every N steps."""
     checkpoint_every: int = 1250
@@ -203,6 +206,13 @@ class TrainConfig:
             [
                 *((key, getattr(self, key), getattr(self, key) >= 1, ">= 1") for key in _AT_LEAST_ONE),
                 ("max_steps", self.max_steps, self.max_steps >= 0, ">= 0 (0: n_epochs epochs)"),
+                ("eval_max_batches", self.eval_max_batches, self.eval_max_batches >= 0, ">= 0 (0: all)"),
+                (
+                    "eval_interval_batches",
+                    self.eval_interval_batches,
+                    self.eval_interval_batches >= 0,
+                    ">= 0 (0: as eval_max_batches)",
+                ),
                 seed_rule(self.seed),
                 ("dropout", self.dropout, 0 <= self.dropout < 1, "in [0, 1)"),
                 ("softmax.negatives", self.softmax.negatives, self.softmax.negatives >= 1, ">= 1"),

@@ -10,6 +10,7 @@ their ``HeldoutSums`` add up.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -129,13 +130,26 @@ class Evaluator:
         """An evaluation inside the run (the end-of-run one is `run`'s caller's)."""
         return self.cfg.eval_every and step % self.cfg.eval_every == 0 and not last_step
 
-    def run(self, lm: TrainingLM, softmax: SharedSoftmax, device: torch.device, autocast_dtype) -> dict:
-        """``eval/perplexity{,_fwd,_bwd}``, ``eval/unigram_perplexity``, ``eval/batches`` (all ranks)."""
-        cfg = self.cfg
-        max_batches = -(-cfg.eval_max_batches // self.world) if cfg.eval_max_batches else 0
+    def run(
+        self, lm: TrainingLM, softmax: SharedSoftmax, device: torch.device, autocast_dtype, final: bool = True
+    ) -> dict:
+        """``eval/perplexity{,_fwd,_bwd}``, ``eval/unigram_perplexity``, ``eval/batches`` and
+        ``eval/seconds`` (all ranks). ``final``: the end-of-run evaluation (``eval_max_batches``);
+        otherwise one during the run (``eval_interval_batches``, a fixed sample)."""
+        started = time.perf_counter()
+        limit = eval_batches(self.cfg, final)
+        max_batches = -(-limit // self.world) if limit else 0
         result = heldout_perplexities(lm, softmax, self.batches(), device, autocast_dtype, max_batches)
         result["eval/unigram_perplexity"] = self.unigram
+        result["eval/seconds"] = time.perf_counter() - started
         return result
+
+
+def eval_batches(cfg: Any, final: bool) -> int:
+    """Held-out batches an evaluation scores (0: all): ``eval_max_batches`` at the end of the run;
+    during it the smaller of that and ``eval_interval_batches`` (either 0 means no limit of its own)."""
+    limits = [cfg.eval_max_batches] if final else [cfg.eval_max_batches, cfg.eval_interval_batches]
+    return min((n for n in limits if n > 0), default=0)
 
 
 def heldout_perplexities(

@@ -52,10 +52,13 @@ class ProgressLines:
         if row.get("kind") == "train":
             return self._train(row)
         if row.get("kind") == "eval":
+            scope = ""
+            if "eval/batches" in row and "eval/seconds" in row:
+                scope = f" [{row['eval/batches']} batches, {row['eval/seconds']:.1f} s]"
             return [
                 f"eval  step {row['step']}/{self.total_steps}: held-out perplexity "
                 f"{_ppl(row['eval/perplexity'])} (fwd {_ppl(row['eval/perplexity_fwd'])}, "
-                f"bwd {_ppl(row['eval/perplexity_bwd'])}; unigram {_ppl(row['eval/unigram_perplexity'])})"
+                f"bwd {_ppl(row['eval/perplexity_bwd'])}; unigram {_ppl(row['eval/unigram_perplexity'])}){scope}"
             ]
         if row.get("kind") == "guard":
             return [f"guard step {row['step']}/{self.total_steps}: {row['message']} [{row['action']}]"]

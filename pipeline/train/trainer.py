@@ -520,9 +520,9 @@ class Trainer:
             f"checkpoint is {latest_checkpoint(self.plan.run_dir) or 'none'}",
         }
 
-    def evaluate(self) -> dict:
+    def evaluate(self, final: bool = True) -> dict:
         runner = self.runner
-        return self.evaluator.run(runner.lm, runner.softmax, self.device, runner.autocast_dtype)
+        return self.evaluator.run(runner.lm, runner.softmax, self.device, runner.autocast_dtype, final)
 
     def _train_row(self, out: StepResult, steps_timed: int, compute: float, elapsed: float) -> dict:
         cfg = self.cfg
@@ -618,7 +618,7 @@ class Trainer:
                     window = time.perf_counter()
                     continue
             if due[1]:
-                log.emit({"kind": "eval", "step": self.step, **self.evaluate()})
+                log.emit({"kind": "eval", "step": self.step, **self.evaluate(final=False)})
             if self.checkpointer.save(self.step, last):
                 log.save_tracking()  # the wandb history reaches an s3 run directory with each checkpoint
             window = time.perf_counter()  # evaluation and checkpoints are not training time

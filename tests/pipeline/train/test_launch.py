@@ -408,3 +408,24 @@ def test_a_full_disk_during_a_checkpoint_is_named_and_not_retried(shards, small_
     message = str(err.value)
     assert "no space left on the filesystem mounted at" in message and str(small_filesystem) in message
     assert message.endswith("(not retried: it would fail again)") and "\n" not in message
+
+
+def test_evaluations_during_the_run_score_a_fixed_sample_and_the_last_one_all(
+    shards, tmp_path, single_thread
+):
+    run_dir = tmp_path / "run"
+    overrides = ["workers=1", "max_steps=4", "eval_every=2", "log_every=2", "checkpoint_every=4"]
+    cfg = tiny(
+        shards,
+        str(run_dir),
+        *overrides,
+        "eval_batch_size=16",
+        "eval_interval_batches=2",
+        "wandb.mode=disabled",
+    )
+    assert Trainer(cfg, prepare_run(cfg), torch.device("cpu")).run()["status"] == "done"
+    evals = [r for r in read_metrics(str(run_dir / METRICS_FILE)) if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [2, 4]
+    assert evals[0]["eval/batches"] == 2  # the first two batches of the split, whatever its size
+    assert evals[1]["eval/batches"] > 10  # the end of the run: all of HELDOUT=300 sentences
+    assert all(r["eval/seconds"] > 0 for r in evals)

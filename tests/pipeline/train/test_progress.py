@@ -117,3 +117,10 @@ def test_follower_fetches_only_what_was_added_and_rereads_a_changed_file(tmp_pat
     follower.print_new()
     assert sum(fetched) > size  # read again from the start
     assert printed[-1].startswith("eval  step 20/400") and len(printed) == 21  # nothing twice
+
+
+def test_an_evaluation_says_how_much_it_scored_and_how_long_it_took():
+    row = {**EVAL, "eval/batches": 7, "eval/seconds": 12.34}
+    assert ProgressLines(total_steps=400).lines(row) == [
+        "eval  step 20/400: held-out perplexity 120.5 (fwd 119.0, bwd 122.0; unigram 346.1) [7 batches, 12.3 s]"
+    ]
