@@ -156,6 +156,15 @@ def build_batch(sentences: Sequence[Sequence[str]], plan: BucketPlan) -> StaticB
     return StaticBatch(chars, positions, reverse_positions(lengths, steps), lengths, len(sentences))
 
 
+def build_passes(sentences: Sequence[Sequence[str]], plan: BucketPlan) -> list[tuple[list[int], StaticBatch]]:
+    """``sentences`` (non-empty token lists) as ``plan``'s passes: (indices into ``sentences``, the
+    pass's arrays) per pass, shortest first."""
+    return [
+        (indices, build_batch([sentences[i] for i in indices], plan))
+        for indices in plan_batches([len(s) for s in sentences], plan)
+    ]
+
+
 def reverse_positions(lengths: np.ndarray, steps: int) -> np.ndarray:
     """(R,) lengths -> (R, T) index reversing each row within its length (padding stays put)."""
     t = np.arange(steps, dtype=np.int64)[None, :]

@@ -248,14 +248,19 @@ def write_security(directory: str) -> str:
     return write_private(os.path.join(directory, SECURITY_FILE), security_config(ca, cert, key))
 
 
+def weed_tmp(home: str) -> str:
+    """Where weed writes its logs (``weed.*``) and temporary files: inside ``home`` (the data dir),
+    not /tmp, where they would stay behind after every start."""
+    return os.path.join(home, "tmp")
+
+
 def weed_env(home: str) -> dict[str, str]:
     """The environment for ``weed``: this one without ``WEED_*`` variables (they would override
     ``security.toml``), with ``HOME=home``, so no ``~/.seaweedfs/*.toml`` is read either, and with
-    ``TMPDIR`` inside ``home``: weed writes its logs (``weed.*``) and unix sockets there, which
-    would otherwise stay behind in /tmp after every start."""
+    ``TMPDIR`` at ``weed_tmp(home)``."""
     env = {name: value for name, value in os.environ.items() if not name.upper().startswith("WEED_")}
     env["HOME"] = home
-    env["TMPDIR"] = os.path.join(home, "tmp")
+    env["TMPDIR"] = weed_tmp(home)
     return env
 
 
@@ -283,11 +288,9 @@ def mini_command(
         "volume.preStopSeconds": "0",
         **{name: str(port) for name, port in ports.items()},
     }
-    # -config_dir and -logdir are weed's global flags: they go before the command; its logs
-    # (weed.INFO, weed.WARNING, ...) would otherwise pile up in /tmp, one set per start
-    logs = os.path.join(config_dir, "tmp")
+    # -config_dir and -logdir are weed's global flags: they go before the command
     return [
-        weed, f"-config_dir={config_dir}", f"-logdir={logs}", "mini",
+        weed, f"-config_dir={config_dir}", f"-logdir={weed_tmp(config_dir)}", "mini",
         *(f"-{name}={value}" for name, value in flags.items()),
     ]  # fmt: skip
 
@@ -402,7 +405,8 @@ class LocalS3Server:
     def _launch(self, weed: str, config_path: str) -> None:
         data = os.path.join(self.data_dir, "data")
         command = mini_command(weed, data, config_path, self.ports, config_dir=self.data_dir)
-        os.makedirs(weed_env(self.data_dir)["TMPDIR"], exist_ok=True)
+        env = weed_env(self.data_dir)
+        os.makedirs(env["TMPDIR"], exist_ok=True)
         with open(self.log_path, "ab") as log:
             # its own process group, so stop() can end exactly what was started here; cwd is also a
             # place weed looks for *.toml: the data dir, like -config_dir
@@ -412,7 +416,7 @@ class LocalS3Server:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=self.data_dir,
-                env=weed_env(self.data_dir),
+                env=env,
                 start_new_session=True,
             )
 

@@ -94,26 +94,28 @@ EMBEDDED_DEFAULTS = {
 
 
 TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+"""Without ``RAY_AUTH_MODE`` a new local cluster turns token authentication on (a token in
+``~/.ray/auth_token``) and says so in a WARNING line that users read as a fault; the choice is the
+right one for a cluster on this machine, so this logger is quieted while it starts. (Setting the
+mode in the environment instead would leave this process's cached Ray config behind it.)"""
 
 
 @contextmanager
-def _quiet_token_auth_notice() -> Iterator[None]:
-    """Without ``RAY_AUTH_MODE`` a new local cluster turns token authentication on (a token in
-    ``~/.ray/auth_token``) and says so in a WARNING line that users read as a fault; the choice is the
-    right one for a cluster on this machine, so that one logger is quieted while it starts. (Setting
-    the mode in the environment instead would leave this process's cached Ray config behind it.)"""
-    logger = logging.getLogger(TOKEN_AUTH_LOGGER)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+def logger_level(name: str, level: int) -> Iterator[None]:
+    """Logger ``name`` at ``level`` for the body, as it was afterwards: one of Ray's loggers whose
+    lines at a lower level are noise where they come (the stages quiet nothing else)."""
+    logger = logging.getLogger(name)
+    previous = logger.level
+    logger.setLevel(level)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        logger.setLevel(previous)
 
 
-def _embedded_environment(temp_dir: str) -> dict[str, str | None]:
+def _embedded_environment(temp_dir: str) -> tuple[dict[str, str | None], str | None]:
     """Set the environment an embedded cluster starts with (inherited by every process Ray starts);
-    returns what to restore. ``TMPDIR`` points into the cluster's own temp dir: Python's ``pymp-*``
+    returns what to restore (the variables, ``tempfile.tempdir``). ``TMPDIR`` points into the cluster's own temp dir: Python's ``pymp-*``
     folders of Ray's dashboard processes, wandb's temporary folders and Ray Train's storage folder
     go when the cluster goes, with its temp dir, even after a SIGKILL of the driver (the watchdog
     removes it)."""
@@ -123,16 +125,15 @@ def _embedded_environment(temp_dir: str) -> dict[str, str | None]:
     wanted |= {name: value for name, value in EMBEDDED_DEFAULTS.items() if name not in os.environ}
     saved = {name: os.environ.get(name) for name in wanted}
     os.environ.update(wanted)
-    saved["tempfile.tempdir"] = tempfile.tempdir
-    tempfile.tempdir = scratch
-    return saved
+    saved_tempdir, tempfile.tempdir = tempfile.tempdir, scratch
+    return saved, saved_tempdir
 
 
-def _restore_environment(saved: dict[str, str | None] | None) -> None:
+def _restore_environment(saved: tuple[dict[str, str | None], str | None] | None) -> None:
     if saved is None:
         return
-    tempfile.tempdir = saved.pop("tempfile.tempdir")
-    for name, value in saved.items():
+    variables, tempfile.tempdir = saved
+    for name, value in variables.items():
         if value is None:
             os.environ.pop(name, None)
         else:
@@ -167,7 +168,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
             saved_env = _embedded_environment(watchdog.temp_dir)
             try:
                 dashboard = _dashboard_installed()
-                with _quiet_token_auth_notice():
+                with logger_level(TOKEN_AUTH_LOGGER, logging.ERROR):
                     context = ray.init(
                         num_cpus=num_cpus,
                         # Ray Train's placement-group cleaner asks the State API (served by the

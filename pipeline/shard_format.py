@@ -259,7 +259,8 @@ class _HashingReader(io.RawIOBase):
         data = self.raw.read(size)
         self.digest.update(data)
         self.size += len(data)
-        self.tail = (self.tail + data)[-self.TAIL :]
+        # the last TAIL bytes, without copying a large read whole
+        self.tail = data[-self.TAIL :] if len(data) >= self.TAIL else (self.tail + data)[-self.TAIL :]
         return data
 
     def readinto(self, buffer) -> int:

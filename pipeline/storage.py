@@ -785,6 +785,13 @@ def list_prefix(prefix: str | os.PathLike) -> list[str]:
     return _backend(prefix).list_prefix(prefix)
 
 
+def list_names(folder: str | os.PathLike) -> list[str]:
+    """The files under the folder/prefix ``folder`` (recursive), as sorted ``/``-separated paths
+    relative to it; a missing folder lists as empty."""
+    prefix = _path(folder).rstrip("/") + "/"
+    return [path[len(prefix) :].replace(os.sep, "/") for path in list_prefix(prefix)]
+
+
 def expand(pattern_or_paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
     """Sorted, de-duplicated paths from a glob, a path, or a list of them.
 

@@ -215,11 +215,8 @@ def ray_local(s3_server, ray_temp_dir):
 
     if ray.is_initialized():
         raise RuntimeError("ray_local: Ray is already initialised by something else in this session")
-    # as an embedded cluster of the stages: its processes' temporary files (pymp-*, wandb's) go
-    # inside its temp dir, which the session removes
-    scratch = os.path.join(ray_temp_dir, "tmp")
-    os.makedirs(scratch, exist_ok=True)
-    wandb_key = _set_env({"WANDB_API_KEY": FAKE_WANDB_KEY, "TMPDIR": scratch})
+    # its processes' temporary files go where this session's do (TMPDIR: home_state_in_tmp)
+    wandb_key = _set_env({"WANDB_API_KEY": FAKE_WANDB_KEY})
     ray.init(
         num_cpus=2,
         # as an embedded cluster of the stages: the State API (dashboard) lets Ray Train's

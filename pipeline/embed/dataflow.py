@@ -38,6 +38,7 @@ from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.model_files import ModelSource
 from pipeline.embed.shard_work import WorkSettings, prepare_shard
+from pipeline.ray_runtime import logger_level
 
 
 @dataclass(frozen=True)
@@ -58,32 +59,20 @@ class ActorPool:
 @contextmanager
 def _data_context(preserve_order: bool) -> Iterator[None]:
     ctx = DataContext.get_current()
-    logger = logging.getLogger("ray.data")
-    saved = (
-        ctx.execution_options.preserve_order,
-        ctx.enable_progress_bars,
-        ctx.print_on_execution_start,
-        logger.level,
-    )
+    saved = (ctx.execution_options.preserve_order, ctx.enable_progress_bars, ctx.print_on_execution_start)
     ctx.execution_options.preserve_order = preserve_order
     ctx.enable_progress_bars = False  # the stage draws its own bar
     ctx.print_on_execution_start = False
-    logger.setLevel(logging.WARNING)  # per-dataset INFO lines would interleave with the bar
-    # Ray Data warns that its bars are off ("To enable, set ..."): they are off on purpose
-    progress_logger = logging.getLogger("ray.data._internal.progress")
-    progress_level = progress_logger.level
-    progress_logger.setLevel(logging.ERROR)
     try:
-        yield
+        # per-dataset INFO lines would interleave with the bar; and Ray Data warns that its bars
+        # are off ("To enable, set ..."): they are off on purpose
+        with (
+            logger_level("ray.data", logging.WARNING),
+            logger_level("ray.data._internal.progress", logging.ERROR),
+        ):
+            yield
     finally:
-        progress_logger.setLevel(progress_level)
-        (
-            ctx.execution_options.preserve_order,
-            ctx.enable_progress_bars,
-            ctx.print_on_execution_start,
-            level,
-        ) = saved
-        logger.setLevel(level)
+        ctx.execution_options.preserve_order, ctx.enable_progress_bars, ctx.print_on_execution_start = saved
 
 
 def prepare_rows(batch: dict[str, np.ndarray], settings: WorkSettings) -> dict[str, list]:

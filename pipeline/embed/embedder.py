@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from elmo_model import BiLM, batch_to_ids
-from elmo_model.static_batches import BucketPlan, StaticBatch, build_batch, plan_batches, split_rows
+from elmo_model.static_batches import BucketPlan, StaticBatch, build_passes, split_rows
 from elmo_model.static_inference import OutputSpec, StaticInference
 from pipeline.embed import batching
 from pipeline.embed.errors import WORKER_ERRORS, EmbedError
@@ -106,11 +106,7 @@ class SentenceEncoder:
         passes in a CPU operator instead)."""
         if self.static is None:
             return self._stateful(pieces)
-        plan = bucket_plan(self.settings, self.device.type)
-        passes = [
-            (i, build_batch([pieces[k] for k in i], plan))
-            for i in plan_batches([len(p) for p in pieces], plan)
-        ]
+        passes = build_passes(pieces, bucket_plan(self.settings, self.device.type))
         return self.run_passes(passes, len(pieces))
 
     def run_passes(self, passes: Sequence[tuple[list[int], StaticBatch]], count: int) -> list[np.ndarray]:

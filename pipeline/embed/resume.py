@@ -55,7 +55,7 @@ def check_output(output: str, folder: str, single: bool, overwrite: bool) -> Non
 def check_single_file(output: str, overwrite: bool) -> None:
     """Single-file mode: refuse an ``output`` that is a folder, or that exists unless ``overwrite``
     (EmbedError, one line). The parts folder is checked by :func:`check_own_folder`."""
-    if (not storage.is_s3(output) and os.path.isdir(output)) or _names_under(output):
+    if (not storage.is_s3(output) and os.path.isdir(output)) or storage.list_names(output):
         raise EmbedError(
             f"output {output} is a folder, not a file; name a new .hdf5 file, or the folder without the suffix"
         )
@@ -65,16 +65,10 @@ def check_single_file(output: str, overwrite: bool) -> None:
         )
 
 
-def _names_under(output: str) -> list[str]:
-    """The files under the folder/prefix ``output``, as ``/``-separated paths relative to it."""
-    prefix = output.rstrip("/") + "/"
-    return [path[len(prefix) :].replace(os.sep, "/") for path in storage.list_prefix(prefix)]
-
-
 def check_own_folder(output: str) -> None:
     """Refuse a folder/prefix that holds files this stage did not write, or its files without the
     ``_progress/run.json`` that makes them a resumable run. New or empty: fine."""
-    names = _names_under(output)
+    names = storage.list_names(output)
     if not names:
         return
     if manifest.MANIFEST_FILE in names:
@@ -143,7 +137,7 @@ def taken_back_on_failure(output: str) -> Iterator[ClaimGuard]:
 
 def _withdraw_claim(output: str) -> None:
     try:
-        if _names_under(output) == [f"{manifest.PROGRESS_DIR}/{manifest.RUN_FILE}"]:
+        if storage.list_names(output) == [f"{manifest.PROGRESS_DIR}/{manifest.RUN_FILE}"]:
             storage.delete(manifest.run_path(output))
     except storage.StorageError:
         pass  # the run's own error matters more; the claim only stays behind

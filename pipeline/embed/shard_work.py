@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from elmo_model.static_batches import BucketPlan, StaticBatch, build_batch, plan_batches
+from elmo_model.static_batches import BucketPlan, StaticBatch, build_passes
 from pipeline.embed.errors import WORKER_ERRORS, EmbedError
 from pipeline.embed.inputs import ShardSpec, read_lines
 from pipeline.embed.sentences import PreparedLines, prepare_lines
@@ -100,8 +100,7 @@ def work_from_lines(
     if settings.stateful:
         work.pieces = flat
     else:
-        for indices in plan_batches(work.sizes, settings.plan):
-            work.passes.append((indices, build_batch([flat[i] for i in indices], settings.plan)))
+        work.passes = build_passes(flat, settings.plan)
     return work
 
 

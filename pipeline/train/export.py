@@ -96,9 +96,7 @@ def check_export_folder(out_dir: str, overwrite: bool) -> None:
     """Refuse (TrainError, one line) an ``out_dir`` holding files other than an export's own four
     unless ``overwrite``: ``elmo export`` must not replace a user's ``options.json`` in a folder of
     other files. A new or empty folder, or an earlier export, is fine."""
-    prefix = out_dir.rstrip("/") + "/"
-    names = sorted(path[len(prefix) :].replace(os.sep, "/") for path in storage.list_prefix(prefix))
-    foreign = [name for name in names if name not in EXPORT_FILES]
+    foreign = [name for name in storage.list_names(out_dir) if name not in EXPORT_FILES]
     if foreign and not overwrite:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise TrainError(

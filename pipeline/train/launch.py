@@ -50,8 +50,7 @@ def _check_shards(shards: str, manifest: dict) -> None:
     requests on S3 however many shards). The shards' bytes are not read here: each worker checks a
     shard's sha256 as it streams it (``shard_reading.read_shard_sentences``), so a launch or resume
     costs the same at 10M tokens as at a billion."""
-    prefix = shards.rstrip("/") + "/"
-    present = {path[len(prefix) :] for path in storage.list_prefix(prefix)}
+    present = set(storage.list_names(shards))
     for split in shard_format.SPLITS:
         entries = manifest["shards"][split]
         if not entries or manifest["totals"][split]["tokens"] <= 0:

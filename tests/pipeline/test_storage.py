@@ -146,6 +146,13 @@ def test_list_prefix(root):
     assert storage.list_prefix(join(root, "a")) == [join(root, n) for n in ["a/1", "a/2", "a/sub/3", "ab/4"]]
     assert storage.list_prefix(root) == [join(root, n) for n in ["a/1", "a/2", "a/sub/3", "ab/4", "b/5"]]
     assert storage.list_prefix(join(root, "missing/")) == []
+    # a folder's own files, named relative to it ("ab/4" is not under "a")
+    assert (
+        storage.list_names(join(root, "a"))
+        == ["1", "2", "sub/3"]
+        == storage.list_names(join(root, "a") + "/")
+    )
+    assert storage.list_names(join(root, "missing")) == []
 
 
 def test_exists_and_delete(root):

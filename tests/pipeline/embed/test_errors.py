@@ -86,28 +86,16 @@ def test_missing_input_and_bad_settings(tmp_path, corpus, capsys):
         capsys, *_model_args(), "--input", corpus, "--output", str(tmp_path / "o"), "layers=middle"
     )
     assert code == 2 and line == "error: config key 'layers' must be one of all, top, average, got 'middle'"
-    code, line = _run(
-        capsys,
-        *_model_args(),
-        "--input",
-        corpus,
-        "--output",
-        str(tmp_path / "o"),
-        "--stateful",
-        "lines_per_shard=100",
-    )
-    assert code == 2 and "must be a multiple of stateful_batch_size (64)" in line
-    code, line = _run(
-        capsys,
-        *_model_args(),
-        "--input",
-        corpus,
-        "--output",
-        str(tmp_path / "o"),
-        "--stateful",
-        "precision=bf16",
-    )
-    assert code == 2 and "stateful mode computes in float32 only (precision=bf16" in line
+    stateful_refusals = {
+        "lines_per_shard=100": "must be a multiple of stateful_batch_size (64)",
+        "precision=bf16": "stateful mode computes in float32 only (precision=bf16",
+    }
+    for override, message in stateful_refusals.items():
+        output = str(tmp_path / "o")
+        code, line = _run(
+            capsys, *_model_args(), "--input", corpus, "--output", output, "--stateful", override
+        )
+        assert code == 2 and message in line
     for share in ("0", "1.5"):
         code, line = _run(
             capsys, *_model_args(), "--input", corpus, "--output", str(tmp_path / "o"), f"gpu_share={share}"
