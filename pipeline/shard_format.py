@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
 SPECIALS = (BOS, EOS, UNK)
+BOS_ID, EOS_ID, UNK_ID = range(len(SPECIALS))
+"""Vocabulary ids of ``<S>``, ``</S>``, ``<UNK>``: every vocabulary starts with the three specials."""
 """The first three vocabulary lines, in this order (bilm-tf's vocabulary format)."""
 
 SPLITS = ("train", "heldout")

@@ -38,6 +38,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import ray
 from ray.exceptions import RayTaskError
 
@@ -61,18 +62,19 @@ from pipeline.shard.progress import Progress, summary
 from pipeline.shard.reader import iter_chunks, resolve_inputs
 from pipeline.shard.resume import chunk_sources, inspect_output, is_complete, output_prefix, read_vocabulary
 from pipeline.shard.sentences import LineStats, Sentences
-from pipeline.shard.vocabulary import TokenCounts, build_vocabulary
+from pipeline.shard.vocabulary import TokenCounts, Vocabulary, build_vocabulary
 from pipeline.shard.writer import ShardRecord, build_shard, describe_shard
 from pipeline.shard_format import (
     COUNTS_FILE,
     MANIFEST_FILE,
     SPLITS,
-    UNK,
+    UNK_ID,
     VOCAB_FILE,
     FormatError,
     shard_name,
 )
 from pipeline.stage_result import StageResult
+from pipeline.unigram import training_target_counts, unigram_log_probs
 
 KEEP_MIN_BYTES = 100 * 1024
 """A counting task's tokenized chunk is kept for the writing pass only from this size on. Ray
@@ -112,18 +114,26 @@ def _count_task(chunk, settings):
 
 @dataclass(frozen=True)
 class _ShardOutput:
-    """Where and how this run writes its shards (the same for every shard)."""
+    """Where and how this run writes its shards (the same for every shard). ``unigram_box``: the
+    ObjectRef of the training unigram's log-probabilities (boxed: only held-out writers fetch it),
+    which score each held-out shard for the manifest (pipeline.unigram)."""
 
     output: str
     seed: int
     block_tokens: int
     unk_id: int
+    unigram_box: list
 
     def write(self, key: tuple[str, int], pieces) -> dict[tuple[str, int], ShardRecord]:
         split, shard = key
         name = shard_name(split, shard)
         path = storage.join(self.output, name)
-        return {key: build_shard(path, name, pieces, split, shard, self.seed, self.block_tokens, self.unk_id)}
+        log_probs = ray.get(self.unigram_box[0]) if split == "heldout" else None
+        return {
+            key: build_shard(
+                path, name, pieces, split, shard, self.seed, self.block_tokens, self.unk_id, log_probs
+            )
+        }
 
 
 @dataclass(frozen=True)
@@ -171,9 +181,10 @@ def _write_task(out, key, *pieces):
 
 
 @ray.remote
-def _describe_task(path, name, unk_id):
+def _describe_task(path, name, unk_id, unigram_box):
+    log_probs = ray.get(unigram_box[0]) if name.startswith("heldout") else None
     try:
-        return describe_shard(path, name, unk_id)
+        return describe_shard(path, name, unk_id, log_probs)
     except FormatError:
         return None  # not a readable shard: rewrite it
 
@@ -288,7 +299,9 @@ def _shard_keys(layouts: dict[str, SplitLayout], chunk_index: int) -> list[tuple
     return [(split, s) for split in SPLITS for s in layouts[split].chunk_shards[chunk_index]]
 
 
-def _reusable_shards(run: _ShardRun, layouts, manifest, unk_id) -> dict[tuple[str, int], ShardRecord]:
+def _reusable_shards(
+    run: _ShardRun, layouts, manifest, out: _ShardOutput
+) -> dict[tuple[str, int], ShardRecord]:
     """Shards an interrupted run with this identity already wrote (read back and described).
 
     Only reached when the output's plan or manifest has this run's identity, and the content of
@@ -312,12 +325,12 @@ def _reusable_shards(run: _ShardRun, layouts, manifest, unk_id) -> dict[tuple[st
             name = shard_name(split, shard)
             path = storage.join(run.output, name)
             if path in present:
-                window.add(_describe_task.remote(path, name, unk_id), tag=(split, shard))
+                window.add(_describe_task.remote(path, name, out.unk_id, out.unigram_box), tag=(split, shard))
     window.drain()
     return found
 
 
-def _write(run: _ShardRun, chunks, vocab, layouts, done, kept, progress: Progress):
+def _write(run: _ShardRun, out: _ShardOutput, chunks, vocab, layouts, done, kept, progress: Progress):
     """The writing pass; returns the records of the shards it wrote. ``kept``: chunk index ->
     ObjectRef of the counting pass's tokenized chunk (emptied as they are used)."""
     needed = {(split, s) for split in SPLITS for s in range(layouts[split].num_shards)} - set(done)
@@ -327,7 +340,6 @@ def _write(run: _ShardRun, chunks, vocab, layouts, done, kept, progress: Progres
         for shard, chunk_list in enumerate(layouts[split].shard_chunks())
     }
     vocab_box = [ray.put(vocab.tokens)]  # boxed: tasks fetch it only when their index cache misses
-    out = _ShardOutput(run.output, run.config["seed"], run.config["block_tokens"], vocab.index[UNK])
     written: dict[tuple[str, int], ShardRecord] = {}
 
     def finished(_, records: dict[tuple[str, int], ShardRecord]):
@@ -427,10 +439,13 @@ def _run_shard(config: dict) -> StageResult:
             }
             storage.write_bytes(storage.join(output, PLAN_FILE), encode_json(plan))
         layouts = _layouts(chunks, config["shard_tokens"])
-        done = _reusable_shards(run, layouts, manifest, vocab.index[UNK])
+        out = _ShardOutput(
+            output, config["seed"], config["block_tokens"], UNK_ID, [ray.put(_unigram(chunks, vocab))]
+        )
+        done = _reusable_shards(run, layouts, manifest, out)
         total_tokens = sum(layouts[s].total_tokens for s in SPLITS)
         progress = Progress("shard: writing", config["progress"])
-        written = _write(run, chunks, vocab, layouts, done, kept, progress)
+        written = _write(run, out, chunks, vocab, layouts, done, kept, progress)
         progress.close()
     records = {**done, **written}
     shards = {split: [records[(split, s)] for s in range(layouts[split].num_shards)] for split in SPLITS}
@@ -443,6 +458,15 @@ def _run_shard(config: dict) -> StageResult:
     seconds = time.perf_counter() - started
     print(summary(manifest, seconds, output, reused=len(done)))
     return StageResult("shard", output, seconds, total_tokens, details={"manifest": manifest})
+
+
+def _unigram(chunks: Sequence[ChunkSummary], vocab: Vocabulary) -> np.ndarray:
+    """The training unigram's log-probabilities, float64 ``(V,)``, from the counting pass."""
+    total = LineStats()
+    for chunk in chunks:
+        total.add(chunk.stats)
+    counts = np.asarray(vocab.counts, dtype=np.int64)
+    return unigram_log_probs(training_target_counts(counts, total.train_sentences, total.train_tokens))
 
 
 def _layouts(chunks: Sequence[ChunkSummary], shard_tokens: int) -> dict[str, SplitLayout]:

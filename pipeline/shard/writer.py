@@ -27,6 +27,7 @@ from pipeline.shard_format import (
     iter_tar_samples,
     tar_writer,
 )
+from pipeline.unigram import heldout_target_counts, targets_nll
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,8 @@ class Piece:
 
 @dataclass(frozen=True)
 class ShardRecord:
-    """What the manifest lists for a written shard."""
+    """What the manifest lists for a written shard. ``unigram_nll``: held-out shards only, the
+    summed ``-log p`` of their forward targets under the training unigram (pipeline.unigram)."""
 
     name: str
     sentences: int
@@ -50,9 +52,10 @@ class ShardRecord:
     bytes: int
     sha256: str
     unk_tokens: int
+    unigram_nll: float | None = None
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
 def cut_pieces(
@@ -164,9 +167,15 @@ def build_shard(
     seed: int,
     block_tokens: int,
     unk_id: int,
+    log_probs: np.ndarray | None = None,
 ) -> ShardRecord:
-    """Write one shard from its pieces and describe it for the manifest."""
+    """Write one shard from its pieces and describe it for the manifest; with ``log_probs`` (the
+    training unigram, float64 ``(V,)``) its record carries the shard's ``unigram_nll``."""
     blocks, sha, size = write_shard(path, shard_samples(pieces, split, shard, seed, block_tokens))
+    nll = None
+    if log_probs is not None:
+        counts = heldout_target_counts(((p.ids, len(p.lines)) for p in pieces), len(log_probs))
+        nll = targets_nll(log_probs, counts)
     return ShardRecord(
         name=name,
         sentences=sum(len(p.lines) for p in pieces),
@@ -175,6 +184,7 @@ def build_shard(
         bytes=size,
         sha256=sha,
         unk_tokens=int(sum(int((p.ids == unk_id).sum()) for p in pieces)),
+        unigram_nll=nll,
     )
 
 
@@ -193,9 +203,11 @@ class _HashingReader:
         return data
 
 
-def describe_shard(path: str, name: str, unk_id: int) -> ShardRecord:
-    """The record of a shard that already exists (a rerun reusing it), read back and checked."""
+def describe_shard(path: str, name: str, unk_id: int, log_probs: np.ndarray | None = None) -> ShardRecord:
+    """The record of a shard that already exists (a rerun reusing it), read back and checked
+    (``log_probs`` as for :func:`build_shard`)."""
     sentences = tokens = blocks = unk = 0
+    scored: list[tuple[np.ndarray, int]] = []  # the blocks' targets, for the unigram
     with storage.open_read(path) as stream:
         reader = _HashingReader(stream)
         for sample in iter_tar_samples(reader, url=path):
@@ -204,6 +216,11 @@ def describe_shard(path: str, name: str, unk_id: int) -> ShardRecord:
             sentences += len(block.lengths)
             tokens += block.num_tokens
             unk += int((block.ids == unk_id).sum())
+            if log_probs is not None:
+                scored.append((block.ids, len(block.lengths)))
         while reader.read(1 << 20):
             pass
-    return ShardRecord(name, sentences, tokens, blocks, reader.size, reader.sha.hexdigest(), unk)
+    nll = None
+    if log_probs is not None:
+        nll = targets_nll(log_probs, heldout_target_counts(scored, len(log_probs)))
+    return ShardRecord(name, sentences, tokens, blocks, reader.size, reader.sha.hexdigest(), unk, nll)

@@ -39,8 +39,8 @@ from pipeline.train.plan import RunPlan
 from pipeline.train.progress import MetricsFollower
 from pipeline.train.run_lease import RunLease
 from pipeline.train.trainer import train_loop_per_worker
-from pipeline.train.unigram import heldout_unigram_perplexity
 from pipeline.train.wandb_run import new_wandb_id, sync_command
+from pipeline.unigram import heldout_unigram_perplexity
 
 RUN_FILE = "run.json"
 

@@ -18,11 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline import shard_format, storage
-
-BOS_ID, EOS_ID, UNK_ID = (
-    shard_format.SPECIALS.index(t) for t in (shard_format.BOS, shard_format.EOS, shard_format.UNK)
-)
-"""Vocabulary ids of ``<S>``, ``</S>``, ``<UNK>``: fixed by the shard format (the first three lines)."""
+from pipeline.shard_format import BOS_ID, EOS_ID, UNK_ID
 
 
 @dataclass(frozen=True)

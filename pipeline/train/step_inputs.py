@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from elmo_model.characters import MAX_CHARACTERS_PER_TOKEN
+from pipeline.shard_format import UNK_ID
 from pipeline.train.data import LMBatch
 from pipeline.train.objective import NegativeSample
-from pipeline.train.shard_reading import UNK_ID
 
 _OOV_KEY = 1 << 40
 """Keys of out-of-vocabulary spellings start here, above every vocabulary id."""

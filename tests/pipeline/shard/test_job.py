@@ -20,6 +20,7 @@ from pipeline.shard.errors import ShardError
 from pipeline.shard.job import run_shard
 from pipeline.shard.reader import iter_chunks
 from pipeline.shard.split import heldout_threshold, is_heldout
+from pipeline.unigram import heldout_unigram_perplexity, manifest_unigram_perplexity
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "pipeline" / "data" / "kjv-sample.txt.gz"
@@ -123,6 +124,23 @@ def test_manifest_accounts_for_every_line(baseline):
     assert all(7500 - longest < s["tokens"] < 22500 + longest for s in manifest["shards"]["train"])
     assert manifest["inputs_detail"][0]["lines"] == LINES
     assert "workers" not in manifest["config"] and manifest["config"]["shard_tokens"] == 15000
+
+
+def test_the_manifest_records_the_heldout_unigram_baseline(baseline):
+    out, manifest = baseline
+    recorded = manifest_unigram_perplexity(manifest)
+    unscored = {
+        **manifest,
+        "shards": {
+            **manifest["shards"],
+            "heldout": [
+                {k: v for k, v in r.items() if k != "unigram_nll"} for r in manifest["shards"]["heldout"]
+            ],
+        },
+    }
+    from_shards = heldout_unigram_perplexity(str(out), unscored)
+    assert recorded == pytest.approx(from_shards, rel=1e-9) and 1 < recorded < manifest["vocab"]["size"]
+    assert all("unigram_nll" not in r for r in manifest["shards"]["train"])
 
 
 def test_byte_identical_with_two_workers_and_other_chunking(baseline, corpus, tmp_path):

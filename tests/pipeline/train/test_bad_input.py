@@ -17,6 +17,7 @@ from pipeline.config import ConfigError, load_config
 from pipeline.shard_format import FormatError
 from pipeline.train.config import TrainConfig
 from pipeline.train.launch import TrainError, _cluster_check, prepare_run
+from pipeline.unigram import heldout_unigram_perplexity
 
 
 @pytest.fixture
@@ -52,13 +53,15 @@ def _bytes_read() -> int:
 
 
 def test_a_launch_reads_no_shard_bytes_on_the_driver(shards, tmp_path):
-    junk = os.urandom(1 << 20) * 16  # 16 MiB where each training shard was: not even a tar
-    train = json.loads(storage.read_bytes(os.path.join(shards, "manifest.json")))["shards"]["train"]
-    for entry in train:
+    junk = os.urandom(1 << 20) * 16  # 16 MiB where each shard was: not even a tar
+    listed = json.loads(storage.read_bytes(os.path.join(shards, "manifest.json")))["shards"]
+    expected = heldout_unigram_perplexity(shards)  # recorded in the manifest by the shard writer
+    for entry in listed["train"] + listed["heldout"]:
         storage.write_bytes(os.path.join(shards, entry["name"]), junk)
     before = _bytes_read()
-    prepare_run(cfg_for(shards, str(tmp_path / "run"), "softmax.negatives=100"))
-    assert _bytes_read() - before < len(junk)  # the manifest, the vocabulary, the held-out split
+    plan = prepare_run(cfg_for(shards, str(tmp_path / "run"), "softmax.negatives=100"))
+    assert _bytes_read() - before < len(junk)  # the manifest and the vocabulary only
+    assert plan.unigram_perplexity == expected
 
 
 def test_a_damaged_shard_fails_the_run_in_the_worker_that_reads_it(shards, tmp_path):

@@ -20,6 +20,7 @@ from train_shards import fixture_sentences, fixture_vocab, write_shard_dir
 
 from elmo_model.characters import token_to_ids
 from pipeline import shard_format, storage
+from pipeline.shard_format import BOS_ID, EOS_ID, UNK_ID
 from pipeline.train.char_cache import CharCache
 from pipeline.train.data import (
     LMBatchStream,
@@ -30,7 +31,7 @@ from pipeline.train.data import (
     rank_sentence_count,
     steps_per_epoch,
 )
-from pipeline.train.shard_reading import BOS_ID, EOS_ID, UNK_ID, read_shard_sentences
+from pipeline.train.shard_reading import read_shard_sentences
 
 BOS, EOS, UNK = shard_format.BOS, shard_format.EOS, shard_format.UNK
 

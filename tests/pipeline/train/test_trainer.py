@@ -13,12 +13,12 @@ import torch
 from elmo_model import BiLM, LSTMState
 from pipeline.config import load_config
 from pipeline.model_config import to_options
+from pipeline.shard_format import UNK_ID
 from pipeline.train.char_cache import CharCache
 from pipeline.train.checkpoint import Checkpointer, latest_checkpoint, load_model
 from pipeline.train.config import OptimizerName, TrainConfig
 from pipeline.train.data import LMBatch
 from pipeline.train.objective import NegativeSample, SharedSoftmax, sample_negatives, sampled_softmax_losses
-from pipeline.train.shard_reading import UNK_ID
 from pipeline.train.step_inputs import CAPACITY_BUCKETS, distinct_tokens, padded_capacity, step_inputs
 from pipeline.train.trainer import PHASES, PhaseTimer, StepRunner
 

@@ -6,7 +6,10 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
+
 from pipeline import shard_format, storage
+from pipeline.unigram import heldout_target_counts, targets_nll, training_target_counts, unigram_log_probs
 
 FIXTURE_DIR = Path(__file__).resolve().parents[2] / "data" / "train"
 
@@ -28,11 +31,14 @@ def write_shard_dir(
     splits: dict[str, list[list[list[list[str]]]]],
     vocab: list[str],
     counts: list[int] | None = None,
+    score_heldout: bool = True,
 ) -> dict:
     """Write a shard directory under ``root`` (local or s3://) and return its manifest.
 
     ``splits``: split name -> shards -> blocks -> sentences (token lists). OOV tokens get the
     ``<UNK>`` id. ``counts``: the vocab_counts.tsv column (default: counts over the train split).
+    ``score_heldout``: record each held-out shard's ``unigram_nll`` as the shard stage does (False:
+    a manifest of a shard stage from before it did).
     """
     index = {token: i for i, token in enumerate(vocab)}
     unk = index[shard_format.UNK]
@@ -73,6 +79,15 @@ def write_shard_dir(
             "sentences": sum(e["sentences"] for e in entries),
             "tokens": sum(e["tokens"] for e in entries),
         }
+    if score_heldout:
+        train = manifest["totals"]["train"]
+        log_probs = unigram_log_probs(
+            training_target_counts(np.array(counts), train["sentences"], train["tokens"])
+        )
+        for entry, shard in zip(manifest["shards"]["heldout"], splits.get("heldout", []), strict=True):
+            ids = [index.get(token, unk) for block in shard for sentence in block for token in sentence]
+            counts = heldout_target_counts([(np.array(ids, dtype=np.int64), entry["sentences"])], len(vocab))
+            entry["unigram_nll"] = targets_nll(log_probs, counts)
     vocab_bytes = shard_format.encode_vocab(vocab)
     manifest["vocab"] = {
         "file": shard_format.VOCAB_FILE,

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from train_shards import write_shard_dir
 
 from pipeline import shard_format
-from pipeline.train.unigram import (
+from pipeline.unigram import (
     heldout_target_counts,
     heldout_unigram_perplexity,
+    manifest_unigram_perplexity,
+    targets_nll,
     training_target_counts,
+    unigram_log_probs,
     unigram_perplexity,
 )
+from tests.pipeline.train.train_shards import write_shard_dir
 
 VOCAB = ["<S>", "</S>", "<UNK>", "a", "b"]
 
@@ -49,14 +52,33 @@ def test_bad_counts_are_clear_errors():
         unigram_perplexity(np.ones(5, np.int64), np.zeros(5, np.int64))
 
 
-def test_shard_directory_baseline(tmp_path):
+def test_targets_nll_sums_the_words_and_one_end_per_sentence():
+    log_probs = unigram_log_probs(training_target_counts(np.array([0, 0, 0, 3, 1]), 2, 5))
+    # held-out "a y": a (4/11), <UNK> (2/11), </S> (3/11)
+    expected = -np.log(4 / 11) - np.log(2 / 11) - np.log(3 / 11)
+    heldout = heldout_target_counts([(np.array([3, 2]), 1)], vocab_size=5)
+    assert targets_nll(log_probs, heldout) == pytest.approx(expected, rel=1e-12)
+    reordered = heldout_target_counts([(np.array([2]), 0), (np.array([3]), 1)], vocab_size=5)
+    assert targets_nll(log_probs, reordered) == targets_nll(log_probs, heldout)  # bit for bit
+
+
+@pytest.mark.parametrize("scored", [True, False], ids=["from-the-manifest", "from-the-shards"])
+def test_shard_directory_baseline(tmp_path, scored):
     train = [[[["a", "a", "b"]], [["a", "x"]]]]  # one shard of two blocks
-    write_shard_dir(str(tmp_path), {"train": train, "heldout": [[[["a", "y"]]]]}, VOCAB)
-    assert heldout_unigram_perplexity(str(tmp_path)) == pytest.approx(hand_value(), rel=1e-12)
+    heldout = [[[["a", "y"]]], [[["b"], ["a"]]]]  # two shards
+    manifest = write_shard_dir(
+        str(tmp_path), {"train": train, "heldout": heldout}, VOCAB, score_heldout=scored
+    )
+    # targets a, <UNK>, </S> | b, </S>, a, </S>
+    by_hand = (11**7 / (4 * 2 * 3 * 2 * 3 * 4 * 3)) ** (1 / 7)
+    assert (manifest_unigram_perplexity(manifest) is not None) == scored
+    assert heldout_unigram_perplexity(str(tmp_path)) == pytest.approx(by_hand, rel=1e-12)
 
 
 def test_counts_file_out_of_order_is_an_error(tmp_path):
-    write_shard_dir(str(tmp_path), {"train": [[[["a", "b"]]]], "heldout": [[[["a"]]]]}, VOCAB)
+    write_shard_dir(
+        str(tmp_path), {"train": [[[["a", "b"]]]], "heldout": [[[["a"]]]]}, VOCAB, score_heldout=False
+    )
     manifest = shard_format.read_manifest(str(tmp_path))
     (tmp_path / "vocab_counts.tsv").write_text("<S>\t0\n</S>\t0\n<UNK>\t0\nb\t1\na\t1\n")
     with pytest.raises(shard_format.FormatError, match="tokens differ from vocab.txt"):

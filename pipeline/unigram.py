@@ -11,6 +11,11 @@ Training distribution over the V - 1 target types (every vocabulary entry but ``
 whatever the counts file lists for the specials is not relied on). Add-one smoothing:
 ``p(w) = (c(w) + 1) / (N + V - 1)`` with N the training target count, so words that never occur
 in training (possible when the vocabulary came from elsewhere) keep a finite cost.
+
+The shard stage scores each held-out shard as it writes it (:func:`targets_nll`, into the shard's
+manifest record), so the manifest carries the baseline (:func:`manifest_unigram_perplexity`) and
+planning a training run reads no shard. A manifest written before that is scored from its held-out
+shards (:func:`heldout_unigram_perplexity`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from pipeline import shard_format, storage
-from pipeline.train.shard_reading import BOS_ID, EOS_ID, UNK_ID
+from pipeline.shard_format import BOS_ID, EOS_ID, UNK_ID
 
 N_SPECIALS = len(shard_format.SPECIALS)
 
@@ -77,25 +82,44 @@ def heldout_target_counts(blocks: Iterable[tuple[np.ndarray, int]], vocab_size: 
     return counts
 
 
-def unigram_perplexity(train_counts: np.ndarray, heldout_counts: np.ndarray) -> float:
-    """``exp(-mean log p(target))`` over the held-out targets: both arguments int ``(V,)``."""
+def targets_nll(log_probs: np.ndarray, heldout_counts: np.ndarray) -> float:
+    """``-sum log p(target)`` over held-out targets counted by :func:`heldout_target_counts`, int
+    ``(V,)``; ``log_probs``: float64 ``(V,)`` from :func:`unigram_log_probs`. One dot product in
+    vocabulary order, so equal counts give equal bits however their sentences were ordered or cut."""
     heldout = np.asarray(heldout_counts, dtype=np.int64)
-    if heldout.shape != np.shape(train_counts):
-        raise ValueError(
-            f"unigram: held-out counts {heldout.shape} vs training counts {np.shape(train_counts)}"
-        )
+    if heldout.shape != np.shape(log_probs):
+        raise ValueError(f"unigram: held-out counts {heldout.shape} vs training counts {np.shape(log_probs)}")
     if heldout[BOS_ID]:
         raise ValueError("unigram: <S> appears as a held-out target")
-    total = int(heldout.sum())
+    mask = heldout > 0
+    return float(-np.dot(heldout[mask].astype(np.float64), log_probs[mask]))
+
+
+def unigram_perplexity(train_counts: np.ndarray, heldout_counts: np.ndarray) -> float:
+    """``exp(-mean log p(target))`` over the held-out targets: both arguments int ``(V,)``."""
+    total = int(np.asarray(heldout_counts, dtype=np.int64).sum())
     if total == 0:
         raise ValueError("unigram: the held-out set is empty")
-    mask = heldout > 0
-    return float(np.exp(-(heldout[mask] * unigram_log_probs(train_counts)[mask]).sum() / total))
+    return float(np.exp(targets_nll(unigram_log_probs(train_counts), heldout_counts) / total))
+
+
+def manifest_unigram_perplexity(manifest: dict) -> float | None:
+    """The held-out baseline from the ``unigram_nll`` of the manifest's held-out shard records
+    (targets: tokens + sentences); None when a record lacks it (a manifest of an older shard stage)."""
+    records = manifest["shards"]["heldout"]
+    if not records or any("unigram_nll" not in r for r in records):
+        return None
+    targets = sum(int(r["tokens"]) + int(r["sentences"]) for r in records)
+    return float(np.exp(sum(float(r["unigram_nll"]) for r in records) / targets))
 
 
 def heldout_unigram_perplexity(shard_dir: str, manifest: dict | None = None) -> float:
-    """The unigram perplexity of a shard directory's held-out split under its training counts."""
+    """The unigram perplexity of a shard directory's held-out split under its training counts:
+    from the manifest when its shard stage recorded it, else by reading the held-out shards."""
     manifest = shard_format.read_manifest(shard_dir) if manifest is None else manifest
+    recorded = manifest_unigram_perplexity(manifest)
+    if recorded is not None:
+        return recorded
     vocab = shard_format.read_vocab(shard_format.vocab_path(shard_dir, manifest))
     counts_path = storage.join(shard_dir, manifest["vocab"]["counts_file"])
     pairs = shard_format.read_counts(counts_path)
