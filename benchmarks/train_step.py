@@ -68,8 +68,8 @@ from pipeline.train.metrics import measure_matmul_peak  # noqa: E402
 from pipeline.train.objective import sample_negatives  # noqa: E402
 from pipeline.train.shard_reading import read_shard_sentences  # noqa: E402
 from pipeline.train.snapshot import HostSnapshot  # noqa: E402
+from pipeline.train.step import PHASES, PhaseTimer, StepRunner  # noqa: E402
 from pipeline.train.step_inputs import step_inputs  # noqa: E402
-from pipeline.train.trainer import PHASES, PhaseTimer, StepRunner  # noqa: E402
 
 
 def synthetic_batches(cache: CharCache, count: int, batch: int, unroll: int, seed: int) -> list[LMBatch]:

@@ -1,8 +1,8 @@
 """Work off the caller's path: in a daemon thread, or in a helper process, its result or error held
-in a future.
+in a future; or writes queued in order (:class:`WriteQueue`).
 
-Used where training must not wait: a checkpoint written while the next steps run, the next shard
-read while this one is trained on. Daemon threads: a process that is going down does not wait for
+Used where training must not wait: a checkpoint, metrics or wandb files written while the next
+steps run, the next shard read while this one is trained on. Daemon threads: a process that is going down does not wait for
 them (a checkpoint only counts once its ``COMPLETE`` is written; an abandoned read is dropped).
 
 :class:`HelperProcess` runs picklable work in a child started as ``python -m pipeline.background``
@@ -41,6 +41,96 @@ def in_thread(work: Callable[[], Any], name: str) -> Future:
 
     threading.Thread(target=run, name=name, daemon=True).start()
     return future
+
+
+class WriteQueue:
+    """Writes done off the caller's path, one at a time in the order submitted, by one daemon thread.
+
+    The one rule for everything a training run writes in the background (its metrics, wandb files
+    and checkpoints: ``pipeline.train.run_dir``): ``submit`` returns at once; a write that fails
+    keeps its error for the next call to ``submit``, ``check`` or ``wait`` (the writes after it
+    still run: a later write of the whole record repairs an earlier failed one); ``wait`` returns
+    once everything submitted is written, and ``close`` (the end of the run) waits too.
+    ``submit(..., latest=KEY)`` marks a write that writes the newest state when it runs, so one
+    such write queued and not yet started stands for any later one of the same KEY.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self._jobs: collections.deque[tuple[Callable[[], Any], str | None]] = collections.deque()
+        self._queued_latest: set[str] = set()
+        self._busy = False
+        self._error: BaseException | None = None
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, work: Callable[[], Any], latest: str | None = None) -> None:
+        """Queue ``work()``; first raises the error of an earlier write that failed."""
+        with self._changed:
+            self._raise_error()
+            if latest is not None and latest in self._queued_latest:
+                return
+            if latest is not None:
+                self._queued_latest.add(latest)
+            self._jobs.append((work, latest))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+            self._changed.notify_all()
+
+    def check(self) -> None:
+        """Raise the error of a write that failed since the last call, without waiting."""
+        with self._changed:
+            self._raise_error()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued or being written."""
+        with self._changed:
+            return not self._jobs and not self._busy
+
+    def wait(self) -> None:
+        """Wait until every write submitted so far is done; raises the error of one that failed."""
+        with self._changed:
+            self._changed.wait_for(lambda: not self._jobs and not self._busy)
+            self._raise_error()
+
+    def close(self) -> None:
+        """`wait`, then end the thread (a later `submit` starts another)."""
+        try:
+            self.wait()
+        finally:
+            with self._changed:
+                thread, self._thread = self._thread, None
+                if thread is not None:
+                    self._jobs.append((None, None))  # the thread's signal to end
+                    self._changed.notify_all()
+            if thread is not None:
+                thread.join()
+
+    def _raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._jobs))
+                work, latest = self._jobs.popleft()
+                if work is None:
+                    return
+                self._queued_latest.discard(latest)
+                self._busy = True
+            try:
+                work()
+            except BaseException as err:  # noqa: BLE001 - raised in the caller by its next call
+                with self._changed:
+                    self._error = self._error or err
+            finally:
+                with self._changed:
+                    self._busy = False
+                    self._changed.notify_all()
 
 
 def exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:

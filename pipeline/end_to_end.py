@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline import storage
 from pipeline.config import check_complete, to_object
 from pipeline.ray_runtime import ray_session
+from pipeline.train.run_dir import RunDir
 
 SAMPLE_CORPUS = Path(__file__).resolve().parent / "data" / "kjv-sample.txt.gz"
 """The shipped sample corpus (a slice of the King James Version, public domain)."""
@@ -46,7 +47,7 @@ def derive_stage_configs(cfg: DictConfig) -> DictConfig:
     _fill(cfg.train, "shards", cfg.shard.output)
     _fill(cfg.train, "output", run_dir)
     _fill(cfg.train, "name", cfg.name)
-    _fill(cfg.embed, "model", storage.join(cfg.train.output, "export"))
+    _fill(cfg.embed, "model", RunDir(cfg.train.output).export)
     _fill(cfg.embed, "input", [cfg.shard.output])
     _fill(cfg.embed, "output", storage.join(root, "embeddings"))
     cfg.embed.shard_splits = [cfg.embed_split.name]
@@ -73,7 +74,7 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
 def summary(results: dict[str, Any]) -> str:
     """The closing summary ``elmo pipeline`` prints."""
     cfg, train = results["config"], results["train"].details
-    run_dir = cfg.train.output
+    run_dir = RunDir(cfg.train.output)
     ppl, unigram = train["eval/perplexity"], train["eval/unigram_perplexity"]
     lines = [
         "",
@@ -91,11 +92,11 @@ def summary(results: dict[str, Any]) -> str:
     lines += [
         "",
         f"shards      {results['shard'].output}",
-        f"weights     {storage.join(run_dir, 'export', 'options.json')} + weights.hdf5",
+        f"weights     {storage.join(run_dir.export, 'options.json')} + weights.hdf5",
         f"embeddings  {results['embed'].output}",
         *([f"wandb sync  {train['wandb_sync']}"] if train.get("wandb_sync") else []),
-        f"plot        {storage.join(run_dir, 'perplexity.png')}",
-        f"metrics     {storage.join(run_dir, 'metrics.jsonl')}",
+        f"plot        {run_dir.plot}",
+        f"metrics     {run_dir.metrics}",
         "=" * 72,
     ]
     return "\n".join(lines)

@@ -269,15 +269,6 @@ class LocalBackend:
     def start_write(self, path: str) -> _LocalWrite:
         return _LocalWrite(path)
 
-    def read_from(self, path: str, offset: int) -> bytes | None:
-        with _local_errors(path):
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    return f.read()
-            except FileNotFoundError:
-                return None
-
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
@@ -646,20 +637,6 @@ class S3Backend:
     def start_write(self, path: str) -> _S3Write:
         return _S3Write(path)
 
-    def read_from(self, path: str, offset: int) -> bytes | None:
-        bucket, key = _object(path)
-        with _s3_errors(path):
-            try:
-                response = s3_client().get_object(Bucket=bucket, Key=key, Range=f"bytes={offset}-")
-            except ClientError as exc:
-                code = exc.response.get("Error", {}).get("Code")
-                if code in ("NoSuchKey", "404"):
-                    return None
-                if code == "InvalidRange":  # the object ends at or before offset
-                    return b""
-                raise
-            return response["Body"].read()
-
     def exists(self, path: str) -> bool:
         bucket, key = split_s3(path)
         with _s3_errors(path):
@@ -749,12 +726,14 @@ def read_bytes(path: str | os.PathLike) -> bytes:
         return stream.read()
 
 
-def read_from(path: str | os.PathLike, offset: int) -> bytes | None:
-    """The bytes of a file or object from ``offset`` to its end (b"" when it is no longer), or
-    None when there is no such file or object: what a reader following a growing file fetches
-    (S3: one ranged GET)."""
+def append_local(path: str | os.PathLike, data: bytes) -> None:
+    """Append ``data`` to a local file (created when missing). S3 has no appends: there the caller
+    writes the whole object again."""
     path = _path(path)
-    return _backend(path).read_from(path, offset)
+    if is_s3(path):
+        raise ValueError(f"{path}: appends are for local files only")
+    with _local_errors(path), open(path, "ab") as f:
+        f.write(data)
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:

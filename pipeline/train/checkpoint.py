@@ -16,7 +16,8 @@ the previous one.
 Saving is off the training step's critical path: at a save point every rank takes a snapshot of its
 parts (pipeline.train.snapshot: on a GPU a device-to-host copy queued into reused pinned buffers,
 which the host does not wait for; CPU tensors are copied, since training goes on changing them) and
-a background thread waits for the copy and streams it with ``torch.save`` straight into
+the run's checkpoint write queue (``run_dir.RunWriter``: a background thread) waits for the copy
+and streams it with ``torch.save`` straight into
 ``storage.open_write`` (a temp file + rename, or an S3 multipart upload), so no serialised copy is
 ever held in memory: a save costs about one state size of host memory, the snapshot. Rank 0's thread
 then waits until every rank's file exists and writes ``COMPLETE``; no collective runs in the thread
@@ -41,21 +42,20 @@ import random
 import re
 import shutil
 import time
-from concurrent.futures import Future
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from pipeline import storage
-from pipeline.background import in_thread
+from pipeline.background import WriteQueue
 from pipeline.train.distributed import barrier
 from pipeline.train.errors import TrainError
+from pipeline.train.run_dir import RunDir
 from pipeline.train.snapshot import HostSnapshot, Snapshot
 
 FORMAT = 2
 """Checkpoint layout version (1: RNG states pickled as numpy and Python objects)."""
-CHECKPOINTS = "checkpoints"
 MODEL_FILE = "model.pt"
 COMPLETE_FILE = "COMPLETE"
 RANKS_TIMEOUT_S = 1800.0
@@ -68,12 +68,12 @@ class CheckpointError(TrainError):
 
 
 def checkpoints_root(run_dir: str) -> str:
-    return storage.join(run_dir, CHECKPOINTS)
+    return RunDir(run_dir).checkpoints
 
 
 def checkpoint_path(run_dir: str, step: int) -> str:
     """``RUN/checkpoints/step-000001250``."""
-    return storage.join(checkpoints_root(run_dir), f"step-{step:09d}")
+    return RunDir(run_dir).checkpoint(step)
 
 
 def rank_file(rank: int) -> str:
@@ -272,7 +272,8 @@ class Checkpointer:
     restore checks, the config, the vocabulary for export). Saves every ``every`` steps and at the
     last step, keeping the newest ``keep`` checkpoints.
 
-    ``background`` (default): a save takes a snapshot and writes it in a thread while training goes
+    ``background`` (default): a save takes a snapshot and queues its writing on ``writes`` (the run's
+    checkpoint ``WriteQueue``, ``run_dir.RunWriter``; one of its own when None) while training goes
     on (module docstring); otherwise it writes the parts themselves, streamed, before it returns
     (no snapshot, so no extra memory, but the loop waits). ``ranks_timeout_s``: how long rank 0
     waits for the other ranks' files.
@@ -294,19 +295,19 @@ class Checkpointer:
         meta: dict[str, Any],
         background: bool = True,
         ranks_timeout_s: float = RANKS_TIMEOUT_S,
+        writes: WriteQueue | None = None,
     ):
         self.run_dir, self.rank, self.world_size = run_dir, rank, world_size
         self.every, self.keep = every, keep
         self.shared, self.own, self.meta = shared, own, meta
         self.background, self.ranks_timeout_s = background, ranks_timeout_s
-        self._pending: Future | None = None
+        self.writes = writes if writes is not None else WriteQueue("checkpoints")
         self._host = HostSnapshot()
         self._save_s = self._wait_s = 0.0
 
     def due(self, step: int, last_step: bool) -> bool:
         """Whether ``step`` saves. Also raises the error of a background save that failed since."""
-        if self._pending is not None and self._pending.done():
-            self.wait()
+        self.writes.check()
         return last_step or step % self.every == 0
 
     def save(self, step: int, last_step: bool = False) -> bool:
@@ -317,9 +318,10 @@ class Checkpointer:
         if not self.due(step, last_step):
             return False
         start = time.perf_counter()
-        if self._pending is not None:
-            self.wait()
+        if not self.writes.idle:  # one save in flight at a time: its snapshot's buffers are the next one's
+            self.writes.wait()
             self._wait_s += time.perf_counter() - start
+        self.writes.check()
         path = checkpoint_path(self.run_dir, step)
         own = {name: part.state_dict() for name, part in self.own.items()}
         shared = {name: part.state_dict() for name, part in self.shared.items()} if self.rank == 0 else {}
@@ -327,9 +329,7 @@ class Checkpointer:
             self._write(path, step, own, shared)
         else:
             taken = self._host.take({"own": own, "shared": shared})
-            self._pending = in_thread(
-                lambda: self._write_snapshot(path, step, taken), name=f"checkpoint-{step}"
-            )
+            self.writes.submit(lambda: self._write_snapshot(path, step, taken))
         self._save_s += time.perf_counter() - start
         return True
 
@@ -357,9 +357,7 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Wait for the save in flight, if any; raises the error it failed with."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
+        self.writes.wait()
 
     def restore(self) -> int | None:
         """Load every part from the newest complete checkpoint; returns its step (None: no checkpoint).

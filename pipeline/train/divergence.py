@@ -15,11 +15,12 @@ of every checkpoint.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from pipeline.train.config import OnDivergence
 from pipeline.train.data import LMBatch
 from pipeline.train.evaluate import heldout_perplexities
 
@@ -48,6 +49,21 @@ class GuardReading:
             if d in self.diverged
         ]
         return f"divergence at step {self.step}: " + "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class GuardDecision:
+    """What the loop does about a divergence: ``action`` (warn and train on, roll back to the last
+    checkpoint, or stop the run) and the ``message`` that says why."""
+
+    action: OnDivergence
+    message: str
+
+    def stopped(self, why: str) -> GuardDecision:
+        return GuardDecision(OnDivergence.stop, f"{self.message}; {why}")
+
+    def noting(self, what: str) -> GuardDecision:
+        return GuardDecision(self.action, f"{self.message}; {what}")
 
 
 class DivergenceGuard:
@@ -87,11 +103,24 @@ class DivergenceGuard:
                 self.best[i] = min(self.best[i], value)
         return GuardReading(step, tuple(perplexity), tuple(self.best), tuple(starting))
 
-    def rolled_back(self) -> None:
-        """After a rollback (the checkpoint's state is loaded): one more rollback, a lower rate."""
-        self.rollbacks += 1
-        self.lr_scale *= self.cfg.lr_factor
-        self._diverged.clear()
+    def decide(self, reading: GuardReading) -> GuardDecision:
+        """The action ``guard.on_divergence`` asks for a reading that diverged: a rollback becomes a
+        stop once ``guard.max_rollbacks`` were taken."""
+        decision = GuardDecision(self.cfg.on_divergence, reading.message(self.cfg.factor))
+        if decision.action is OnDivergence.rollback and self.rollbacks >= self.cfg.max_rollbacks:
+            return decision.stopped(f"it already rolled back {self.rollbacks} times (guard.max_rollbacks)")
+        return decision
+
+    def roll_back(self, restore: Callable[[], int | None]) -> int | None:
+        """Roll back: ``restore()`` loads every part of the run from its last checkpoint (this
+        guard's state too) and returns its step, None when there is none. What this run went
+        through stays (the restored state is of before it): one more rollback, a lower rate."""
+        rollbacks, lr_scale = self.rollbacks, self.lr_scale
+        step = restore()
+        if step is not None:
+            self.rollbacks, self.lr_scale = rollbacks + 1, lr_scale * self.cfg.lr_factor
+            self._diverged.clear()
+        return step
 
     def state_dict(self) -> dict:
         return {"best": list(self.best), "lr_scale": self.lr_scale, "rollbacks": self.rollbacks}

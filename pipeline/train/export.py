@@ -21,8 +21,6 @@ from pipeline.train import checkpoint as ckpt
 from pipeline.train.errors import TrainError
 from pipeline.train.objective import SharedSoftmax
 
-EXPORT_DIR = "export"
-"""The export's directory inside a run directory."""
 OPTIONS_FILE = "options.json"
 WEIGHTS_FILE = "weights.hdf5"
 SOFTMAX_FILE = "softmax.hdf5"
@@ -90,6 +88,33 @@ def model_from_checkpoint(path: str) -> tuple[BiLM, SharedSoftmax, dict]:
     softmax = SharedSoftmax(weight.shape[0], weight.shape[1])
     softmax.load_state_dict(payload["softmax"])
     return bilm.eval(), softmax, payload
+
+
+def load_pretrained(source: str, bilm: BiLM, softmax: SharedSoftmax, vocab: bytes) -> None:
+    """Load an export at ``source`` (local or ``s3://``) into ``bilm``, and into ``softmax`` when the
+    export has one for the same ``vocab`` (the contents of vocab.txt): continued pretraining
+    (``init_from``). The files are checked as any untrusted HDF5 (``BiLM.from_files``)."""
+    with tempfile.TemporaryDirectory(prefix="elmo-init-") as tmp:
+        local = {}
+        for name in EXPORT_FILES:
+            if storage.exists(storage.join(source, name)):
+                local[name] = os.path.join(tmp, name)
+                storage.download_file(storage.join(source, name), local[name])
+        loaded = BiLM.from_files(local[OPTIONS_FILE], local[WEIGHTS_FILE])
+        bilm.load_state_dict(loaded.state_dict())
+        if SOFTMAX_FILE not in local or VOCAB_FILE not in local:
+            return
+        with open(local[VOCAB_FILE], "rb") as f:
+            if f.read() != vocab:
+                return
+        weight, bias = read_softmax(local[SOFTMAX_FILE])
+        if weight.shape != tuple(softmax.weight.shape):
+            raise TrainError(
+                f"init_from {source}: softmax of shape {weight.shape}, the model's is {tuple(softmax.weight.shape)}"
+            )
+        with torch.no_grad():
+            softmax.weight.copy_(torch.from_numpy(weight))
+            softmax.bias.copy_(torch.from_numpy(bias))
 
 
 def check_export_folder(out_dir: str, overwrite: bool) -> None:

@@ -22,6 +22,8 @@ import tempfile
 import threading
 import time
 
+import ray
+
 from elmo_model import BiLMOptions, OptionsError
 from pipeline import cluster_capacity, ray_runtime, shard_format, storage
 from pipeline.config import UseGPU
@@ -34,15 +36,14 @@ from pipeline.train.config import TrainConfig, WandbMode
 from pipeline.train.data import steps_per_epoch
 from pipeline.train.errors import TrainError
 from pipeline.train.evaluate import check_heldout_split
-from pipeline.train.metrics import METRICS_FILE, read_metrics
+from pipeline.train.metrics import read_metrics
 from pipeline.train.plan import RunPlan
-from pipeline.train.progress import MetricsFollower
+from pipeline.train.progress import RelayFollower, relay_actor
+from pipeline.train.run_dir import RUN_FILE, RunDir
 from pipeline.train.run_lease import RunLease
 from pipeline.train.trainer import train_loop_per_worker
 from pipeline.train.wandb_run import new_wandb_id, sync_command
 from pipeline.unigram import heldout_unigram_perplexity
-
-RUN_FILE = "run.json"
 
 
 def _check_shards(shards: str, manifest: dict) -> None:
@@ -117,7 +118,7 @@ def _claim_run_dir(run_dir: str, name: str, data: dict) -> str:
     """Claim ``run_dir`` for run ``name`` trained on ``data`` (``run.json``), or check that it is
     this run's, on the same data; returns the run's wandb id, made at the first claim (a run
     claimed before ids or data were recorded gets them now)."""
-    path = storage.join(run_dir, RUN_FILE)
+    path = RunDir(run_dir).run_file
     claim = {}
     if storage.exists(path):
         claim = json.loads(storage.read_bytes(path))
@@ -227,11 +228,18 @@ def run_training(cfg: TrainConfig, plan: RunPlan | None = None) -> StageResult:
     held-out perplexities); its tokens are this run's positions of one direction (a resumed run
     counts only the steps it ran)."""
     plan = prepare_run(cfg) if plan is None else plan
-    plan.use_gpu = _cluster_check(cfg)
+    plan = dataclasses.replace(plan, use_gpu=_cluster_check(cfg))
     started, steps_before = time.perf_counter(), _logged_steps(plan.run_dir)
-    with RunLease(plan.run_dir), MetricsFollower(plan.run_dir, plan.total_steps, from_step=steps_before):
-        _fit_with_restarts(cfg, plan)
-    final = final_status(plan.run_dir)
+    relay = relay_actor()
+    try:
+        with (
+            RunLease(plan.run_dir),
+            RelayFollower(relay, plan.total_steps, from_step=steps_before) as follower,
+        ):
+            _fit_with_restarts(cfg, plan, relay)
+    finally:
+        ray.kill(relay)
+    final = final_status(follower.status)
     if cfg.wandb.mode is WandbMode.offline:
         final["wandb_sync"] = sync_command(plan.run_dir, plan.wandb_id, cfg.wandb.project, cfg.wandb.entity)
     steps = int(final["step"]) - steps_before
@@ -239,14 +247,14 @@ def run_training(cfg: TrainConfig, plan: RunPlan | None = None) -> StageResult:
     return StageResult("train", plan.run_dir, time.perf_counter() - started, tokens, details=final)
 
 
-def _fit_with_restarts(cfg: TrainConfig, plan: RunPlan) -> None:
+def _fit_with_restarts(cfg: TrainConfig, plan: RunPlan, relay) -> None:
     """Attempts until one succeeds: a lost worker restarts the run (up to ``max_failures`` times,
     each resuming from the latest checkpoint); an error about the input ends it at once."""
     from ray.train import TrainingFailedError
 
     for attempt in range(cfg.max_failures + 1):
         try:
-            _fit(cfg, plan)
+            _fit(cfg, plan, relay)
             return
         except TrainingFailedError as err:  # surface the worker's own last line, not Ray's traceback
             message = _failure_message(err)
@@ -263,7 +271,7 @@ def _fit_with_restarts(cfg: TrainConfig, plan: RunPlan) -> None:
             )
 
 
-def _fit(cfg: TrainConfig, plan: RunPlan) -> None:
+def _fit(cfg: TrainConfig, plan: RunPlan, relay) -> None:
     """One attempt: a ``TorchTrainer`` that Ray itself never restarts (``run_training`` decides)."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -271,7 +279,7 @@ def _fit(cfg: TrainConfig, plan: RunPlan) -> None:
     ray_storage = tempfile.mkdtemp(prefix="elmo-ray-train-")
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"config": cfg, "plan": dataclasses.asdict(plan)},
+        train_loop_config={"config": cfg, "plan": plan, "relay": relay},
         torch_config=TorchConfig(backend="nccl" if plan.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=cfg.workers,
@@ -342,7 +350,7 @@ def _deterministic(failure: BaseException) -> bool:
 
 def _logged_steps(run_dir: str) -> int:
     """Steps an earlier (resumed) run already logged, so this run's tokens count only its own."""
-    path = storage.join(run_dir, METRICS_FILE)
+    path = RunDir(run_dir).metrics
     if not storage.exists(path):
         return 0
     return max(
@@ -350,15 +358,15 @@ def _logged_steps(run_dir: str) -> int:
     )
 
 
-def final_status(run_dir: str) -> dict:
-    """The last ``status`` row rank 0 wrote to metrics.jsonl; a TrainError unless it says ``done``."""
-    path = storage.join(run_dir, METRICS_FILE)
-    rows = [r for r in read_metrics(path) if r.get("kind") == "status"] if storage.exists(path) else []
-    if not rows:
-        raise TrainError(f"training ended without a final status in {path}")
-    if rows[-1].get("status") != "done":
-        raise TrainError(str(rows[-1].get("message", "training stopped")))
-    return rows[-1]
+def final_status(status: dict | None) -> dict:
+    """The run's final status row, as rank 0 handed it to the driver; a TrainError unless it says
+    ``done``. (Not Ray Train's ``Result.metrics``: Ray Train V2 keeps only metrics reported with
+    a checkpoint, and its checkpoint storage would need a path every node shares.)"""
+    if not status or "status" not in status:
+        raise TrainError("training ended without a final status")
+    if status["status"] != "done":
+        raise TrainError(str(status.get("message", "training stopped")))
+    return status
 
 
 __all__ = ["TrainError", "RunPlan", "prepare_run", "run_training", "final_status"]

@@ -1,6 +1,6 @@
-"""Training metrics: the matmul peak behind MFU (the FLOPs are elmo_model.flops), and the sinks (metrics.jsonl, wandb (``wandb_run.py``), the perplexity plot).
+"""Training metrics: the matmul peak behind MFU (the FLOPs are elmo_model.flops), and the sinks:
+metrics.jsonl, wandb (``wandb_run.py``), the driver's console (``progress.py``), the perplexity plot.
 
-``ray.train.report`` gets the run's final status row only (`RunLog.finish_with`).
 Only rank 0 owns a ``MetricsLog``.
 """
 
@@ -15,13 +15,14 @@ from typing import Any
 import torch
 
 from pipeline import storage
+from pipeline.background import WriteQueue
 from pipeline.config import to_dict
-from pipeline.train.distributed import barrier
 from pipeline.train.plan import RunPlan
+from pipeline.train.run_dir import RunDir, RunWriter
 from pipeline.train.wandb_run import WandbRun
 
-METRICS_FILE = "metrics.jsonl"
-PLOT_FILE = "perplexity.png"
+RELAY_TIMEOUT_S = 60.0
+"""How long the end of a run waits for the driver's relay to take the final status row."""
 
 
 # ---- MFU ---------------------------------------------------------------------------------------
@@ -57,98 +58,63 @@ def _sync(device: torch.device) -> None:
 
 class MetricsLog:
     """Rows of ``RUN/metrics.jsonl``: one JSON object per line, each with ``step`` and ``kind``
-    (``train``, ``eval``, ``config``, ``event``, ``status``); each (kind, step) at most once (events:
-    (kind, event, step)).
+    (``train``, ``eval``, ``config``, ``event``, ``guard``, ``status``); a row of the same (kind,
+    event, step) as an earlier one replaces it (a run resumed from its final checkpoint evaluates
+    and closes that step again).
 
-    S3 has no append, so the whole file is rewritten: by a background thread, so the training loop
-    does not wait for the storage (a long run's file is megabytes). A write covers every row added
-    before it starts; rows added while it runs get the next one. `flush` waits until the file holds
-    every row; the error of a failed write is raised by the next `append` or `flush`, and the rows
-    are written again with the next row or `flush`.
+    Written in the background on ``writes`` (the run's records queue, ``run_dir.RunWriter``), so the
+    loop never waits for the storage: a local file gets each row appended (a replaced row is
+    appended again; :func:`read_metrics` keeps the last), an ``s3://`` one (no appends) the whole
+    file again, at most one rewrite queued at a time. At the start the file is cut to the rows of
+    the checkpoint a resumed run continues from (``resume_step``).
     """
 
-    def __init__(self, run_dir: str, resume_step: int | None):
-        self.path = storage.join(run_dir, METRICS_FILE)
+    def __init__(self, path: str, resume_step: int | None, writes: WriteQueue):
+        self.path, self.writes = path, writes
+        self.local = not storage.is_s3(path)
         rows: list[dict] = []
-        if resume_step is not None and storage.exists(self.path):
+        if resume_step is not None and storage.exists(path):
             # rows logged after the checkpoint we resume from will be logged again
-            rows = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= resume_step]
+            rows = [r for r in read_metrics(path) if int(r.get("step", 0)) <= resume_step]
+        self._lock = threading.Lock()
         # (kind, event, step) -> (row, its line, encoded once), in the file's order
         self._entries = {_row_key(r): (r, json.dumps(r) + "\n") for r in rows}
-        self._changed = threading.Condition()
-        self._version = self._written = 0  # versions of the rows: the newest, and the one stored
-        self._failed: int | None = None  # the version whose write failed (tried again once changed)
-        self._error: BaseException | None = None
-        self._writer: threading.Thread | None = None
-        self._closing = False  # the writer is asked to end
+        self._unwritten: list[str] = []  # local: lines not appended yet
+        self._whole = True  # the next write is of the whole file: the first, or one after a failure
+        writes.submit(self._write, latest=path)
 
     def append(self, row: dict) -> None:
-        """Add ``row`` at the end, replacing an earlier row of the same kind and step: a run resumed
-        from its final checkpoint evaluates and closes that step again."""
+        """Add ``row`` at the end (replacing an earlier row of its key); raises the error of an
+        earlier write that failed (the next write repairs it: the whole file, or what it missed)."""
         key, line = _row_key(row), json.dumps(row) + "\n"
-        with self._changed:
-            self._raise_failed_write()
-            self._entries.pop(key, None)  # rare: an earlier row of this key; the new one goes at the end
+        with self._lock:
+            self._entries.pop(key, None)
             self._entries[key] = (row, line)
-            self._version += 1
-            if self._writer is None:
-                self._writer = threading.Thread(
-                    target=self._write_changes, name="metrics-writer", daemon=True
-                )
-                self._writer.start()
-            self._changed.notify_all()
+            self._unwritten.append(line)
+        self.writes.submit(self._write, latest=self.path)
 
     @property
     def rows(self) -> list[dict]:
         """The rows, in the file's order."""
-        return [row for row, _ in self._entries.values()]
+        with self._lock:
+            return [row for row, _ in self._entries.values()]
 
-    def flush(self) -> None:
-        """Wait until the file holds every row appended so far; raises a failed write's error."""
-        with self._changed:
-            self._failed = None  # a version whose write failed is tried again
-            self._changed.notify_all()
-            self._changed.wait_for(lambda: self._written == self._version or self._error is not None)
-            self._raise_failed_write()
-
-    def close(self) -> None:
-        """`flush`, then end the writing thread (a later `append` starts another)."""
-        self.flush()
-        with self._changed:
-            writer, self._writer = self._writer, None
-            self._closing = writer is not None
-            self._changed.notify_all()
-        if writer is not None:
-            writer.join()
-
-    def _raise_failed_write(self) -> None:
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-    def _write_changes(self) -> None:
-        while True:
-            with self._changed:
-                self._changed.wait_for(
-                    lambda: self._version not in (self._written, self._failed) or self._closing
-                )
-                if self._closing:
-                    self._closing = False
-                    return
-                version, data = (
-                    self._version,
-                    "".join(line for _, line in self._entries.values()).encode("utf-8"),
-                )
-            try:
+    def _write(self) -> None:
+        """What the file lacks: the lines appended since (local), else the whole file."""
+        with self._lock:
+            whole = self._whole or not self.local
+            lines = [line for _, line in self._entries.values()] if whole else self._unwritten
+            self._unwritten, self._whole = [], False
+        data = "".join(lines).encode("utf-8")
+        try:
+            if whole:
                 storage.write_bytes(self.path, data)
-            except Exception as err:  # noqa: BLE001 - raised in the loop by the next append or flush
-                with self._changed:
-                    self._error, self._failed = err, version
-                    self._changed.notify_all()
-                continue
-            with self._changed:
-                self._written = version
-                self._changed.notify_all()
+            else:
+                storage.append_local(self.path, data)
+        except BaseException:
+            with self._lock:
+                self._whole = True
+            raise
 
 
 def _row_key(row: dict) -> tuple:
@@ -156,34 +122,54 @@ def _row_key(row: dict) -> tuple:
 
 
 def read_metrics(path: str) -> list[dict]:
-    """The rows of a metrics.jsonl (local or s3://)."""
-    return [
+    """The rows of a metrics.jsonl (local or s3://): of rows with the same (kind, event, step), the
+    last one, where it stands."""
+    rows = [
         json.loads(line) for line in storage.read_bytes(path).decode("utf-8").splitlines() if line.strip()
     ]
+    latest = {}
+    for row in rows:
+        key = _row_key(row)
+        latest.pop(key, None)
+        latest[key] = row
+    return list(latest.values())
 
 
 # ---- one run's log -------------------------------------------------------------------------------
 
 
 class RunLog:
-    """Where a run's rows go: ``metrics.jsonl`` and wandb (rank 0). Train rows are due every
-    ``cfg.log_every`` steps and at the last step. With ``report``, every rank also sends the final
-    status row to ``ray.train.report`` (the run's ``Result.metrics``), and only that row: Ray Train
-    V2 holds one report per worker until its controller's health-check poll takes it (every 2 s),
-    so a report within 2 s of the one before blocks the loop until then (measured: 0.8-2.0 s per
-    row in a ``tiny`` run logging every 5 steps).
+    """Where a run's rows go: ``metrics.jsonl`` and wandb (rank 0), and the driver's console through
+    ``relay`` (``progress.ProgressRelay``; rank 0, when given). Train rows are due every
+    ``cfg.log_every`` steps and at the last step. Nothing here makes a step wait: the files are
+    written on the run's records queue (``writer``), and a row goes to the relay as a Ray call that
+    is not awaited (``ray.train.report`` would be: Ray Train V2 holds one report per worker until its
+    controller's health-check poll takes it, every 2 s; measured 0.8-2.0 s per row in a ``tiny`` run
+    logging every 5 steps). Only the final status row is awaited, once, at the end of the run: it is
+    the driver's verdict on the run.
 
     ``plan``: the run's ``RunPlan`` (its directory, name, step count and wandb id);
     ``resumed_from``: the step a resumed run continues from (rows logged after it are dropped and
     a ``resume`` event is logged), or None for a new run (a ``config`` row is logged).
     """
 
-    def __init__(self, cfg: Any, plan: RunPlan, rank: int, resumed_from: int | None, report: bool):
-        self.every, self.report = cfg.log_every, report
+    def __init__(
+        self,
+        cfg: Any,
+        plan: RunPlan,
+        rank: int,
+        resumed_from: int | None,
+        writer: RunWriter,
+        relay: Any = None,
+    ):
+        self.every, self.relay = cfg.log_every, relay if rank == 0 else None
         config = to_dict(cfg)
-        self.metrics = MetricsLog(plan.run_dir, resumed_from) if rank == 0 else None
+        run_dir = RunDir(plan.run_dir)
+        self.metrics = MetricsLog(run_dir.metrics, resumed_from, writer.records) if rank == 0 else None
         self.wandb = (
-            WandbRun(cfg.wandb, plan.run_dir, plan.name, config, plan.wandb_id) if rank == 0 else None
+            WandbRun(cfg.wandb, plan.run_dir, plan.name, config, plan.wandb_id, writer.records)
+            if rank == 0
+            else None
         )
         total_steps = plan.total_steps
         if self.metrics is not None:
@@ -204,32 +190,37 @@ class RunLog:
     def due(self, step: int, last_step: bool) -> bool:
         return step % self.every == 0 or last_step
 
-    def emit(self, row: dict, to_wandb: bool = True) -> None:
-        """One row (``kind``, ``step``, values) to every sink."""
+    def emit(self, row: dict, to_wandb: bool = True) -> Any:
+        """One row (``kind``, ``step``, values) to every sink; returns the relay call's ObjectRef
+        (None without a relay), which nobody waits for but the end of the run."""
         if self.metrics is not None:
             self.metrics.append(row)
             if to_wandb:
                 self.wandb.log(row, row["step"])
+        if self.relay is not None:
+            return self.relay.put.remote(row)
+        return None
 
     def save_tracking(self) -> None:
-        """Start bringing the wandb files of an s3:// run directory up to date there (with each
-        checkpoint; in the background)."""
+        """Bring the wandb files of an s3:// run directory up to date there (with each checkpoint;
+        queued)."""
         if self.wandb is not None:
             self.wandb.upload()
 
     def finish_with(self, status: dict) -> None:
-        """Close the run with its ``status`` row (metrics.jsonl, then Ray once every rank finished
-        its wandb run)."""
-        if self.metrics is not None:
-            self.metrics.append(status)
-            self.metrics.close()
+        """Close the run's record with its ``status`` row: metrics.jsonl and wandb (queued: the
+        run's ``RunWriter.close()`` waits for them), and the driver, which gets it before this
+        returns (a relay that is gone is no reason to fail a finished run: the record has it)."""
+        handed = self.emit(status, to_wandb=False)
         if self.wandb is not None:
             self.wandb.finish()
-        barrier()
-        if self.report:
-            import ray.train
+        if handed is not None:
+            import ray
 
-            ray.train.report(status)
+            try:
+                ray.get(handed, timeout=RELAY_TIMEOUT_S)
+            except (ray.exceptions.RayError, TimeoutError):
+                pass
 
 
 # ---- plot ------------------------------------------------------------------------------------

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunPlan:
-    """Facts the driver resolves once and hands to every worker (as a dict: it crosses to Ray).
+    """Facts the driver resolves once and hands to every worker, as they are (frozen: no worker
+    changes them).
 
     ``options``: the model's inference options.json dict; ``total_steps``: steps of the whole run
     (a resumed run continues up to it); ``unigram_perplexity``: the held-out baseline;
-    ``wandb_id``: the run's wandb id (``run.json``); ``use_gpu``: set from the cluster just before launch."""
+    ``wandb_id``: the run's wandb id (``run.json``); ``use_gpu``: from the cluster, set (``dataclasses.replace``) just before launch."""
 
     run_dir: str
     name: str

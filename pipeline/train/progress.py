@@ -1,24 +1,24 @@
 """Training progress on the driver's console: a line per logged train row and per evaluation.
 
-The workers write their rows to ``metrics.jsonl`` (rank 0; local or s3://), which stays the one
-record. The driver follows that file while the run is going (:class:`MetricsFollower`, a thread that
-reads what was added to it every ``POLL_SECONDS``) and prints each new ``train`` / ``eval`` row once as a line
-(:meth:`ProgressLines.lines`). Reading the record rather than having rank 0 print keeps the lines free of
-Ray's per-process prefixes and the same on a laptop and under ``ray job submit``.
+Rank 0 writes its rows to ``metrics.jsonl`` (the record) and hands each to a :class:`ProgressRelay`
+actor that the driver started; the driver takes them from it (:class:`RelayFollower`, a thread
+long-polling the actor) and prints each new ``train`` / ``eval`` / ``guard`` row once as a line
+(:meth:`ProgressLines.lines`). The storage is never polled, and the loop never waits: rank 0's
+call to the relay is not awaited. Printing on the driver rather than on rank 0 keeps the lines free
+of Ray's per-process prefixes and the same on a laptop and under ``ray job submit``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import threading
 from collections.abc import Callable
 
-from pipeline import storage
-from pipeline.train.metrics import METRICS_FILE
-
-POLL_SECONDS = 2.0
+POLL_SECONDS = 1.0
+"""How long one take from the relay waits for rows (the follower then checks whether to stop)."""
+TAKE_SLACK_S = 60.0
+"""How much longer than that the driver waits for the relay's answer before asking again."""
 CHECKPOINT_WAIT_SHARE = 0.05
 """Waiting for earlier checkpoint saves longer than this share of the time between two train rows
 is worth a warning: the storage does not keep up with ``checkpoint_every``."""
@@ -98,74 +98,97 @@ class ProgressLines:
         ]
 
 
-class MetricsFollower:
-    """While the body of ``with MetricsFollower(run_dir, total_steps):`` runs, print the new rows
-    of ``run_dir/metrics.jsonl`` (those of steps after ``from_step``) as lines on ``out``; a last
-    read on exit catches the final rows."""
+class ProgressRelay:
+    """A Ray actor (``relay_actor()``) that holds the rows rank 0 hands it (``put``, never awaited
+    by the worker: the call is queued and the loop goes on) until the driver takes them
+    (``take``, a long poll). Async: a ``take`` waiting for rows never holds up a ``put``."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.rows: list[dict] = []
+        self._added = asyncio.Condition()
+
+    async def put(self, row: dict) -> None:
+        async with self._added:
+            self.rows.append(row)
+            self._added.notify_all()
+
+    async def take(self, start: int, timeout_s: float) -> list[dict]:
+        """The rows from index ``start`` on, once there are any (or ``[]`` after ``timeout_s``)."""
+        import asyncio
+
+        async with self._added:
+            try:
+                await asyncio.wait_for(self._added.wait_for(lambda: len(self.rows) > start), timeout_s)
+            except asyncio.TimeoutError:
+                return []
+            return self.rows[start:]
+
+
+def relay_actor():
+    """A new ``ProgressRelay`` actor: no CPU of its own, not restarted (a run that outlives it only
+    loses console lines: metrics.jsonl and wandb hold every row)."""
+    import ray
+
+    return ray.remote(num_cpus=0, max_restarts=0)(ProgressRelay).remote()
+
+
+class RelayFollower:
+    """While the body of ``with RelayFollower(relay, total_steps):`` runs, print the rows the run
+    hands to ``relay`` (those of steps after ``from_step``) as lines on ``out``; what is left is
+    printed on exit. A rollback of the divergence guard logs its steps again: printed again.
+    ``status``: the last ``status`` row the run handed over (its verdict), None before one came."""
 
     def __init__(
         self,
-        run_dir: str,
+        relay,
         total_steps: int,
         from_step: int = 0,
         out: Callable[[str], None] | None = None,
-        poll_seconds: float = POLL_SECONDS,
+        poll_s: float = POLL_SECONDS,
     ):
-        self.path = storage.join(run_dir, METRICS_FILE)
+        self.relay, self.poll_s = relay, poll_s
         self.lines = ProgressLines(total_steps)
         self.out = out or (lambda text: print(text, file=sys.stderr, flush=True))
-        self.poll_seconds = poll_seconds
         self._printed: set[tuple[str, int, int]] = set()
-        self._offset, self._last_line = 0, b""  # bytes of the file read so far, and its last line
+        self._taken = 0  # rows of the relay printed so far
+        self.status: dict | None = None
         self._from_step = from_step
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._follow, name="metrics-follower", daemon=True)
+        self._thread = threading.Thread(target=self._follow, name="progress-follower", daemon=True)
 
-    def __enter__(self) -> MetricsFollower:
+    def __enter__(self) -> RelayFollower:
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.print_new()
+        self._print_new(timeout_s=0.0)
 
     def _follow(self) -> None:
-        while not self._stop.wait(self.poll_seconds):
-            self.print_new()
+        while not self._stop.is_set():
+            self._print_new(self.poll_s)
 
-    def print_new(self) -> None:
-        """Print the rows not printed yet. A read that fails (the file not there yet, a storage
-        hiccup) is skipped: the record is the workers', and the next poll reads it again."""
+    def _print_new(self, timeout_s: float) -> None:
+        import ray
+
         try:
-            rows = self._new_rows()
-        except (storage.StorageError, ValueError):
+            rows = ray.get(self.relay.take.remote(self._taken, timeout_s), timeout=timeout_s + TAKE_SLACK_S)
+        except ray.exceptions.GetTimeoutError:
+            return  # a busy cluster (the relay still starting): the next take asks again
+        except ray.exceptions.RayError:
+            # the relay is gone (a lost node): the record (metrics.jsonl, wandb) still holds it all
+            self._stop.set()
             return
+        self._taken += len(rows)
         for row in rows:
-            # a rollback of the divergence guard logs its steps again
+            if row.get("kind") == "status":
+                self.status = row
             key = (str(row.get("kind")), int(row.get("step", 0)), int(row.get("guard/rollbacks", 0)))
             if key in self._printed or key[1] <= self._from_step:
                 continue
             self._printed.add(key)
             for text in self.lines.lines(row):
                 self.out(text)
-
-    def _new_rows(self) -> list[dict]:
-        """The rows written since the last read. The workers rewrite the file whole, but only ever
-        add rows at its end (a row replaced on a rerun moves to the end), so only the bytes after
-        the last read are fetched, from the last line read on: if that line is no longer where it
-        was, the file changed before it and is read whole (the printed keys skip the rows seen)."""
-        start = self._offset - len(self._last_line)
-        data = storage.read_from(self.path, start)
-        if data is None:
-            return []
-        if data.startswith(self._last_line):
-            data = data[len(self._last_line) :]
-        else:
-            self._offset, self._last_line = 0, b""
-            data = storage.read_from(self.path, 0) or b""
-        complete = data[: data.rfind(b"\n") + 1]  # a line without its newline is not whole yet
-        if complete:
-            self._offset += len(complete)
-            self._last_line = complete[complete.rstrip(b"\n").rfind(b"\n") + 1 :]
-        return [json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip()]

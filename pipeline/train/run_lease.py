@@ -20,8 +20,8 @@ import time
 
 from pipeline import storage
 from pipeline.train.errors import TrainError
+from pipeline.train.run_dir import RunDir
 
-LEASE_FILE = "lease.json"
 TTL_S = 90.0
 """A lease whose heartbeat is older than this is a crashed run's."""
 BEAT_S = 15.0
@@ -34,7 +34,7 @@ class RunLease:
     run; ``acquire()`` takes it (and starts the heartbeat); ``release()`` gives it back."""
 
     def __init__(self, run_dir: str, ttl_s: float = TTL_S, beat_s: float = BEAT_S):
-        self.path = storage.join(run_dir, LEASE_FILE)
+        self.path = RunDir(run_dir).lease
         self.run_dir, self.ttl_s, self.beat_s = run_dir, ttl_s, beat_s
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._stop = threading.Event()

@@ -9,7 +9,7 @@ it) and ``wandb sync --id <id>`` uploads them all into the one run, attempts in 
 (:func:`sync_command` prints the exact command).
 
 For an ``s3://`` run directory the offline files are written locally and copied to ``RUN/wandb``
-whenever :meth:`WandbRun.upload` is called (with each checkpoint; in a background thread, so the
+whenever :meth:`WandbRun.upload` is called (with each checkpoint; queued on the run's records queue, so the
 training loop does not wait for the storage) and at the end, so a crash loses at most one
 checkpoint interval of history.
 """
@@ -21,15 +21,13 @@ import re
 import secrets
 import shlex
 import tempfile
-from concurrent.futures import Future
 from typing import Any
 
 from pipeline import storage
-from pipeline.background import in_thread
+from pipeline.background import WriteQueue
 from pipeline.train.config import WandbMode
+from pipeline.train.run_dir import WANDB_DIR, RunDir
 
-WANDB_DIR = "wandb"
-"""Where a run's offline wandb files land, under the run directory (``attempt-NNN/`` below it)."""
 _ATTEMPT = re.compile(r"attempt-(\d+)$")
 
 
@@ -44,12 +42,12 @@ def sync_command(run_dir: str, wandb_id: str, project: str, entity: str = "") ->
     target = f"-p {shlex.quote(project)}" + (f" -e {shlex.quote(entity)}" if entity else "")
     runs = f"attempt-*/wandb/offline-run-*-{wandb_id}"
     if storage.is_s3(run_dir):
-        source = storage.join(run_dir, WANDB_DIR)
+        source = RunDir(run_dir).wandb
         return (
             f"aws s3 cp --recursive {shlex.quote(source)} ./{WANDB_DIR} && "
             f"wandb sync --id {wandb_id} {target} ./{WANDB_DIR}/{runs}"
         )
-    local = os.path.join(run_dir, WANDB_DIR)
+    local = RunDir(run_dir).wandb
     return f"wandb sync --id {wandb_id} {target} {shlex.quote(local)}/{runs}"
 
 
@@ -61,7 +59,7 @@ def next_attempt(run_dir: str) -> str:
     """The wandb directory of a new attempt of the run, relative to the run directory
     (``wandb/attempt-NNN``), one past the highest an earlier attempt left there. Only rank 0 of
     one attempt at a time runs this, so listing is enough; a local directory is created here."""
-    root = storage.join(run_dir, WANDB_DIR)
+    root = RunDir(run_dir).wandb
     if storage.is_s3(run_dir):
         names = {p[len(root) + 1 :].split("/", 1)[0] for p in storage.list_prefix(root + "/")}
     else:
@@ -92,15 +90,17 @@ def _check_credentials() -> None:
 class WandbRun:
     """The rank-0 wandb run of a training run (nothing for ``mode=disabled``).
 
-    ``settings``: the ``WandbConfig``; ``wandb_id``: the run's id from ``run.json``.
+    ``settings``: the ``WandbConfig``; ``wandb_id``: the run's id from ``run.json``; ``writes``:
+    the run's records queue (``run_dir.RunWriter``), which carries the copies to an s3 run directory.
     """
 
-    def __init__(self, settings: Any, run_dir: str, name: str, config: dict, wandb_id: str):
-        self.run_dir = run_dir
+    def __init__(
+        self, settings: Any, run_dir: str, name: str, config: dict, wandb_id: str, writes: WriteQueue
+    ):
+        self.run_dir, self.writes = run_dir, writes
         self.run = None
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._uploaded: dict[str, tuple[int, int]] = {}  # local path -> (size, mtime_ns) uploaded
-        self._copying: Future | None = None  # the copy to s3 in flight (`upload`)
         mode = settings.mode
         if mode is WandbMode.disabled:
             return
@@ -137,21 +137,12 @@ class WandbRun:
                 {k: v for k, v in row.items() if isinstance(v, int | float) and k != "step"}, step=step
             )
 
-    def upload(self) -> Future | None:
-        """Start copying the offline files written since the last copy to ``RUN/wandb/attempt-NNN``
-        in a background thread (s3 run directories only: a local run directory holds them already),
-        so the training loop does not wait for the storage; the copy started before is waited for
-        first, and its error raised here. Returns the copy's future (None: nothing to copy)."""
-        if self._tmp is None:
-            return None
-        self._wait_for_copy()
-        self._copying = in_thread(self._copy_new_files, name="wandb-upload")
-        return self._copying
-
-    def _wait_for_copy(self) -> None:
-        copying, self._copying = self._copying, None
-        if copying is not None:
-            copying.result()
+    def upload(self) -> None:
+        """Queue a copy of the offline files written since the last copy to ``RUN/wandb/attempt-NNN``
+        (s3 run directories only: a local run directory holds them already), so the training loop
+        does not wait for the storage; an earlier copy's error is raised here."""
+        if self._tmp is not None:
+            self.writes.submit(self._copy_new_files, latest="wandb")
 
     def _copy_new_files(self) -> None:
         root = self._tmp.name
@@ -173,7 +164,8 @@ class WandbRun:
                 self._uploaded[full] = seen
 
     def finish(self) -> None:
-        """End the wandb run; an s3 run directory then gets the last files before this returns."""
+        """End the wandb run; an s3 run directory then gets the last files (queued: the run's
+        ``RunWriter.close()`` waits for them)."""
         if self.run is None:
             return
         import wandb
@@ -184,6 +176,10 @@ class WandbRun:
         # later run in this process would inherit another run's credentials
         wandb.teardown()
         if self._tmp is not None:
-            self._wait_for_copy()
+            self.writes.submit(self._copy_last_files)
+
+    def _copy_last_files(self) -> None:
+        try:
             self._copy_new_files()
+        finally:
             self._tmp.cleanup()

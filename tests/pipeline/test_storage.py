@@ -120,19 +120,6 @@ def test_streaming_write_and_read(root):
         assert stream.read() == data[-3:]
 
 
-def test_read_from_an_offset_to_the_end(root):
-    path = join(root, "growing.jsonl")
-    assert storage.read_from(path, 0) is None  # nothing there yet
-    storage.write_bytes(path, b"")
-    assert storage.read_from(path, 0) == b""
-    storage.write_bytes(path, b"one\ntwo\n")
-    assert storage.read_from(path, 0) == b"one\ntwo\n"
-    assert storage.read_from(path, 4) == b"two\n"
-    assert storage.read_from(path, 8) == b"" and storage.read_from(path, 100) == b""
-    storage.write_bytes(path, b"one\ntwo\nthree\n")  # rewritten longer: the new part alone
-    assert storage.read_from(path, 8) == b"three\n"
-
-
 def test_lines_stream(root):
     path = join(root, "lines.txt")
     storage.write_bytes(path, b"one\ntwo\nthree\n")

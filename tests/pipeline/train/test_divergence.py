@@ -14,8 +14,10 @@ from pipeline.train import checkpoint as ckpt
 from pipeline.train.config import GuardConfig, TrainConfig
 from pipeline.train.divergence import DivergenceGuard
 from pipeline.train.launch import TrainError, final_status, prepare_run
-from pipeline.train.metrics import METRICS_FILE, read_metrics
-from pipeline.train.trainer import StepRunner, Trainer
+from pipeline.train.metrics import read_metrics
+from pipeline.train.run_dir import METRICS_FILE
+from pipeline.train.step import StepRunner
+from pipeline.train.trainer import Trainer
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("single_thread")]
 
@@ -121,7 +123,7 @@ def test_stop_ends_the_run_with_a_clear_error(shards, tmp_path, drift_once):
     status = _run(_config(shards, run_dir, "guard.on_divergence=stop"))
     assert status["status"] == "diverged" and status["step"] == 10
     with pytest.raises(TrainError, match="divergence at step 10: forward LM full-softmax perplexity") as err:
-        final_status(run_dir)
+        final_status(status)
     assert "\n" not in str(err.value) and "step-000000008" in str(err.value)
 
 

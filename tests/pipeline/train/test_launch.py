@@ -21,9 +21,10 @@ from pipeline import storage
 from pipeline.config import load_config
 from pipeline.train import checkpoint as ckpt
 from pipeline.train.config import TrainConfig
-from pipeline.train.export import EXPORT_DIR, SOFTMAX_FILE, VOCAB_FILE, model_from_checkpoint, read_softmax
+from pipeline.train.export import SOFTMAX_FILE, VOCAB_FILE, model_from_checkpoint, read_softmax
 from pipeline.train.launch import TrainError, final_status, prepare_run, run_training
-from pipeline.train.metrics import METRICS_FILE, PLOT_FILE, read_metrics
+from pipeline.train.metrics import read_metrics
+from pipeline.train.run_dir import EXPORT_DIR, METRICS_FILE, PLOT_FILE
 from pipeline.train.trainer import Trainer
 
 pytestmark = pytest.mark.timeout(600)
@@ -339,7 +340,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(shards, tmp_path):
     status = Trainer(cfg, prepare_run(cfg), torch.device("cpu")).run()
     assert status["status"] == "nan"
     with pytest.raises(TrainError, match="non-finite loss") as err:
-        final_status(run_dir)
+        final_status(status)
     assert "\n" not in str(err.value)
     good = ckpt.list_checkpoints(run_dir)
     assert good and good[-1][0] < 6 and str(good[-1][1]) in str(err.value)

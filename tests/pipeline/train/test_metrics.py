@@ -1,3 +1,4 @@
+import os
 import threading
 import time
 
@@ -5,6 +6,7 @@ import pytest
 import torch
 
 from pipeline import storage
+from pipeline.background import WriteQueue
 from pipeline.train.metrics import (
     MetricsLog,
     measure_matmul_peak,
@@ -12,88 +14,125 @@ from pipeline.train.metrics import (
     plot_perplexity,
     read_metrics,
 )
+from pipeline.train.run_dir import METRICS_FILE
 
 
 def test_measured_peak_is_positive():
     assert measure_matmul_peak(torch.device("cpu"), size=128, seconds=0.05) > 1e6
 
 
-def test_metrics_log_rewrites_and_truncates_on_resume(tmp_path):
+def _log(run_dir: str, resume_step: int | None) -> tuple[MetricsLog, WriteQueue]:
+    writes = WriteQueue("test-records")
+    return MetricsLog(f"{run_dir}/{METRICS_FILE}", resume_step, writes), writes
+
+
+def test_metrics_log_appends_and_truncates_on_resume(tmp_path):
     run = str(tmp_path / "run")
-    log = MetricsLog(run, None)
+    os.makedirs(run)
+    log, writes = _log(run, None)
     for step in (10, 20, 30):
         log.append({"kind": "train", "step": step})
-    log.close()
+    writes.close()
     assert [r["step"] for r in read_metrics(log.path)] == [10, 20, 30]
-    resumed = MetricsLog(run, 20)
+    resumed, writes = _log(run, 20)
+    writes.wait()
     assert [r["step"] for r in resumed.rows] == [10, 20]
-    fresh = MetricsLog(run, None)
+    assert [r["step"] for r in read_metrics(log.path)] == [10, 20]  # cut to the checkpoint's rows
+    fresh, writes = _log(run, None)
     fresh.append({"kind": "config", "step": 0})
-    fresh.close()
+    writes.close()
     assert read_metrics(fresh.path) == [{"kind": "config", "step": 0}]
+
+
+def test_a_local_file_is_appended_to_not_rewritten(tmp_path, monkeypatch):
+    run = str(tmp_path / "run")
+    os.makedirs(run)
+    rewrites, write_bytes = [], storage.write_bytes
+    monkeypatch.setattr(
+        storage, "write_bytes", lambda path, data: (rewrites.append(path), write_bytes(path, data))
+    )
+    log, writes = _log(run, None)
+    for step in range(1, 201):
+        log.append({"kind": "train", "step": step})
+    writes.close()
+    assert rewrites == [log.path]  # once, at the start
+    assert [r["step"] for r in read_metrics(log.path)] == list(range(1, 201))
 
 
 def test_a_step_logged_again_replaces_its_row(tmp_path):
     """A run resumed from its final checkpoint evaluates and closes that step again: one row each."""
     run = str(tmp_path / "run")
-    log = MetricsLog(run, None)
+    os.makedirs(run)
+    log, writes = _log(run, None)
     for row in (
         {"kind": "train", "step": 20},
         {"kind": "eval", "step": 20, "v": 1},
         {"kind": "status", "step": 20},
     ):
         log.append(row)
-    log.close()
-    resumed = MetricsLog(run, 20)
+    writes.close()
+    resumed, writes = _log(run, 20)
     resumed.append({"kind": "event", "step": 20, "event": "resume"})
     resumed.append({"kind": "eval", "step": 20, "v": 2})
     resumed.append({"kind": "status", "step": 20})
-    resumed.flush()
-    assert [(r["kind"], r.get("v")) for r in resumed.rows] == [
-        ("train", None),
-        ("event", None),
-        ("eval", 2),
-        ("status", None),
-    ]
-    assert [(r["kind"], r.get("v")) for r in read_metrics(resumed.path)] == [
-        ("train", None),
-        ("event", None),
-        ("eval", 2),
-        ("status", None),
-    ]
+    writes.wait()
+    expected = [("train", None), ("event", None), ("eval", 2), ("status", None)]
+    assert [(r["kind"], r.get("v")) for r in resumed.rows] == expected
+    assert [(r["kind"], r.get("v")) for r in read_metrics(resumed.path)] == expected
 
 
 def test_rows_are_written_beside_the_loop_and_a_failed_write_is_raised_at_the_next_row(tmp_path, monkeypatch):
-    import pipeline.train.metrics as metrics
-
-    log = MetricsLog(str(tmp_path / "run"), None)
-    gate, write_bytes, writes = threading.Event(), storage.write_bytes, []
+    run = str(tmp_path / "run")
+    os.makedirs(run)
+    log, writes = _log(run, None)
+    gate, append_local = threading.Event(), storage.append_local
 
     def slow_storage(path, data):
         assert gate.wait(timeout=30)
-        writes.append(data.count(b"\n"))
-        write_bytes(path, data)
+        append_local(path, data)
 
-    monkeypatch.setattr(metrics.storage, "write_bytes", slow_storage)
+    writes.wait()
+    monkeypatch.setattr(storage, "append_local", slow_storage)
     for step in range(1, 51):  # the loop never waits for the storage
         log.append({"kind": "train", "step": step})
+    assert not writes.idle
     gate.set()
-    log.flush()
+    writes.wait()
     assert [r["step"] for r in read_metrics(log.path)] == list(range(1, 51))
-    assert writes[-1] == 50 and len(writes) <= 3  # the rows that came during a write share the next one
 
     def broken(path, data):
         raise storage.StorageError(f"{path}: connection reset")
 
-    monkeypatch.setattr(metrics.storage, "write_bytes", broken)
+    monkeypatch.setattr(storage, "append_local", broken)
     log.append({"kind": "train", "step": 51})
     with pytest.raises(storage.StorageError, match="connection reset"):
         for step in range(52, 100):  # raised where the loop adds a row next
             log.append({"kind": "train", "step": step})
             time.sleep(0.01)
-    monkeypatch.setattr(metrics.storage, "write_bytes", write_bytes)
-    log.close()  # the rows after the failed write reach the file with the next one
-    assert [r["step"] for r in read_metrics(log.path)][-1] == log.rows[-1]["step"]
+    monkeypatch.setattr(storage, "append_local", append_local)
+    log.append({"kind": "train", "step": 100})
+    writes.close()  # the rows whose append failed reach the file with the next write, whole
+    assert [r["step"] for r in read_metrics(log.path)] == [r["step"] for r in log.rows]
+
+
+def test_an_s3_file_is_written_whole_at_most_once_per_queued_write(s3_prefix, monkeypatch):
+    run = storage.join(s3_prefix, "run")
+    log, writes = _log(run, None)
+    writes.wait()
+    gate, write_bytes, sizes = threading.Event(), storage.write_bytes, []
+
+    def slow_storage(path, data):
+        assert gate.wait(timeout=30)
+        sizes.append(data.count(b"\n"))
+        write_bytes(path, data)
+
+    monkeypatch.setattr(storage, "write_bytes", slow_storage)
+    for step in range(1, 51):
+        log.append({"kind": "train", "step": step})
+    gate.set()
+    writes.close()
+    assert [r["step"] for r in read_metrics(log.path)] == list(range(1, 51))
+    assert sizes[-1] == 50 and len(sizes) <= 3  # the rows that came during a write share the next one
 
 
 def test_the_plot_shows_the_models_perplexities_and_marks_the_sampled_loss(tmp_path):

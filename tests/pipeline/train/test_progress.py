@@ -1,10 +1,12 @@
-"""Console progress: each train/eval row of metrics.jsonl becomes one line, once."""
+"""Console progress: each train/eval row rank 0 hands to the driver becomes one line, once."""
 
 from __future__ import annotations
 
-from pipeline import storage
-from pipeline.train.metrics import MetricsLog
-from pipeline.train.progress import MetricsFollower, ProgressLines
+import time
+
+import ray
+
+from pipeline.train.progress import ProgressLines, RelayFollower, relay_actor
 
 
 def train_row(step: int, time: float) -> dict:
@@ -57,66 +59,32 @@ def test_waiting_for_checkpoint_saves_is_said_once_past_five_percent():
     assert len(lines.lines({**train_row(30, 40.0), "checkpoint/wait_s": 5.0})) == 1  # said once
 
 
-def test_follower_prints_each_new_row_once(tmp_path):
-    run = str(tmp_path / "run")
-    log = MetricsLog(run, None)
-    log.append({"kind": "config", "step": 0})
-    log.append(train_row(5, 1.0))  # before from_step: an earlier run's, not printed again
+def test_rows_handed_to_the_relay_are_printed_once_in_order(ray_local):
+    relay = relay_actor()
     printed: list[str] = []
-    follower = MetricsFollower(run, 40, from_step=5, out=printed.append, poll_seconds=0.05)
-    with follower:
-        log.append(train_row(10, 2.0))
-        log.flush()
-        follower.print_new()
-        follower.print_new()
-        log.append(EVAL)
-        log.close()
+    with RelayFollower(relay, 40, from_step=5, out=printed.append, poll_s=0.05):
+        relay.put.remote({"kind": "config", "step": 0})
+        relay.put.remote(train_row(5, 1.0))  # before from_step: an earlier run's, not printed again
+        relay.put.remote(train_row(10, 2.0))
+        relay.put.remote(train_row(10, 2.0))  # a worker restarted from step 5 logs step 10 again
+        time.sleep(0.3)
+        relay.put.remote(EVAL)
+    ray.kill(relay)
     assert [line.split(" (")[0] for line in printed] == [
         "train step 10/40",
         "eval  step 20/40: held-out perplexity 120.5",
     ]
 
 
-def test_follower_waits_for_a_file_not_written_yet(tmp_path):
+def test_the_follower_ends_quietly_when_nothing_came_or_the_relay_is_gone(ray_local):
+    relay = relay_actor()
     printed: list[str] = []
-    with MetricsFollower(str(tmp_path / "not-yet"), 10, out=printed.append, poll_seconds=0.05):
-        pass
+    with RelayFollower(relay, 10, out=printed.append, poll_s=0.05):
+        time.sleep(0.2)
+    with RelayFollower(relay, 10, out=printed.append, poll_s=0.05):
+        ray.kill(relay)
+        time.sleep(0.2)
     assert printed == []
-
-
-def test_follower_fetches_only_what_was_added_and_rereads_a_changed_file(tmp_path, monkeypatch):
-    import pipeline.train.progress as progress
-
-    run = str(tmp_path / "run")
-    log = MetricsLog(run, None)
-    fetched: list[int] = []
-    read_from = progress.storage.read_from
-
-    def counted(path, offset):
-        data = read_from(path, offset)
-        fetched.append(len(data or b""))
-        return data
-
-    monkeypatch.setattr(progress.storage, "read_from", counted)
-    printed: list[str] = []
-    follower = MetricsFollower(run, 400, out=printed.append)
-    for step in range(10, 210, 10):
-        log.append(train_row(step, step / 10))
-        log.flush()
-        follower.print_new()
-    data = storage.read_bytes(log.path)
-    size, longest = len(data), max(len(line) for line in data.splitlines(keepends=True))
-    # each poll fetched the new row and the one before it (to see the file still starts the same)
-    assert max(fetched) <= 2 * longest and sum(fetched) < 2 * size
-    assert [line.split(" (")[0] for line in printed] == [f"train step {s}/400" for s in range(10, 210, 10)]
-    # a rerun replaces a row: the file changes before the last row read, and is read whole once
-    log.append({**train_row(100, 10.0), "train/mfu": 0.5})
-    log.append(EVAL)
-    log.close()
-    fetched.clear()
-    follower.print_new()
-    assert sum(fetched) > size  # read again from the start
-    assert printed[-1].startswith("eval  step 20/400") and len(printed) == 21  # nothing twice
 
 
 def test_an_evaluation_says_how_much_it_scored_and_how_long_it_took():

@@ -10,7 +10,8 @@ import pytest
 
 from pipeline import storage
 from pipeline.train.errors import TrainError
-from pipeline.train.run_lease import LEASE_FILE, RunLease
+from pipeline.train.run_dir import LEASE_FILE
+from pipeline.train.run_lease import RunLease
 
 
 def test_a_live_lease_refuses_another_run_and_is_given_back(tmp_path):

@@ -5,11 +5,13 @@ from __future__ import annotations
 import glob
 import os
 import threading
+import time
 
 import pytest
 from omegaconf import OmegaConf
 
 from pipeline import storage
+from pipeline.background import WriteQueue
 from pipeline.train.config import WandbConfig
 from pipeline.train.wandb_run import WandbRun, new_wandb_id, sync_command
 
@@ -32,7 +34,7 @@ def test_online_needs_credentials(monkeypatch, tmp_path):
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(ValueError, match="set WANDB_API_KEY or run `wandb login`"):
-        WandbRun(settings("online"), str(tmp_path / "run"), "run", {}, new_wandb_id())
+        WandbRun(settings("online"), str(tmp_path / "run"), "run", {}, new_wandb_id(), WriteQueue("t"))
 
 
 def test_ids_are_wandb_ids():
@@ -51,10 +53,12 @@ def test_sync_commands():
 
 
 def _attempt(run_dir: str, wandb_id: str, steps: range) -> None:
-    run = WandbRun(settings("offline"), run_dir, "run", {"lr": 0.1}, wandb_id)
+    writes = WriteQueue("test-records")
+    run = WandbRun(settings("offline"), run_dir, "run", {"lr": 0.1}, wandb_id, writes)
     for step in steps:
         run.log({"kind": "train", "step": step, "train/loss": 1.0 / step}, step)
     run.finish()
+    writes.close()
 
 
 def test_every_attempt_logs_under_the_run_id(tmp_path):
@@ -73,15 +77,18 @@ def test_every_attempt_logs_under_the_run_id(tmp_path):
 
 def test_s3_run_directory_gets_the_files_on_each_upload(s3_prefix):
     run_dir, wandb_id = storage.join(s3_prefix, "run"), new_wandb_id()
-    run = WandbRun(settings("offline"), run_dir, "run", {}, wandb_id)
+    writes = WriteQueue("test-records")
+    run = WandbRun(settings("offline"), run_dir, "run", {}, wandb_id, writes)
     run.log({"train/loss": 1.0}, 1)
     # what each checkpoint does, in the background: the history so far is on s3 before the run ends
-    run.upload().result()
+    run.upload()
+    writes.wait()
     uploaded = storage.list_prefix(storage.join(run_dir, "wandb") + "/")
     assert any(path.endswith(f"run-{wandb_id}.wandb") for path in uploaded), uploaded
     assert all("/wandb/attempt-001/wandb/offline-run-" in path for path in uploaded), uploaded
     run.log({"train/loss": 0.5}, 2)
     run.finish()
+    writes.close()
     final = storage.list_prefix(storage.join(run_dir, "wandb") + "/")
     assert set(uploaded) <= set(final)
 
@@ -90,7 +97,8 @@ def test_an_upload_runs_beside_the_loop_and_its_error_comes_at_the_next(s3_prefi
     import pipeline.train.wandb_run as wandb_run
 
     run_dir = storage.join(s3_prefix, "run")
-    run = WandbRun(settings("offline"), run_dir, "run", {}, new_wandb_id())
+    writes = WriteQueue("test-records")
+    run = WandbRun(settings("offline"), run_dir, "run", {}, new_wandb_id(), writes)
     run.log({"train/loss": 1.0}, 1)
     gate, upload_file = threading.Event(), storage.upload_file
 
@@ -99,10 +107,10 @@ def test_an_upload_runs_beside_the_loop_and_its_error_comes_at_the_next(s3_prefi
         upload_file(local, remote)
 
     monkeypatch.setattr(wandb_run.storage, "upload_file", slow_storage)
-    copying = run.upload()
-    assert not copying.done()  # the loop goes on while the storage takes its time
+    run.upload()
+    assert not writes.idle  # the loop goes on while the storage takes its time
     gate.set()
-    copying.result()
+    writes.wait()
     assert storage.list_prefix(storage.join(run_dir, "wandb") + "/")
 
     def broken(local, remote):
@@ -113,8 +121,11 @@ def test_an_upload_runs_beside_the_loop_and_its_error_comes_at_the_next(s3_prefi
         f.write("step 2")
     run.upload()
     with pytest.raises(storage.StorageError, match="connection reset"):
-        run.upload()  # the failed copy's error, where the loop asks for the next
+        for _ in range(500):  # the failed copy's error, where the loop asks for the next
+            run.upload()
+            time.sleep(0.01)
     monkeypatch.setattr(wandb_run.storage, "upload_file", upload_file)
     run.finish()  # the files that failed to copy get there at the end
+    writes.close()
     uploaded = storage.list_prefix(storage.join(run_dir, "wandb") + "/")
     assert any(path.endswith("/files/notes.txt") for path in uploaded), uploaded
