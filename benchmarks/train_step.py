@@ -63,9 +63,10 @@ from pipeline.train import checkpoint as ckpt  # noqa: E402
 from pipeline.train.char_cache import CharCache  # noqa: E402
 from pipeline.train.checkpoint import Checkpointer, RNGStates  # noqa: E402
 from pipeline.train.config import TrainConfig  # noqa: E402
-from pipeline.train.data import LMBatch, ReadAhead, open_lm_batches  # noqa: E402
+from pipeline.train.data import LMBatch, open_lm_batches  # noqa: E402
 from pipeline.train.metrics import measure_matmul_peak  # noqa: E402
 from pipeline.train.objective import sample_negatives  # noqa: E402
+from pipeline.train.sentence_source import ReadAhead  # noqa: E402
 from pipeline.train.shard_reading import read_shard_sentences  # noqa: E402
 from pipeline.train.snapshot import HostSnapshot  # noqa: E402
 from pipeline.train.step import PHASES, PhaseTimer, StepRunner  # noqa: E402

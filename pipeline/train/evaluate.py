@@ -19,10 +19,11 @@ from typing import Any
 import torch
 
 from elmo_model import TrainingLM
-from pipeline.train.data import LMBatch, rank_sentence_count
+from pipeline.train.data import LMBatch
 from pipeline.train.distributed import all_reduce_sum
 from pipeline.train.errors import TrainError
 from pipeline.train.objective import SharedSoftmax, direction_losses_full
+from pipeline.train.sentence_source import rank_sentence_count
 
 EVAL_UNROLL_STEPS = 1
 """run_test rebuilds the model with unroll_steps = 1."""

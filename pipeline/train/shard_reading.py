@@ -1,7 +1,7 @@
 """One shard read for one rank and its sentences laid out in reading order (docs/training.md#batching).
 
 numpy and the shard format only, no torch: ``read_layout`` is what a read-ahead process runs
-(``pipeline.train.data.SentenceSource``), and such a process starts in well under a second.
+(``pipeline.train.sentence_source.SentenceSource``), and such a process starts in well under a second.
 
 - :func:`read_shard_sentences` loads the sentences of one shard that a rank reads (IO shell over
   ``pipeline.shard_format.read_shard``); :func:`wrap_sentences` lays them out in reading order,

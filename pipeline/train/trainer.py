@@ -25,13 +25,14 @@ from pipeline.train import export as export_mod
 from pipeline.train.char_cache import CharCache
 from pipeline.train.checkpoint import Checkpointer, RNGStates, latest_checkpoint
 from pipeline.train.config import OnDivergence, TrainConfig
-from pipeline.train.data import ReadAhead, open_lm_batches
+from pipeline.train.data import open_lm_batches
 from pipeline.train.distributed import barrier
 from pipeline.train.divergence import DivergenceGuard, GuardReading
 from pipeline.train.evaluate import EVAL_UNROLL_STEPS, Evaluator, perplexity
 from pipeline.train.metrics import RunLog, measure_matmul_peak, plot_perplexity
 from pipeline.train.plan import RunPlan
 from pipeline.train.run_dir import RunDir, RunWriter
+from pipeline.train.sentence_source import ReadAhead
 from pipeline.train.step import StepResult, StepRunner
 
 

@@ -1,13 +1,14 @@
 import pickle
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from pipeline.background import HelperProcess, HelperProcessError, in_thread
+from pipeline.background import HelperProcess, HelperProcessError, WriteQueue, in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,3 +80,35 @@ def test_a_script_without_a_main_guard_runs_once(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["script ran", "True"]
+
+
+def test_a_write_queue_writes_in_order_beside_the_caller_and_raises_at_the_next_call():
+    queue, done, gate = WriteQueue("test"), [], threading.Event()
+    queue.submit(lambda: (gate.wait(10), done.append(1)))
+    queue.submit(lambda: done.append(2))
+    assert done == [] and not queue.idle  # the caller goes on while the first write waits
+    gate.set()
+    queue.wait()
+    assert done == [1, 2] and queue.idle
+
+    def broken():
+        raise OSError("disk gone")
+
+    queue.submit(broken)
+    queue.submit(lambda: done.append(3))  # the writes after a failure still run
+    with pytest.raises(OSError, match="disk gone"):
+        queue.wait()
+    assert done == [1, 2, 3]
+    queue.wait()  # raised once
+    queue.close()
+
+
+def test_one_queued_write_of_the_newest_state_stands_for_later_ones():
+    queue, gate, state, written = WriteQueue("test"), threading.Event(), [0], []
+    queue.submit(lambda: gate.wait(10))
+    for value in range(1, 6):
+        state[0] = value
+        queue.submit(lambda: written.append(state[0]), latest="file")
+    gate.set()
+    queue.close()
+    assert written == [5]  # four submits found one still queued: it wrote the newest state

@@ -97,3 +97,32 @@ def write_shard_dir(
     }
     storage.write_bytes(shard_format.manifest_path(root), json.dumps(manifest).encode())
     return manifest
+
+
+def many_shards_dir(root, vocab, n_shards=3, per_shard=7):
+    """``n_shards`` train shards of distinct one-word-id-tagged sentences, 2 blocks each."""
+    words = vocab[3:]
+    shards = []
+    for s in range(n_shards):
+        sentences = [
+            [words[(s * per_shard + j) % len(words)], f"oov{s}_{j}"] + ["of"] * (j % 3)
+            for j in range(per_shard)
+        ]
+        shards.append([sentences[:3], sentences[3:]])
+    write_shard_dir(root, {"train": shards, "heldout": [shards[0]]}, vocab)
+    return [sentence for shard in shards for block in shard for sentence in block]
+
+
+def source_sentences(source, n):
+    """The next ``n`` sentences of a source as tuples of word ids (None entries when a test ends)."""
+    out = []
+    for _ in range(n):
+        nxt = source.next_sentence()
+        out.append(None if nxt is None else tuple(nxt[0].ids[nxt[1] : nxt[2]].tolist()))
+    return out
+
+
+def word_ids(words, vocab):
+    """The vocabulary ids of ``words`` (``<UNK>`` for the others)."""
+    index = {w: i for i, w in enumerate(vocab)}
+    return [index.get(w, shard_format.UNK_ID) for w in words]
