@@ -41,6 +41,8 @@ bench: setup
 	$(PY) benchmarks/bilm_forward.py --quick
 	$(PY) benchmarks/shard.py
 	$(PY) benchmarks/train_step.py
+	$(PY) benchmarks/checkpoint_stall.py
+	$(PY) benchmarks/shard_boundaries.py
 	$(PY) benchmarks/embed.py
 
 clean:

@@ -14,8 +14,9 @@
 #      bf16, the divergence guard on), a rerun to 400 steps that resumes, the export loaded on the
 #      CPU; 300 steps in float32 with the same seed for the held-out perplexity comparison; 300
 #      steps in bf16 without the offset penalty (issue 13's fix) for the contrast
-#   5. checkpoints and shard reads off the critical path (issue 14): train_step.py --tables io, and
-#      its checkpoint table again with the files on tmpfs (the save's cost apart from the disk's speed)
+#   5. checkpoints and shard reads off the critical path: checkpoint_stall.py, checkpoint_memory.py,
+#      shard_boundaries.py, and the stall table again with the files on tmpfs (the save's cost apart
+#      from the disk's speed)
 set -u
 out=${1:?usage: gpu_train_session.sh OUTDIR}
 mkdir -p "$out"
@@ -37,13 +38,17 @@ if [ "$device" = cuda ]; then
     bench=(--device cuda --json "$logs/train_step.json" --steps 10 --warmup 5)
     sizes=(--batch-sizes 128,512,2048)
     small_sizes=(--batch-sizes 128,1024)
-    io=(--device cuda --tables io --checkpoint-batch-size 128 --memory-presets original --memory-vocabs 793471)
+    stall=(--device cuda --presets original --checkpoint-batch-size 128)
+    memory=(--device cuda --memory-presets original --memory-vocabs 793471)
+    boundaries=()
 else
     gpu="use_gpu=false threads_per_worker=2"
     bench=(--device cpu --steps 1 --warmup 1 --workers 1)
     sizes=()
     small_sizes=()
-    io=(--device cpu --tables io --checkpoint-steps 20 --checkpoint-every 10 --checkpoint-repeats 1 --memory-presets small --memory-vocabs 20000 --boundary-steps 100 --boundary-sentences 4000)
+    stall=(--device cpu --checkpoint-steps 20 --checkpoint-every 10 --checkpoint-repeats 1)
+    memory=(--device cpu --memory-presets small --memory-vocabs 20000)
+    boundaries=(--boundary-steps 100 --boundary-sentences 4000)
 fi
 $py -c "import torch, ray; print('torch', torch.__version__, 'ray', ray.__version__)"
 
@@ -91,14 +96,16 @@ if in_part bench; then
 fi
 
 # 5. checkpoints and shard reads off the critical path
-in_part bench io && step io 80 $py benchmarks/train_step.py "${io[@]}"
+in_part bench io && step checkpoint_stall 40 $py benchmarks/checkpoint_stall.py "${stall[@]}"
+in_part bench io && step checkpoint_memory 25 $py benchmarks/checkpoint_memory.py "${memory[@]}"
+in_part bench io && step shard_boundaries 20 $py benchmarks/shard_boundaries.py "${boundaries[@]}"
 # the same checkpoint table with the files in memory (tmpfs): what the step pays for a save apart
 # from the storage's write speed (a save waits for the previous one when the storage is slower than
 # the interval); only where /dev/shm has room for the table's checkpoints (4 runs x keep 2)
 shm_free_mib=$(df -Pm /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
 if in_part bench io && [ "${shm_free_mib:-0}" -ge 4096 ]; then
     shm=$(mktemp -d /dev/shm/elmo-bench-XXXXXX)
-    step io_tmpfs 50 $py benchmarks/train_step.py "${io[@]}" --tables checkpoints --checkpoint-dir "$shm"
+    step checkpoint_stall_tmpfs 50 $py benchmarks/checkpoint_stall.py "${stall[@]}" --checkpoint-dir "$shm"
     rm -rf "$shm"
 elif in_part bench io; then
     echo "=== io_tmpfs skipped: /dev/shm has ${shm_free_mib:-no} MiB free" | tee -a "$out/summary.txt"

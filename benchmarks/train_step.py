@@ -19,35 +19,23 @@ recorded inside it. ``host ms`` is the step's own host work (distinct spellings,
 which overlaps the device's work of the previous step. ``--profile DIR`` adds a kernel summary of
 one configuration from the PyTorch profiler and writes its trace there.
 
-Checkpoints and shard reads off the critical path (issue 14): ``--tables`` adds, on either device,
-
-    python benchmarks/train_step.py --tables io      # = checkpoints,memory,shards (CPU: ~6 min, ~10 GB RAM)
-
-- ``checkpoints``: step time of the first preset without checkpoints, with a background checkpoint
-  every ``--checkpoint-every`` steps, and with a synchronous (streamed) one, the modes taking turns;
-- ``memory``: peak resident memory while saving each of ``--memory-presets`` at full size (the
-  original: 93.6M LSTM/CNN parameters and a 793,471-row softmax, with their Adagrad accumulators),
-  against the state's size, for the background save, the synchronous streamed one and (states under
-  ``--in-memory-max-gib``) the serialise-into-memory-first save used before;
-- ``shards``: per-step time around shard boundaries with the next shard read when the stream
-  reaches it (before) and read ahead in a thread, on synthetic shards in the shard format.
+The checkpoint stall, a save's memory and shard boundaries are their own benchmarks:
+``checkpoint_stall.py``, ``checkpoint_memory.py``, ``shard_boundaries.py`` (``step_setup.py`` is
+what they share).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import io
 import json
 import os
 import re
 import socket
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import torch
@@ -56,60 +44,12 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline import shard_format, storage  # noqa: E402
-from pipeline.config import load_config  # noqa: E402
-from pipeline.model_config import to_options  # noqa: E402
-from pipeline.train import checkpoint as ckpt  # noqa: E402
-from pipeline.train.char_cache import CharCache  # noqa: E402
-from pipeline.train.checkpoint import Checkpointer, RNGStates  # noqa: E402
-from pipeline.train.config import TrainConfig  # noqa: E402
-from pipeline.train.data import LMBatch, open_lm_batches  # noqa: E402
+from benchmarks.step_setup import add_step_args, make_runner, synthetic_batches  # noqa: E402
+from pipeline.train.data import LMBatch  # noqa: E402
 from pipeline.train.metrics import measure_matmul_peak  # noqa: E402
 from pipeline.train.objective import sample_negatives  # noqa: E402
-from pipeline.train.sentence_source import ReadAhead  # noqa: E402
-from pipeline.train.shard_reading import read_shard_sentences  # noqa: E402
-from pipeline.train.snapshot import HostSnapshot  # noqa: E402
 from pipeline.train.step import PHASES, PhaseTimer, StepRunner  # noqa: E402
 from pipeline.train.step_inputs import step_inputs  # noqa: E402
-
-
-def synthetic_batches(cache: CharCache, count: int, batch: int, unroll: int, seed: int) -> list[LMBatch]:
-    """``count`` batches of Zipf(1.1)-distributed ids (ids 3.. are words), spelled by ``cache``."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(count):
-        ids = np.minimum(rng.zipf(1.1, size=(2, batch, unroll + 1)) + 2, cache.vocab_size - 1).astype(
-            np.int64
-        )
-        tokens, targets = ids[..., :-1], ids[..., 1:]
-        out.append(
-            LMBatch(
-                char_ids=torch.from_numpy(cache.spell(tokens)),
-                token_ids=torch.from_numpy(np.ascontiguousarray(tokens)),
-                targets=torch.from_numpy(np.ascontiguousarray(targets)),
-            )
-        )
-    return out
-
-
-def make_runner(args: argparse.Namespace, preset: str, batch_size: int, overrides: list[str]):
-    cfg = load_config(
-        TrainConfig,
-        preset=preset,
-        overrides=[
-            "shards=unused",
-            "output=unused",
-            f"batch_size={batch_size}",
-            f"unroll_steps={args.unroll_steps}",
-            f"softmax.negatives={args.negatives}",
-            "softmax.sampled=true",
-            *overrides,
-        ],
-    )
-    options = to_options(cfg.model)
-    cache = CharCache(["<S>", "</S>", "<UNK>", *(f"w{i}" for i in range(args.vocab - 3))])
-    return StepRunner(cfg, options, cache.vocab_size, torch.device(args.device)), cache
-
 
 # ---- CPU: 1 and 2 DDP workers --------------------------------------------------------------
 
@@ -178,9 +118,7 @@ def measure_workers(args: argparse.Namespace, world: int) -> dict:
 
 def cpu_main(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
-    if "steps" in args.tables.split(","):
-        steps_table(args)
-    io_tables(args)
+    steps_table(args)
     return 0
 
 
@@ -205,320 +143,6 @@ def steps_table(args: argparse.Namespace) -> None:
             f"{world:>7} {step_s:>8.3f} {tokens:>10.0f} {mfu:>6.1%} {tokens / base:>7.2f}x {r['rows']:>12} "
             f"{r['exchange_bytes']:>15,} {r['dense_bytes']:>13,}"
         )
-
-
-# ---- checkpoints and shard reads off the critical path ---------------------------------------
-
-
-def checkpointer_for(runner: StepRunner, run_dir: str, every: int, background: bool) -> Checkpointer:
-    """The trainer's Checkpointer over ``runner``'s parts (one rank; no data stream)."""
-    return Checkpointer(
-        run_dir,
-        0,
-        1,
-        every=every,
-        keep=2,
-        shared={"bilm": runner.bilm, "softmax": runner.softmax, "optimizer": runner.optimizer},
-        own={"lstm": runner.state, "rng": RNGStates(runner.generator)},
-        meta={"options": runner.options},
-        background=background,
-    )
-
-
-def saver_state(saver: Checkpointer) -> dict:
-    """What a checkpoint of ``saver`` holds: each shared and own part's ``state_dict()``, by name."""
-    return {name: part.state_dict() for name, part in {**saver.shared, **saver.own}.items()}
-
-
-def state_bytes(saver: Checkpointer) -> int:
-    """Bytes of the distinct tensors a checkpoint of ``saver`` holds (its shared and own parts)."""
-    seen: dict[int, int] = {}
-
-    def walk(value) -> None:
-        if isinstance(value, torch.Tensor):
-            seen[id(value)] = value.numel() * value.element_size()
-        elif isinstance(value, dict):
-            for item in value.values():
-                walk(item)
-        elif isinstance(value, list | tuple):
-            for item in value:
-                walk(item)
-
-    walk(saver_state(saver))
-    return sum(seen.values())
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed_steps(
-    runner, batches, steps: int, saver: Checkpointer | None
-) -> tuple[list[float], float, list[float]]:
-    """Seconds of each of ``steps`` training steps (each with ``saver.save`` when one is due, the
-    device synchronised: the loop waits for it at a save point anyway), the seconds the last
-    background save still needed after them, and the seconds each ``save`` call that saved took
-    (what the loop waits for at a save point)."""
-    times, save_calls = [], []
-    for i in range(steps):
-        t0 = time.perf_counter()
-        runner.train_step(batches[i % len(batches)], 10**6)
-        _sync(runner.device)
-        if saver is not None:
-            t1 = time.perf_counter()
-            if saver.save(i + 1):
-                save_calls.append(time.perf_counter() - t1)
-        times.append(time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    if saver is not None:
-        saver.wait()
-    return times, time.perf_counter() - t0, save_calls
-
-
-def write_seconds(saver: Checkpointer, run_dir: str) -> float:
-    """Seconds to write one checkpoint of ``saver``'s parts to ``run_dir`` from host memory (the
-    saving thread's work, without the snapshot): whether the storage keeps up with the interval."""
-    taken = HostSnapshot().take(saver_state(saver))
-    taken.wait()
-    t0 = time.perf_counter()
-    ckpt.save_model(ckpt.checkpoint_path(run_dir, 1), taken.payload)
-    return time.perf_counter() - t0
-
-
-CHECKPOINT_MODES = {"none": None, "background": True, "streamed, synchronous": False}
-
-
-def checkpoint_table(args: argparse.Namespace) -> None:
-    """Step time without checkpoints vs with one every ``--checkpoint-every`` steps."""
-    preset, batch = args.presets.split(",")[0], args.checkpoint_batch_size
-    runner, cache = make_runner(args, preset, batch, [])
-    batches = synthetic_batches(cache, 8, batch, args.unroll_steps, seed=0)
-    timed_steps(runner, batches, args.warmup, None)
-    results: dict[str, list] = {mode: [] for mode in CHECKPOINT_MODES}
-    order = list(CHECKPOINT_MODES)
-    with tempfile.TemporaryDirectory(prefix="elmo-bench-ckpt-", dir=args.checkpoint_dir or None) as tmp:
-        for repeat in range(args.checkpoint_repeats):
-            # the modes take turns, in reversed order every other round, so drift in the machine's
-            # load does not favour one of them
-            for mode in order if repeat % 2 == 0 else order[::-1]:
-                background = CHECKPOINT_MODES[mode]
-                saver = None
-                if background is not None:
-                    run_dir = os.path.join(tmp, f"{mode}-{repeat}")
-                    saver = checkpointer_for(runner, run_dir, args.checkpoint_every, background)
-                results[mode].append(timed_steps(runner, batches, args.checkpoint_steps, saver))
-        whole = checkpointer_for(runner, tmp, 1, True)
-        size, write_s = state_bytes(whole), write_seconds(whole, os.path.join(tmp, "write"))
-    print(
-        f"\ncheckpoint every {args.checkpoint_every} steps vs none: preset {preset}, batch {batch} x unroll "
-        f"{args.unroll_steps}, state {size / 2**20:,.0f} MiB, {args.checkpoint_steps} steps x "
-        f"{args.checkpoint_repeats} rounds per mode, device {runner.device.type}, {torch.get_num_threads()} thread(s)"
-    )
-    print(
-        "| checkpoints | mean step s | median step s | max step s | vs none | save call ms, first / median | "
-        "last save after the steps s |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    base = None
-    for mode, runs in results.items():
-        times = [t for run, _, _ in runs for t in run]
-        mean = float(np.mean(times))
-        base = base or mean
-        label = mode if mode == "none" else f"{mode}, every {args.checkpoint_every}"
-        drain = max(d for _, d, _ in runs)
-        calls = [c for _, _, run_calls in runs for c in run_calls]
-        call_ms = f"{calls[0] * 1e3:.1f} / {np.median(calls[1:] or calls) * 1e3:.1f}" if calls else ""
-        print(
-            f"| {label} | {mean:.3f} | {np.median(times):.3f} | {max(times):.3f} | "
-            f"{mean / base - 1:+.1%} | {call_ms} | {drain:.2f} |"
-        )
-    interval = args.checkpoint_every * float(np.median([t for run, _, _ in results["none"] for t in run]))
-    print(
-        f"writing one checkpoint from host memory (torch.save streamed to {args.checkpoint_dir or 'a temp dir'}, "
-        f"fsync'd): {write_s:.2f} s, {size / 2**20 / write_s:,.0f} MiB/s; the steps between two saves take "
-        f"{interval:.2f} s, so the storage {'keeps up' if write_s < interval else 'does not keep up: a save waits for the previous one'}"
-    )
-
-
-def _rss(field: str = "VmRSS") -> int:
-    """This process's resident memory (``VmRSS``) or its peak since the last reset (``VmHWM``), bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-class PeakRSS:
-    """The peak resident memory of this process within a ``with`` block: the kernel's high-water
-    mark, reset on entry (``/proc/self/clear_refs``), or sampled every millisecond where it cannot be."""
-
-    def __enter__(self) -> PeakRSS:
-        gc.collect()
-        self.before = _rss()
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            self.sampler = None
-        except OSError:
-            self.samples = [self.before]
-            self.stop = threading.Event()
-            self.sampler = threading.Thread(target=self._sample, daemon=True)
-            self.sampler.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self.stop.wait(0.001):
-            self.samples.append(_rss())
-
-    def __exit__(self, *exc) -> None:
-        if self.sampler is None:
-            self.peak = _rss("VmHWM")
-        else:
-            self.stop.set()
-            self.sampler.join()
-            self.peak = max(self.samples)
-
-
-def _save_in_memory(file: str, payload) -> None:
-    """How a checkpoint file was written before issue 14: serialised into memory, then written."""
-    buf = io.BytesIO()
-    torch.save(payload, buf)
-    storage.write_bytes(file, buf.getvalue())
-
-
-def memory_table(args: argparse.Namespace) -> None:
-    """Peak memory while saving each preset's full-size state (model, softmax, optimizer)."""
-    print(
-        f"\nmemory while saving a checkpoint (device {args.device}; peak resident memory of this process "
-        "during the save, from the save call until its files are written)"
-    )
-    print(
-        "| preset | save | state GiB | resident before GiB | peak GiB | added GiB | added / state | peak / state | loop waits s | written after s |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for preset, vocab in zip(args.memory_presets.split(","), args.memory_vocabs.split(","), strict=True):
-        cfg = load_config(
-            TrainConfig, preset=preset, overrides=["shards=unused", "output=unused", "batch_size=2"]
-        )
-        runner = StepRunner(cfg, to_options(cfg.model), int(vocab), torch.device(args.device))
-        with tempfile.TemporaryDirectory(prefix="elmo-bench-mem-", dir=args.checkpoint_dir or None) as tmp:
-            size = state_bytes(checkpointer_for(runner, tmp, 1, True))
-            modes = [("background (snapshot, streamed)", True, None), ("streamed, synchronous", False, None)]
-            if size <= args.in_memory_max_gib * 2**30:
-                modes.append(("serialised in memory first (before)", False, _save_in_memory))
-            for step, (mode, background, writer) in enumerate(modes, start=1):
-                saver = checkpointer_for(runner, tmp, 1, background)
-                with PeakRSS() as rss, mock.patch.object(ckpt, "_save_file", writer or ckpt._save_file):
-                    t0 = time.perf_counter()
-                    saver.save(step)
-                    waits = time.perf_counter() - t0
-                    saver.wait()
-                    total = time.perf_counter() - t0
-                added = rss.peak - rss.before
-                print(
-                    f"| {preset} | {mode} | {size / 2**30:.2f} | {rss.before / 2**30:.2f} | {rss.peak / 2**30:.2f} | "
-                    f"{added / 2**30:.2f} | {added / size:.2f}x | {rss.peak / size:.2f}x | {waits:.2f} | {total:.2f} |"
-                )
-        del runner
-        gc.collect()
-
-
-def write_synthetic_shards(root: str, n_shards: int, sentences: int, vocab: int, seed: int = 0) -> dict:
-    """``n_shards`` train shards of ``sentences`` Zipf(1.1) sentences of 5..44 words ``w<id>`` each
-    (blocks of 1000), in the shard format; returns the manifest (none is written: pass it on)."""
-    rng = np.random.default_rng(seed)
-    words = np.array(["<S>", "</S>", "<UNK>", *(f"w{i}" for i in range(vocab - 3))], dtype=object)
-    storage.write_bytes(os.path.join(root, shard_format.VOCAB_FILE), shard_format.encode_vocab(list(words)))
-    entries = []
-    for s in range(n_shards):
-        name, tokens = shard_format.shard_name("train", s), 0
-        with storage.open_write(os.path.join(root, name)) as f:
-            writer = shard_format.tar_writer(f)
-            for b, start in enumerate(range(0, sentences, 1000)):
-                lengths = rng.integers(5, 45, size=min(1000, sentences - start)).astype(np.int32)
-                ids = np.minimum(rng.zipf(1.1, size=int(lengths.sum())) + 2, vocab - 1).astype(np.int32)
-                ends = np.cumsum(lengths)
-                text = "".join(
-                    " ".join(words[ids[e - n : e]]) + "\n" for e, n in zip(ends, lengths, strict=True)
-                )
-                key = shard_format.block_key("train", s, b)
-                writer.write(shard_format.encode_text_block(text.encode(), ids, lengths, key))
-                tokens += int(lengths.sum())
-            writer.close()
-        entries.append({"name": name, "sentences": sentences, "tokens": tokens})
-    return {"shards": {"train": entries}, "vocab": {"file": shard_format.VOCAB_FILE, "size": vocab}}
-
-
-def shard_boundary_table(args: argparse.Namespace) -> None:
-    """Per-step time around shard boundaries, with and without reading the next shard ahead. The
-    step is ``next(batches)`` plus a stand-in for the device's step (``--boundary-step-ms`` of
-    sleep: on a GPU the host waits for the device with the GIL released)."""
-    batch, step_s = args.boundary_batch_size, args.boundary_step_ms / 1e3
-    cache = CharCache(["<S>", "</S>", "<UNK>", *(f"w{i}" for i in range(args.vocab - 3))])
-    with tempfile.TemporaryDirectory(prefix="elmo-bench-shards-") as tmp:
-        manifest = write_synthetic_shards(tmp, args.boundary_shards, args.boundary_sentences, args.vocab)
-        read = []
-        for entry in manifest["shards"]["train"]:
-            t0 = time.perf_counter()
-            read_shard_sentences(os.path.join(tmp, entry["name"]), args.vocab)
-            read.append(time.perf_counter() - t0)
-        tokens = manifest["shards"]["train"][0]["tokens"]
-        print(
-            f"\nshard boundaries: {args.boundary_shards} shards of {args.boundary_sentences:,} sentences "
-            f"({tokens:,} tokens, read + decoded in {np.median(read) * 1e3:.0f} ms), batch {batch} x unroll "
-            f"{args.unroll_steps}, {args.boundary_steps} steps of next(batches) + {args.boundary_step_ms:g} ms "
-            "stand-in device step"
-        )
-        print(
-            "| next shard | boundary steps | median step ms | max step at a boundary ms | max step elsewhere ms | median next() ms | max next() at a boundary ms |"
-        )
-        print("|---|---|---|---|---|---|---|")
-        labels = {
-            ReadAhead.off: "read when reached (before)",
-            ReadAhead.thread: "read ahead in a thread",
-            ReadAhead.process: "read ahead in a process",
-        }
-        for prefetch, label in labels.items():
-            stream = open_lm_batches(
-                tmp, "train", cache, batch, args.unroll_steps, seed=1, manifest=manifest, prefetch=prefetch
-            )
-            next(stream)  # the first shard's read is the run's start, not a boundary
-            rows = [_boundary_step(stream, step_s) for _ in range(args.boundary_steps)]
-            at = [r for r in rows if r[2]]
-            other = [r for r in rows if not r[2]]
-            print(
-                f"| {label} | {len(at)} | "
-                f"{np.median([r[0] for r in rows]) * 1e3:.1f} | {max((r[0] for r in at), default=0) * 1e3:.1f} | "
-                f"{max(r[0] for r in other) * 1e3:.1f} | {np.median([r[1] for r in rows]) * 1e3:.1f} | "
-                f"{max((r[1] for r in at), default=0) * 1e3:.1f} |"
-            )
-            stream.close()
-
-
-def _boundary_step(stream, step_s: float) -> tuple[float, float, bool]:
-    """One step: (its seconds, next()'s seconds, whether either direction started a shard in it)."""
-    before = [rows.source.position() for rows in stream.streams]
-    t0 = time.perf_counter()
-    next(stream)
-    data = time.perf_counter() - t0
-    time.sleep(step_s)
-    after = [rows.source.position() for rows in stream.streams]
-    crossed = any(
-        (a["pass"], a["shard"]) != (b["pass"], b["shard"]) for a, b in zip(after, before, strict=True)
-    )
-    return time.perf_counter() - t0, data, crossed
-
-
-def io_tables(args: argparse.Namespace) -> None:
-    tables = args.tables.split(",")
-    if "checkpoints" in tables:
-        checkpoint_table(args)
-    if "memory" in tables:
-        memory_table(args)
-    if "shards" in tables:
-        shard_boundary_table(args)
 
 
 # ---- GPU: configurations one after the other ------------------------------------------------
@@ -646,9 +270,6 @@ def profile_steps(args, runner: StepRunner, batches: list[LMBatch]) -> dict:
 def cuda_main(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         sys.exit("train_step: --device cuda but no CUDA device")
-    if "steps" not in args.tables.split(","):
-        io_tables(args)
-        return 0
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     peaks = {
@@ -685,7 +306,6 @@ def cuda_main(args: argparse.Namespace) -> int:
     for row in rows:
         if "profile" in row:
             print_profile(row)
-    io_tables(args)
     return 0
 
 
@@ -732,8 +352,7 @@ def print_profile(row: dict) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--presets", default=None, help="comma-separated (CPU: the first; default small)")
+    add_step_args(parser)
     parser.add_argument("--workers", default="1,2", help="CPU: comma-separated worker counts")
     parser.add_argument("--threads", type=int, default=1, help="CPU: torch threads per worker")
     parser.add_argument("--batch-size", type=int, default=32, help="CPU: rows per worker")
@@ -741,13 +360,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", default="bf16,float32", help="GPU: bf16 (autocast) and/or float32")
     parser.add_argument("--modes", default="graph,eager", help="GPU: graph (CUDA graph) and/or eager")
     parser.add_argument("--eager-batches", default="128", help="GPU: batch sizes that also run eagerly")
-    parser.add_argument("--unroll-steps", type=int, default=20)
-    parser.add_argument("--negatives", type=int, default=8192)
-    parser.add_argument("--vocab", type=int, default=100_000, help="synthetic vocabulary size (softmax rows)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (CPU 3, GPU 20)")
     # CPU: DDP rebuilds its gradient buckets after the first iteration, so step 2 is not steady state
     # either; GPU: the graph is captured after 3 eager steps
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (CPU 2, GPU 6)")
     parser.add_argument("--cuda-batches", type=int, default=8, help="GPU: distinct batches cycled through")
     parser.add_argument(
         "--profile", default="", help="GPU: write a profiler trace here and print kernel times"
@@ -759,37 +374,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--profile-steps", type=int, default=3)
     parser.add_argument("--json", default="", help="GPU: also write the rows as JSON here")
-    parser.add_argument(
-        "--tables",
-        default="steps",
-        help="comma-separated: steps (the throughput table), checkpoints, memory, shards; io = the last three",
-    )
-    parser.add_argument("--checkpoint-every", type=int, default=20)
-    parser.add_argument("--checkpoint-steps", type=int, default=60, help="timed steps per mode and round")
-    parser.add_argument("--checkpoint-repeats", type=int, default=2, help="rounds of the modes")
-    parser.add_argument("--checkpoint-batch-size", type=int, default=8)
-    parser.add_argument(
-        "--checkpoint-dir", default="", help="where checkpoints are written (default: a temp dir)"
-    )
-    parser.add_argument("--memory-presets", default="small,original")
-    parser.add_argument(
-        "--memory-vocabs",
-        default="100000,793471",
-        help="softmax rows of each memory preset (the original's: 1B Word)",
-    )
-    parser.add_argument(
-        "--in-memory-max-gib",
-        type=float,
-        default=1.0,
-        help="largest state also saved the old way (3x its size)",
-    )
-    parser.add_argument("--boundary-shards", type=int, default=4)
-    parser.add_argument("--boundary-sentences", type=int, default=20_000, help="sentences per shard")
-    parser.add_argument("--boundary-batch-size", type=int, default=128)
-    parser.add_argument("--boundary-steps", type=int, default=600)
-    parser.add_argument("--boundary-step-ms", type=float, default=30.0, help="stand-in device step")
     args = parser.parse_args(argv)
-    args.tables = args.tables.replace("io", "checkpoints,memory,shards")
     cuda = args.device == "cuda"
     args.presets = args.presets or ("small,original" if cuda else "small")
     args.steps = args.steps or (20 if cuda else 3)

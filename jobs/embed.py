@@ -70,8 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         from pipeline.embed.runner import run_embed, summary  # torch and Ray only once the arguments parse
+        from pipeline.ray_runtime import RaySession
 
-        result = run_embed(resolve(args, EmbedConfig, FLAGS))
+        cfg = resolve(args, EmbedConfig, FLAGS)
+        with RaySession(cfg.ray_address or None, cfg.num_cpus or None) as session:
+            result = run_embed(cfg, session)
         print(summary(result))
         return 0 if result.complete else 3
 

@@ -38,10 +38,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         # Ray only once the arguments parse
+        from pipeline.ray_runtime import RaySession
         from pipeline.shard.config import ShardConfig
         from pipeline.shard.job import run_shard
 
-        run_shard(resolve(args, ShardConfig, FLAGS))
+        cfg = resolve(args, ShardConfig, FLAGS)
+        with RaySession(cfg.ray_address or None, cfg.workers or None) as session:
+            run_shard(cfg, session)
         return 0
 
     return run_main(body)

@@ -61,14 +61,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         # torch and Ray only once the arguments parse
-        from pipeline.ray_runtime import ray_session
+        from pipeline.ray_runtime import RaySession
         from pipeline.train.config import TrainConfig
         from pipeline.train.launch import prepare_run, run_training
 
         cfg = resolve(args, TrainConfig, FLAGS, preset=args.preset)
         plan = prepare_run(cfg)  # bad input fails here, before a cluster starts
-        with ray_session(address=cfg.ray_address or None):
-            result = run_training(cfg, plan)
+        with RaySession(cfg.ray_address or None) as session:
+            result = run_training(cfg, plan, session)
         print(summary(result.details, result.output))
         return 0
 

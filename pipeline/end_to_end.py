@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import storage
 from pipeline.config import check_complete, to_object
-from pipeline.ray_runtime import ray_session
+from pipeline.ray_runtime import RaySession
 from pipeline.train.run_dir import RunDir
 
 SAMPLE_CORPUS = Path(__file__).resolve().parent / "data" / "kjv-sample.txt.gz"
@@ -64,10 +64,10 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
 
     cfg = to_object(derive_stage_configs(cfg))  # a PipelineConfig: typed stage configs, rules checked
     results: dict[str, Any] = {"config": cfg}
-    with ray_session(cfg.ray_address or None, cfg.num_cpus or None):
-        results["shard"] = run_shard(cfg.shard)
-        results["train"] = run_training(cfg.train)
-        results["embed"] = run_embed(cfg.embed)
+    with RaySession(cfg.ray_address or None, cfg.num_cpus or None) as session:
+        results["shard"] = run_shard(cfg.shard, session)
+        results["train"] = run_training(cfg.train, session=session)
+        results["embed"] = run_embed(cfg.embed, session)
     return results
 
 

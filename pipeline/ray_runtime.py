@@ -26,7 +26,7 @@ from contextlib import contextmanager
 import ray
 
 from pipeline.cluster_watchdog import MARKER_VAR, Watchdog
-from pipeline.errors import Terminated
+from pipeline.errors import PipelineError, Terminated
 
 LOOPBACK = "127.0.0.1"
 
@@ -201,3 +201,44 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
             os.environ.pop("RAY_ADDRESS", None)
         else:
             os.environ["RAY_ADDRESS"] = previous
+
+
+class RaySession:
+    """The one Ray session of a command: every entry point (``elmo shard|train|embed|pipeline``,
+    the ``ray job submit`` entries, which are the same modules) opens one with ``with`` and hands it
+    to the stages it runs; a stage calls ``start()`` once it has work for Ray, so a rerun with
+    nothing to do starts no cluster; the session closes when the entry point's ``with`` ends.
+    Stages never open a session of their own, so nothing nests. ``address``/``num_cpus`` as for
+    :func:`ray_session`.
+
+    ``RaySession.joined()``: for callers that have initialised Ray themselves (tests, notebooks);
+    its ``start()`` refuses when Ray is not running."""
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, join_only: bool = False):
+        self.address, self.num_cpus, self.join_only = address, num_cpus, join_only
+        self._context = None
+
+    @classmethod
+    def joined(cls) -> RaySession:
+        return cls(join_only=True)
+
+    def start(self) -> None:
+        if self.join_only:
+            if not ray.is_initialized():
+                raise PipelineError(
+                    "no Ray session: call ray.init() first, or run the stage from its entry point "
+                    "(elmo shard|train|embed|pipeline), which opens one"
+                )
+            return
+        if self._context is None:
+            context = ray_session(self.address, self.num_cpus)
+            context.__enter__()
+            self._context = context
+
+    def __enter__(self) -> RaySession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        context, self._context = self._context, None
+        if context is not None:
+            context.__exit__(*exc)

@@ -27,7 +27,7 @@ import logging
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import ray
@@ -132,8 +132,8 @@ def build_dataset(
         return ds.map_batches(
             ShardEmbedder,
             fn_constructor_kwargs={
-                "source": source.to_dict(),
-                "settings": asdict(settings),
+                "source": source,  # frozen dataclasses, as the driver made them
+                "settings": settings,
                 "output": output,
             },
             batch_size=1,

@@ -253,9 +253,8 @@ class ShardEmbedder:
 
     CONCURRENT_CALLS = 2
 
-    def __init__(self, source: dict, settings: dict, output: str):
-        self.source = ModelSource(**source)
-        self.settings = EmbedSettings(**settings)
+    def __init__(self, source: ModelSource, settings: EmbedSettings, output: str):
+        self.source, self.settings = source, settings
         self.output = output
         torch.set_num_threads(max(1, self.settings.threads))
         self.device = pick_device(self.settings.device)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import ray
@@ -34,7 +33,7 @@ from pipeline.embed.resume import (
     taken_back_on_failure,
 )
 from pipeline.embed.single_file import delete_parts, merge, parts_path
-from pipeline.ray_runtime import ray_session
+from pipeline.ray_runtime import RaySession
 from pipeline.stage_result import StageResult
 
 
@@ -124,8 +123,10 @@ def settings_for(cfg, device: str) -> EmbedSettings:
     )
 
 
-def run_embed(cfg: EmbedConfig) -> StageResult:
+def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> StageResult:
     """Embed ``cfg.input`` into ``cfg.output``; resumes a run killed earlier with the same settings.
+    Ray: the entry point's ``session``, started only when a shard is left to embed (default: the
+    Ray this process initialised).
 
     An output that is not this stage's own is refused before anything is written; a run that fails
     before committing a shard leaves the output as it found it (no claim, no new folder)."""
@@ -135,7 +136,7 @@ def run_embed(cfg: EmbedConfig) -> StageResult:
     load_bilm(source)  # a broken weights file fails here, in one line, not inside an actor
     kind, paths = resolve_inputs(cfg.input)
     check_output(cfg.output, target, single, cfg.overwrite)
-    job = _EmbedJob(cfg, single, target, source, kind, paths)
+    job = _EmbedJob(cfg, single, target, source, kind, paths, session or RaySession.joined())
     with taken_back_on_failure(target) as guard:
         return _run(job, guard)
 
@@ -151,6 +152,7 @@ class _EmbedJob:
     source: ModelSource
     kind: str
     paths: list[str]
+    session: RaySession
 
 
 def _run(job: _EmbedJob, guard: ClaimGuard) -> StageResult:
@@ -185,7 +187,9 @@ def _run(job: _EmbedJob, guard: ClaimGuard) -> StageResult:
         disable=not cfg.progress,
         file=sys.stderr,
     )
-    with bar, ray_session(cfg.ray_address or None, cfg.num_cpus or None) if todo else nullcontext():
+    with bar:
+        if todo:
+            job.session.start()
         embedded = ray_runtime.embedded()
         gpus = gpus_per_worker(cfg.use_gpu, cfg.gpu_share, embedded) if todo else 0.0
         if todo:

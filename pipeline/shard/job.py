@@ -45,7 +45,7 @@ from ray.exceptions import RayTaskError
 from pipeline import storage
 from pipeline.config import to_dict
 from pipeline.output_dirs import removed_on_failure
-from pipeline.ray_runtime import ray_session
+from pipeline.ray_runtime import RaySession
 from pipeline.shard.config import ShardConfig
 from pipeline.shard.errors import ShardError
 from pipeline.shard.layout import SplitLayout, layout_split
@@ -386,18 +386,19 @@ def _cluster_workers(requested: int) -> int:
     return requested or max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
-def run_shard(cfg: ShardConfig) -> StageResult:
-    """Run the shard stage for a resolved ShardConfig. The result's ``details["manifest"]`` is the
-    output's manifest (also on a no-op rerun, which processed 0 tokens).
+def run_shard(cfg: ShardConfig, session: RaySession | None = None) -> StageResult:
+    """Run the shard stage for a resolved ShardConfig in the entry point's Ray ``session`` (started
+    only when there is work; default: the Ray this process initialised). The result's
+    ``details["manifest"]`` is the output's manifest (also on a no-op rerun, which processed 0 tokens).
 
     A run that fails before writing anything (an empty corpus, an unreadable input) leaves no
     folder it created; one that wrote something keeps it, for a rerun to complete."""
     config = to_dict(cfg)
     with removed_on_failure(config["output"]):
-        return _run_shard(config)
+        return _run_shard(config, session or RaySession.joined())
 
 
-def _run_shard(config: dict) -> StageResult:
+def _run_shard(config: dict, session: RaySession) -> StageResult:
     started = time.perf_counter()
     output = config["output"]
     inputs = resolve_inputs(config["input"], "input")
@@ -412,41 +413,41 @@ def _run_shard(config: dict) -> StageResult:
         print(f"shard: {output} is already complete ({storage.join(output, MANIFEST_FILE)}); nothing to do")
         return StageResult("shard", output, time.perf_counter() - started, 0, details={"manifest": manifest})
     _check_writable(output)
-    with ray_session(config["ray_address"] or None, num_cpus=config["workers"] or None):
-        run = _ShardRun(
-            paths, output, config, _settings(config, len(inputs)), 2 * _cluster_workers(config["workers"])
-        )
-        chunks = plan_chunks(plan, identity, config["chunk_bytes"]) if plan else None
-        vocab = read_vocabulary(output, plan["vocab_sha256"]) if chunks is not None else None
-        distinct = plan.get("distinct_train_tokens", 0) if vocab is not None else 0
-        kept: dict = {}  # chunk index -> ObjectRef of its tokenized chunk (none on a rerun from the plan)
-        if vocab is None:
-            progress = Progress("shard: counting", config["progress"])
-            chunks, counts, kept = _count(run, progress)
-            progress.close()
-            total = LineStats()
-            for chunk in chunks:
-                total.add(chunk.stats)
-            _check_counts(total, config)
-            vocab = build_vocabulary(counts, total.train_sentences, config["min_count"], config["max_size"])
-            distinct = len(counts)
-            del counts
-            storage.write_bytes(storage.join(output, VOCAB_FILE), vocab.vocab_bytes)
-            storage.write_bytes(storage.join(output, COUNTS_FILE), vocab.counts_bytes)
-            plan = {
-                **build_plan(identity, config["chunk_bytes"], chunks, vocab),
-                "distinct_train_tokens": distinct,
-            }
-            storage.write_bytes(storage.join(output, PLAN_FILE), encode_json(plan))
-        layouts = _layouts(chunks, config["shard_tokens"])
-        out = _ShardOutput(
-            output, config["seed"], config["block_tokens"], UNK_ID, [ray.put(_unigram(chunks, vocab))]
-        )
-        done = _reusable_shards(run, layouts, manifest, out)
-        total_tokens = sum(layouts[s].total_tokens for s in SPLITS)
-        progress = Progress("shard: writing", config["progress"])
-        written = _write(run, out, chunks, vocab, layouts, done, kept, progress)
+    session.start()
+    run = _ShardRun(
+        paths, output, config, _settings(config, len(inputs)), 2 * _cluster_workers(config["workers"])
+    )
+    chunks = plan_chunks(plan, identity, config["chunk_bytes"]) if plan else None
+    vocab = read_vocabulary(output, plan["vocab_sha256"]) if chunks is not None else None
+    distinct = plan.get("distinct_train_tokens", 0) if vocab is not None else 0
+    kept: dict = {}  # chunk index -> ObjectRef of its tokenized chunk (none on a rerun from the plan)
+    if vocab is None:
+        progress = Progress("shard: counting", config["progress"])
+        chunks, counts, kept = _count(run, progress)
         progress.close()
+        total = LineStats()
+        for chunk in chunks:
+            total.add(chunk.stats)
+        _check_counts(total, config)
+        vocab = build_vocabulary(counts, total.train_sentences, config["min_count"], config["max_size"])
+        distinct = len(counts)
+        del counts
+        storage.write_bytes(storage.join(output, VOCAB_FILE), vocab.vocab_bytes)
+        storage.write_bytes(storage.join(output, COUNTS_FILE), vocab.counts_bytes)
+        plan = {
+            **build_plan(identity, config["chunk_bytes"], chunks, vocab),
+            "distinct_train_tokens": distinct,
+        }
+        storage.write_bytes(storage.join(output, PLAN_FILE), encode_json(plan))
+    layouts = _layouts(chunks, config["shard_tokens"])
+    out = _ShardOutput(
+        output, config["seed"], config["block_tokens"], UNK_ID, [ray.put(_unigram(chunks, vocab))]
+    )
+    done = _reusable_shards(run, layouts, manifest, out)
+    total_tokens = sum(layouts[s].total_tokens for s in SPLITS)
+    progress = Progress("shard: writing", config["progress"])
+    written = _write(run, out, chunks, vocab, layouts, done, kept, progress)
+    progress.close()
     records = {**done, **written}
     shards = {split: [records[(split, s)] for s in range(layouts[split].num_shards)] for split in SPLITS}
     manifest = build_manifest(identity, paths, len(inputs), chunks, vocab, distinct, shards)

@@ -29,6 +29,7 @@ from pipeline import cluster_capacity, ray_runtime, shard_format, storage
 from pipeline.config import UseGPU
 from pipeline.errors import PipelineError, Terminated
 from pipeline.model_config import to_options
+from pipeline.ray_runtime import RaySession
 from pipeline.stage_result import StageResult
 from pipeline.train import checkpoint as ckpt
 from pipeline.train import export as export_mod
@@ -222,12 +223,15 @@ def _failure_message(err: BaseException) -> str:
     return lines[-1].strip() if lines else type(err).__name__
 
 
-def run_training(cfg: TrainConfig, plan: RunPlan | None = None) -> StageResult:
-    """Run (or resume) a training run; Ray must be initialised. ``plan``: from ``prepare_run(cfg)``
-    (computed here when None). The result's ``details`` are the final status row (end-of-run
-    held-out perplexities); its tokens are this run's positions of one direction (a resumed run
-    counts only the steps it ran)."""
+def run_training(
+    cfg: TrainConfig, plan: RunPlan | None = None, session: RaySession | None = None
+) -> StageResult:
+    """Run (or resume) a training run in the entry point's Ray ``session`` (default: the Ray this
+    process initialised). ``plan``: from ``prepare_run(cfg)`` (computed here when None). The
+    result's ``details`` are the final status row (end-of-run held-out perplexities); its tokens
+    are this run's positions of one direction (a resumed run counts only the steps it ran)."""
     plan = prepare_run(cfg) if plan is None else plan
+    (session or RaySession.joined()).start()
     plan = dataclasses.replace(plan, use_gpu=_cluster_check(cfg))
     started, steps_before = time.perf_counter(), _logged_steps(plan.run_dir)
     relay = relay_actor()

@@ -71,3 +71,33 @@ def test_an_embedded_cluster_keeps_its_temporary_files_in_its_own_folder(ending)
             proc.wait()
         stop_marked(started["marker"], grace=1.0)
     assert tempfile.gettempdir() == mine  # this process untouched
+
+
+SESSION = """
+import ray
+from pipeline.errors import PipelineError
+from pipeline.ray_runtime import RaySession
+
+try:
+    RaySession.joined().start()
+except PipelineError as err:
+    print("refused:", err)
+with RaySession(num_cpus=1) as session:
+    print("before start:", ray.is_initialized())
+    session.start()
+    session.start()  # a second stage of the same command joins the one session
+    print("started:", ray.is_initialized(), ray.cluster_resources().get("CPU"))
+print("after:", ray.is_initialized())
+"""
+
+
+@pytest.mark.timeout(180)
+def test_one_session_per_command_started_when_a_stage_needs_it_and_closed_with_the_command():
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "TMPDIR")}
+    done = subprocess.run(
+        [sys.executable, "-c", SESSION], capture_output=True, text=True, env=env, timeout=170
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("refused: no Ray session: call ray.init() first")
+    assert lines[1:] == ["before start: False", "started: True 1.0", "after: False"]
