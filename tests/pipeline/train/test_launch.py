@@ -283,6 +283,8 @@ def test_killed_worker_restarts_from_checkpoint_on_s3(shards, s3_prefix, ray_loc
         "max_failures=2",
     )
     killed: list[int] = []
+    at_kill: list[dict] = []
+    wandb_at_kill: list[str] = []
 
     def kill_after_first_checkpoint():
         deadline = time.time() + 300
@@ -292,12 +294,20 @@ def test_killed_worker_restarts_from_checkpoint_on_s3(shards, s3_prefix, ray_loc
         if pids:
             os.kill(pids[-1], signal.SIGKILL)
             killed.append(pids[-1])
+            # what the crash left on s3: the record up to the checkpoint, wandb's with it
+            at_kill.extend(read_metrics(storage.join(run_dir, METRICS_FILE)))
+            wandb_at_kill.extend(storage.list_prefix(storage.join(run_dir, "wandb") + "/"))
 
     killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
     killer.start()
     final = run_training(cfg).details
     killer.join(timeout=5)
     assert killed, "no Ray Train worker was found to kill"
+    # a crash loses at most one interval on s3: the rows and the wandb history of the checkpoint's step
+    # were there when the worker died
+    checkpointed = [r["step"] for r in at_kill if r["kind"] == "train"]
+    assert checkpointed and checkpointed[0] == 10, at_kill
+    assert any("/wandb/attempt-001/" in path for path in wandb_at_kill), wandb_at_kill
     assert "restarting from the latest checkpoint (1 of max_failures=2)" in capsys.readouterr().err
     assert final["status"] == "done" and final["step"] == 40
     rows = read_metrics(storage.join(run_dir, METRICS_FILE))

@@ -1,6 +1,6 @@
 """The training step (pipeline/train/step.py's StepRunner) against a plain reference: autograd through the
 step-by-step LSTM over every position's own spelling, dense softmax gradients, explicit clipping and
-torch's unfused Adagrad. Plus the step's host-side inputs (step_inputs.py)."""
+torch's unfused Adagrad."""
 
 from __future__ import annotations
 
@@ -13,14 +13,12 @@ import torch
 from elmo_model import BiLM, LSTMState
 from pipeline.config import load_config
 from pipeline.model_config import to_options
-from pipeline.shard_format import UNK_ID
 from pipeline.train.char_cache import CharCache
 from pipeline.train.checkpoint import Checkpointer, latest_checkpoint, load_model
 from pipeline.train.config import OptimizerName, TrainConfig
 from pipeline.train.data import LMBatch
 from pipeline.train.objective import NegativeSample, SharedSoftmax, sample_negatives, sampled_softmax_losses
 from pipeline.train.step import PHASES, PhaseTimer, StepRunner
-from pipeline.train.step_inputs import CAPACITY_BUCKETS, distinct_tokens, padded_capacity, step_inputs
 
 VOCAB = 300
 B, U, S = 4, 6, 20
@@ -221,32 +219,3 @@ def test_phase_timer_splits_a_cpu_step():
     runner.train_step(_batches(cache, 1)[0], 100)
     durations = runner.timer.durations()
     assert list(durations) == list(PHASES) and all(v >= 0 for v in durations.values())
-
-
-def test_distinct_tokens_key_vocabulary_ids_and_compare_unknown_spellings():
-    cache = _cache()
-    ids = np.array([[5, 7, 5, UNK_ID], [UNK_ID, 7, UNK_ID, 9]])
-    oov_index = (np.array([0, 1, 1]), np.array([3, 0, 2]))
-    char_ids = cache.spell(ids, oov_index, ["zebra", "yak", "zebra"])
-    chars, positions = distinct_tokens(char_ids, ids)
-    assert chars.shape == (5, 50)  # 5, 7, 9, "zebra", "yak"
-    assert np.array_equal(chars[positions], char_ids)
-    assert positions[0, 3] == positions[1, 2] != positions[1, 0]
-    assert positions[0, 0] == positions[0, 2]
-
-
-def test_step_inputs_and_capacity_buckets():
-    cache = _cache()
-    batch = _batches(cache, 1)[0]
-    inputs = step_inputs(batch, None)
-    assert torch.equal(inputs.chars[inputs.positions], batch.char_ids)
-    positions = 2 * B * U
-    assert padded_capacity(1, positions) == math.ceil(positions / CAPACITY_BUCKETS)
-    assert padded_capacity(positions, positions) == positions
-    cap = padded_capacity(int(inputs.chars.shape[0]), positions)
-    assert inputs.chars.shape[0] <= cap <= inputs.chars.shape[0] + positions / CAPACITY_BUCKETS
-    target = step_inputs(batch, None)
-    target.chars = torch.full((cap, 50), 5)
-    target.copy_(inputs)
-    assert torch.equal(target.chars[: inputs.chars.shape[0]], inputs.chars)
-    assert not target.chars[inputs.chars.shape[0] :].any()
