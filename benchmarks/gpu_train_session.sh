@@ -14,6 +14,7 @@
 #      bf16, the divergence guard on), a rerun to 400 steps that resumes, the export loaded on the
 #      CPU; 300 steps in float32 with the same seed for the held-out perplexity comparison; 300
 #      steps in bf16 without the offset penalty (issue 13's fix) for the contrast
+#   4. tokens-to-quality against the batch (PART=convergence; needs CORPUS=corpus.txt.gz carried in)
 #   5. checkpoints and shard reads off the critical path: checkpoint_stall.py, checkpoint_memory.py,
 #      shard_boundaries.py, and the stall table again with the files on tmpfs (the save's cost apart
 #      from the disk's speed)
@@ -26,7 +27,7 @@ device=${DEVICE:-cuda}
 steps=${STEPS:-300}            # the dry run uses a few steps
 resume_steps=$((steps + (steps + 2) / 3))
 extra=${EXTRA:-}               # more train overrides (the dry run: a small batch)
-part=${PART:-all}              # bench (1, 2, 5), run (3), io (the CUDA tests and 5), or all: for short leases
+part=${PART:-all}              # bench (1, 2, 5), run (3), io (the CUDA tests and 5), convergence (4), or all
 deadline=$((SECONDS + ${BUDGET:-540}))  # every step ends by then, whatever its own limit
 work=$(mktemp -d /tmp/elmo-gpu-XXXXXX)
 logs=$work/logs
@@ -109,6 +110,18 @@ if in_part bench io && [ "${shm_free_mib:-0}" -ge 4096 ]; then
     rm -rf "$shm"
 elif in_part bench io; then
     echo "=== io_tmpfs skipped: /dev/shm has ${shm_free_mib:-no} MiB free" | tee -a "$out/summary.txt"
+fi
+
+# 4. tokens-to-quality against the batch (issue 25): the Debian corpus (benchmarks/debian_corpus.py,
+# built where a registry is reachable and carried here: CORPUS=path/corpus.txt.gz) sharded here, then
+# small at 128, 512 and 2048 rows with the sqrt rule and 2048 with the linear one, one token budget
+if in_part convergence && [ -n "${CORPUS:-}" ]; then
+    step corpus_shards 60 $py -m jobs.cli shard --input "$CORPUS" --output "$work/corpus_shards" \
+        heldout_fraction=0.005 progress=false
+    if [ "$device" = cuda ]; then conv=(--device cuda --tokens "${CONV_TOKENS:-30000000}")
+    else conv=(--preset tiny --batches 8,32 --tokens 20000 --evals 2 --eval-batches 2); fi
+    step convergence 420 $py benchmarks/batch_convergence.py --shards "$work/corpus_shards" \
+        --out "$out/convergence" "${conv[@]}"
 fi
 
 # 2. continued: small

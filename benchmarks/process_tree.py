@@ -34,14 +34,17 @@ def _descendants(root: int, table: dict[int, tuple[int, float]]) -> list[int]:
     return out
 
 
-def _pss_bytes(pid: int) -> int:
+def _pss_bytes(pid: int) -> tuple[int, int]:
+    """(PSS, of it the shared-memory pages: Ray's object store lives in /dev/shm) of ``pid``, bytes."""
+    found = {}
     try:
         for line in open(f"/proc/{pid}/smaps_rollup"):
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
+            if line.startswith(("Pss:", "Pss_Shmem:")):
+                name, value = line.split()[:2]
+                found[name] = int(value) * 1024
     except OSError:
         pass
-    return 0
+    return found.get("Pss:", 0), found.get("Pss_Shmem:", 0)
 
 
 class TreeMonitor(threading.Thread):
@@ -55,13 +58,18 @@ class TreeMonitor(threading.Thread):
         self.names: dict[int, str] = {}
         self.samples: list[int] = []
         self.peak_by_pid: dict[int, int] = {}
+        self.own_peak_by_pid: dict[int, int] = {}
+        """Peak PSS of each process without its share of shared-memory pages (its own memory)."""
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.is_set():
             table = _proc_table()
             pids = _descendants(self.pid, table)
-            each = {pid: _pss_bytes(pid) for pid in pids}
+            measured = {pid: _pss_bytes(pid) for pid in pids}
+            each = {pid: pss for pid, (pss, _) in measured.items()}
+            for pid, (pss, shmem) in measured.items():
+                self.own_peak_by_pid[pid] = max(self.own_peak_by_pid.get(pid, 0), pss - shmem)
             pss = sum(each.values())
             self.peak = max(self.peak, pss)
             for pid, value in each.items():

@@ -10,7 +10,8 @@ as a user runs it, with an embedded Ray cluster:
 
 - **shard**: ``python -m jobs.shard`` to completion: wall time, tokens/s, the peak memory of the
   whole job (summed PSS of the driver, raylet, workers and the object store's pages they map),
-  the peak of Ray's spilled objects on disk, the shards' size, the driver's own peak.
+  the peak of Ray's spilled objects on disk, the shards' size, the driver's own peak (its PSS without
+  its share of the object store's shared memory, which the job's peak counts once).
 - **train**: ``python -m jobs.train``, preset ``tiny`` with the corpus's full vocabulary, 1 worker,
   a log line, an evaluation and a checkpoint at every step: the time from the command to the first
   logged step and to the first evaluation's line (the evaluation's own seconds are on that line);
@@ -53,12 +54,16 @@ SIZES = {"1M": 1_000_000, "10M": 10_000_000, "100M": 100_000_000, "800M": 800_00
 TYPES = 800_000
 EVAL_LINE = re.compile(r"^eval .*\[(\d+) batches, ([\d.]+) s\]")
 GIB, MIB = 1 << 30, 1 << 20
+SAMPLE_S = 1.0
+"""Between two samples of the job's memory and spilled bytes (each reads /proc for every process: at
+0.5 s the sampling took about 0.4 of a core of this 2-core machine)."""
 
 
 @dataclass
 class JobRun:
     """One command's run: its console lines with the seconds since it started, when it was stopped
-    (or ended), and its memory: peak summed PSS of the tree, of the command's own process, and the
+    (or ended), and its memory: peak summed PSS of the tree (the object store's pages included), the
+    command's own process's peak without its share of the object store (``driver_peak``), and the
     peak size of Ray's spilled objects."""
 
     lines: list[tuple[float, str]] = field(default_factory=list)
@@ -74,7 +79,8 @@ class JobRun:
 
 
 def _spilled_bytes(since: float) -> int:
-    """Bytes of spilled objects in the embedded Ray clusters' temp dirs started since ``since``."""
+    """Bytes of spilled objects in the embedded Ray clusters' temp dirs started since ``since``
+    (Ray spills into ``ray_spilled_objects*`` folders of its temp dir or session dir)."""
     total = 0
     for root in Path(tempfile.gettempdir()).glob("elmo-ray-*"):
         try:
@@ -82,21 +88,20 @@ def _spilled_bytes(since: float) -> int:
                 continue
         except OSError:
             continue
-        for dirpath, _, files in os.walk(root):
-            if "spill" not in dirpath:
-                continue
-            for name in files:
-                try:
-                    total += os.path.getsize(os.path.join(dirpath, name))
-                except OSError:
-                    pass
+        for spill in [*root.glob("ray_spilled_objects*"), *root.glob("session_*/ray_spilled_objects*")]:
+            for dirpath, _, files in os.walk(spill):
+                for name in files:
+                    try:
+                        total += os.path.getsize(os.path.join(dirpath, name))
+                    except OSError:
+                        pass
     return total
 
 
 def run_command(
     cmd: list[str], stop: Callable[[JobRun], bool] | None = None, timeout_s: float = 3600
 ) -> JobRun:
-    """Run ``cmd`` to its end, or until ``stop(run)`` is true (checked at each line and every 0.5 s),
+    """Run ``cmd`` to its end, or until ``stop(run)`` is true (checked every ``SAMPLE_S``),
     then SIGTERM it and wait; fails when it ended with an error before that."""
     run = JobRun()
     started = time.time()
@@ -104,7 +109,7 @@ def run_command(
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    monitor = TreeMonitor(proc.pid, interval=0.5)
+    monitor = TreeMonitor(proc.pid, interval=SAMPLE_S)
     monitor.start()
     stopped = threading.Event()
 
@@ -123,7 +128,7 @@ def run_command(
         if time.time() - started > timeout_s:
             proc.kill()
             raise RuntimeError(f"{' '.join(cmd[:4])} ... ran past {timeout_s:.0f} s")
-        time.sleep(0.5)
+        time.sleep(SAMPLE_S)
     reader.join()
     monitor.done.set()
     monitor.join()
@@ -134,7 +139,7 @@ def run_command(
             tail = "\n".join(line for _, line in run.lines[-15:])
             raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({proc.returncode}):\n{tail}")
     run.peak = monitor.peak
-    run.driver_peak = monitor.peak_by_pid.get(proc.pid, 0)
+    run.driver_peak = monitor.own_peak_by_pid.get(proc.pid, 0)
     return run
 
 

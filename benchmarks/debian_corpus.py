@@ -1,0 +1,243 @@
+"""A real English corpus for convergence runs, from freely licensed Debian packages, one sentence a line.
+
+    python benchmarks/debian_corpus.py /tmp/debian-corpus            # downloads the packages (apt-get download)
+    python benchmarks/debian_corpus.py /tmp/debian-corpus --debs DIR # .deb files already downloaded
+
+Writes ``OUT/corpus.txt.gz`` (tokens separated by spaces: words, numbers and each punctuation mark apart,
+as the 1B Word Benchmark is tokenized) and ``OUT/SOURCES.md`` (each package, its version, the licence
+its copyright file states, and what it gave). The sources, each a different register of English:
+
+- ``dict-gcide``: the GNU Collaborative International Dictionary of English (Webster's 1913 and
+  WordNet; GPL): the definitions, without headwords, pronunciations and citations;
+- ``wordnet-base``: WordNet 3.0's glosses and example sentences (the WordNet licence, BSD-like);
+- ``python3.11-doc``: the Python documentation, its prose paragraphs (the PSF licence);
+- ``perl-doc``: Perl's manuals (pod; Artistic or GPL), prose paragraphs;
+- ``manpages``, ``manpages-dev``: the Linux man-pages (verbatim-copying and GPL licences), prose lines;
+- ``jargon-text``: the Jargon File 4.4.7 (public domain);
+- ``fortunes``: the fortune cookies (their copyright file: each fortune's own status, the collection
+  distributable);
+- ``debian-reference-en``: the Debian Reference (GPL-2+).
+
+Sentences are cut at . ! or ? followed by a capital; lines shorter than 3 tokens or longer than 200,
+mostly non-words (code, tables), or seen before are dropped. The corpus travels to a GPU machine
+gzipped (about 40 MB, under a call's 64 MiB) and is sharded there, where 16 cores do it in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.jargon_corpus import TEXT_IN_PACKAGE as JARGON_TEXT  # noqa: E402
+from benchmarks.jargon_corpus import sentences as split_sentences  # noqa: E402
+
+_TOKEN = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)*|\d+(?:[.,]\d+)*|[^\sA-Za-z\d]")
+MIN_TOKENS, MAX_TOKENS = 3, 200
+MIN_WORD_SHARE = 0.6
+"""A line whose tokens are less than this share words is code, a table or a formula: dropped."""
+
+
+def tokenize(sentence: str) -> list[str]:
+    return _TOKEN.findall(sentence)
+
+
+def keep(tokens: list[str]) -> bool:
+    if not MIN_TOKENS <= len(tokens) <= MAX_TOKENS:
+        return False
+    return sum(t[0].isalpha() for t in tokens) >= MIN_WORD_SHARE * len(tokens)
+
+
+# ---- one extractor per package: the package's files -> paragraphs of prose --------------------------
+
+
+def gcide(root: Path) -> Iterator[str]:
+    text = gzip.decompress((root / "usr/share/dictd/gcide.dict.dz").read_bytes()).decode("utf-8", "replace")
+    for entry in re.split(r"\n\s*\n", text):
+        lines = entry.split("\n")[1:]  # the headword line: the word, its pronunciation, its etymology
+        body = " ".join(line.strip() for line in lines)
+        body = re.sub(r"\[[^\]]*\]", " ", body)  # [1913 Webster], [R.], [Obs.]
+        body = re.sub(r"--[A-Z][\w. ]*?\.", " ", body)  # --Bailey.
+        body = re.sub(r"^\s*\d+\.\s*", "", body)
+        yield from re.split(r"\s\d+\.\s", body)  # numbered senses
+
+
+def wordnet(root: Path) -> Iterator[str]:
+    for part in ("noun", "verb", "adj", "adv"):
+        for line in (root / f"usr/share/wordnet/data.{part}").read_text("utf-8", "replace").splitlines():
+            if line.startswith("  ") or " | " not in line:
+                continue  # the licence header
+            for piece in line.split(" | ", 1)[1].split(";"):
+                piece = piece.strip().strip('"').strip()
+                if piece:
+                    yield piece[0].upper() + piece[1:] + ("" if piece[-1] in ".!?" else ".")
+
+
+def _prose_paragraphs(text: str) -> Iterator[str]:
+    for paragraph in re.split(r"\n\s*\n", text):
+        lines = paragraph.split("\n")
+        if any(line.startswith(("* ", "    ", "\t")) for line in lines):
+            continue  # menus, code, indented examples
+        yield " ".join(line.strip() for line in lines)
+
+
+def python_doc(root: Path) -> Iterator[str]:
+    yield from _prose_paragraphs(
+        gzip.decompress((root / "usr/share/info/python3.11.info.gz").read_bytes()).decode("utf-8", "replace")
+    )
+
+
+_POD_CODE = re.compile(r"[A-Z]<+\s*((?:(?!>).)*?)\s*>+")
+
+
+def perl_doc(root: Path) -> Iterator[str]:
+    for pod in sorted(root.glob("usr/share/perl/*/pod/*.pod")):
+        for paragraph in re.split(r"\n\s*\n", pod.read_text("utf-8", "replace")):
+            if paragraph.startswith(("=", " ", "\t")):
+                continue  # commands and verbatim (code) paragraphs
+            text = " ".join(paragraph.split())
+            for _ in range(3):  # nested codes: B<C<...>>
+                text = _POD_CODE.sub(lambda m: m.group(1).split("|")[0], text)
+            yield text
+
+
+_ROFF_ESCAPE = re.compile(r"\\(f[BIRP]|f\(..|\(..|\*.|[-&e])")
+
+
+def manpages(root: Path) -> Iterator[str]:
+    for page in sorted(root.glob("usr/share/man/man*/*.gz")):
+        paragraph: list[str] = []
+        for line in gzip.decompress(page.read_bytes()).decode("utf-8", "replace").splitlines():
+            if line.startswith((".", "'")):
+                macro, _, rest = line.partition(" ")
+                if macro in (".B", ".I", ".BR", ".IR", ".RB", ".RI", ".BI", ".IB") and rest:
+                    paragraph.append(rest.replace('"', ""))
+                elif macro in (".PP", ".P", ".LP", ".SH", ".SS", ".TP", ".IP", ".nf", ".EX"):
+                    yield " ".join(paragraph)
+                    paragraph = []
+                continue
+            paragraph.append(line)
+        yield " ".join(paragraph)
+
+
+def _cleaned_roff(text: str) -> str:
+    return _ROFF_ESCAPE.sub(lambda m: "-" if m.group(1) == "-" else "", text)
+
+
+def jargon(root: Path) -> Iterator[str]:
+    yield from re.split(r"\n\s*\n", gzip.decompress((root / JARGON_TEXT).read_bytes()).decode("utf-8"))
+
+
+def fortunes(root: Path) -> Iterator[str]:
+    for path in sorted((root / "usr/share/games/fortunes").glob("*")):
+        if path.suffix or path.is_dir() or path.is_symlink():
+            continue  # the .dat indexes and the .u8 links
+        for cookie in re.split(r"\n%\n", path.read_text("utf-8", "replace")):
+            if not re.search(r"^\s*--", cookie, re.M):  # attributions are lists of names
+                yield " ".join(cookie.split())
+
+
+def debian_reference(root: Path) -> Iterator[str]:
+    text = gzip.decompress((root / "usr/share/debian-reference/debian-reference.en.txt.gz").read_bytes())
+    yield from _prose_paragraphs(text.decode("utf-8", "replace"))
+
+
+@dataclass(frozen=True)
+class Source:
+    package: str
+    paragraphs: Callable[[Path], Iterable[str]]
+    clean: Callable[[str], str] = lambda text: text
+
+
+SOURCES = [
+    Source("dict-gcide", gcide),
+    Source("wordnet-base", wordnet),
+    Source("python3.11-doc", python_doc),
+    Source("perl-doc", perl_doc),
+    Source("manpages", manpages, _cleaned_roff),
+    Source("manpages-dev", manpages, _cleaned_roff),
+    Source("jargon-text", jargon),
+    Source("fortunes", fortunes),
+    Source("debian-reference-en", debian_reference),
+]
+
+
+def _unpacked(package: str, debs: Path, tmp: Path) -> tuple[Path, str]:
+    """The package's files (unpacked under ``tmp``) and its version."""
+    found = sorted(debs.glob(f"{package}_*.deb"))
+    if not found:
+        subprocess.run(["apt-get", "download", package], cwd=debs, check=True, capture_output=True)
+        found = sorted(debs.glob(f"{package}_*.deb"))
+    root = tmp / package
+    subprocess.run(["dpkg-deb", "-x", str(found[-1]), str(root)], check=True)
+    version = subprocess.run(
+        ["dpkg-deb", "-f", str(found[-1]), "Version"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    return root, version
+
+
+def licences(root: Path, package: str) -> str:
+    """The licence names the package's copyright file states (its ``License:`` fields), or its first line."""
+    path = root / "usr/share/doc" / package / "copyright"
+    if not path.exists():
+        return "see the package's copyright file"
+    text = path.read_text("utf-8", "replace")
+    names = list(dict.fromkeys(m.strip() for m in re.findall(r"^License:\s*(.+)$", text, re.M)))
+    return ", ".join(names[:4]) if names else " ".join(text.split()[:20]) + " ..."
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("output", type=Path, help="folder for corpus.txt.gz and SOURCES.md")
+    parser.add_argument(
+        "--debs", type=Path, help="folder with the .deb files (missing ones are downloaded there)"
+    )
+    args = parser.parse_args(argv)
+    args.output.mkdir(parents=True, exist_ok=True)
+    seen: set[int] = set()
+    rows, total_sentences, total_tokens = [], 0, 0
+    with (
+        tempfile.TemporaryDirectory(prefix="debian-corpus-") as tmp,
+        gzip.open(args.output / "corpus.txt.gz", "wt", encoding="utf-8", compresslevel=6) as out,
+    ):
+        debs = args.debs or Path(tmp)
+        for source in SOURCES:
+            root, version = _unpacked(source.package, debs, Path(tmp))
+            sentences = tokens = 0
+            for paragraph in source.paragraphs(root):
+                for sentence in split_sentences(source.clean(paragraph)):
+                    words = tokenize(sentence)
+                    line = " ".join(words)
+                    if not keep(words) or hash(line) in seen:
+                        continue
+                    seen.add(hash(line))
+                    out.write(line + "\n")
+                    sentences, tokens = sentences + 1, tokens + len(words)
+            rows.append((source.package, version, licences(root, source.package), sentences, tokens))
+            total_sentences, total_tokens = total_sentences + sentences, total_tokens + tokens
+            print(f"{source.package} {version}: {sentences:,} sentences, {tokens:,} tokens", flush=True)
+    table = [
+        "# Sources of corpus.txt.gz",
+        "",
+        "Built by `python benchmarks/debian_corpus.py` from these Debian packages (`apt-get download`).",
+        "",
+        "| package | version | licence (its copyright file) | sentences | tokens |",
+        "|---|---|---|---|---|",
+        *(f"| {p} | {v} | {lic} | {s:,} | {t:,} |" for p, v, lic, s, t in rows),
+        f"| all | | | {total_sentences:,} | {total_tokens:,} |",
+    ]
+    (args.output / "SOURCES.md").write_text("\n".join(table) + "\n")
+    print(f"wrote {args.output / 'corpus.txt.gz'}: {total_sentences:,} sentences, {total_tokens:,} tokens")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
