@@ -95,7 +95,8 @@ def python_doc(root: Path) -> Iterator[str]:
     )
 
 
-_POD_CODE = re.compile(r"[A-Z]<+\s*((?:(?!>).)*?)\s*>+")
+_POD_CODE_MULTI = re.compile(r"[A-Z]<<+\s(.*?)\s>>+")  # C<< $x->y >>: may hold > itself
+_POD_CODE = re.compile(r"[A-Z]<([^<>]*)>")
 
 
 def perl_doc(root: Path) -> Iterator[str]:
@@ -104,6 +105,7 @@ def perl_doc(root: Path) -> Iterator[str]:
             if paragraph.startswith(("=", " ", "\t")):
                 continue  # commands and verbatim (code) paragraphs
             text = " ".join(paragraph.split())
+            text = _POD_CODE_MULTI.sub(lambda m: m.group(1), text)
             for _ in range(3):  # nested codes: B<C<...>>
                 text = _POD_CODE.sub(lambda m: m.group(1).split("|")[0], text)
             yield text
