@@ -16,7 +16,10 @@ its copyright file states, and what it gave). The sources, each a different regi
 - ``jargon-text``: the Jargon File 4.4.7 (public domain);
 - ``fortunes``: the fortune cookies (their copyright file: each fortune's own status, the collection
   distributable);
-- ``debian-reference-en``: the Debian Reference (GPL-2+).
+- ``debian-reference-en``: the Debian Reference (GPL-2+);
+- ``postgresql-doc-15``, ``sqlite3-doc``, ``python-django-doc``: the PostgreSQL (PostgreSQL licence),
+  SQLite (public domain) and Django (BSD) manuals, the text of their HTML paragraphs;
+- ``linux-doc-6.1``: the Linux kernel's documentation (GPL-2), prose paragraphs of its reStructuredText.
 
 Sentences are cut at . ! or ? followed by a capital; lines shorter than 3 tokens or longer than 200,
 mostly non-words (code, tables), or seen before are dropped. The corpus travels to a GPU machine
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import html
 import re
 import subprocess
 import sys
@@ -81,12 +85,22 @@ def wordnet(root: Path) -> Iterator[str]:
                     yield piece[0].upper() + piece[1:] + ("" if piece[-1] in ".!?" else ".")
 
 
+_INFO_NOTE = re.compile(r"\*[Nn]ote\s+([^:]+?)::?[^.,;)]*[.,;)]?")
+_RULE = re.compile(r"^\s*[-=*.~_]{3,}\s*$")
+
+
 def _prose_paragraphs(text: str) -> Iterator[str]:
+    """Blank-line separated paragraphs of a plain-text manual, lines joined: menu entries, node
+    headers and underlines out, a bullet's star off, cross-references (``*note X: 1c.``) as their
+    name. Code and tables stay in and are dropped by ``keep`` (mostly not words)."""
     for paragraph in re.split(r"\n\s*\n", text):
-        lines = paragraph.split("\n")
-        if any(line.startswith(("* ", "    ", "\t")) for line in lines):
-            continue  # menus, code, indented examples
-        yield " ".join(line.strip() for line in lines)
+        lines = [
+            line.strip()
+            for line in paragraph.split("\n")
+            if not (_RULE.match(line) or line.startswith("File: ") or re.match(r"^\s*\* [^:]*::", line))
+        ]
+        joined = " ".join(line[2:] if line.startswith("* ") else line for line in lines)
+        yield _INFO_NOTE.sub(lambda m: m.group(1), joined)
 
 
 def python_doc(root: Path) -> Iterator[str]:
@@ -152,6 +166,43 @@ def debian_reference(root: Path) -> Iterator[str]:
     yield from _prose_paragraphs(text.decode("utf-8", "replace"))
 
 
+_TAG = re.compile(r"<[^>]+>")
+_HTML_PARAGRAPH = re.compile(r"<p[\s>].*?</p>", re.S)
+
+
+def _html_paragraphs(files: Iterable[Path]) -> Iterator[str]:
+    """The text of every ``<p>`` of HTML pages (tags out, entities decoded)."""
+    for path in files:
+        for match in _HTML_PARAGRAPH.finditer(path.read_text("utf-8", "replace")):
+            yield html.unescape(_TAG.sub(" ", match.group(0)))
+
+
+def postgresql_doc(root: Path) -> Iterator[str]:
+    yield from _html_paragraphs(sorted(root.glob("usr/share/doc/postgresql-doc-*/html/*.html")))
+
+
+def sqlite_doc(root: Path) -> Iterator[str]:
+    yield from _html_paragraphs(sorted(root.glob("usr/share/doc/sqlite3/**/*.html")))
+
+
+def django_doc(root: Path) -> Iterator[str]:
+    pages = sorted(root.glob("usr/share/doc/python-django-doc/html/**/*.html"))
+    yield from _html_paragraphs(p for p in pages if "/_modules/" not in str(p))  # _modules: source code
+
+
+_RST_ROLE = re.compile(r":\w+:`([^`<]*?)(?:\s*<[^>]*>)?`")
+_RST_LITERAL = re.compile(r"``([^`]*)``|`([^`<]*?)(?:\s*<[^>]*>)?`_*")
+
+
+def linux_doc(root: Path) -> Iterator[str]:
+    """The kernel's documentation (reStructuredText): prose paragraphs, roles and literals as their text."""
+    for page in sorted(root.glob("usr/share/doc/linux-doc-*/Documentation/**/*.rst.gz")):
+        text = gzip.decompress(page.read_bytes()).decode("utf-8", "replace")
+        text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(".."))
+        for paragraph in _prose_paragraphs(text):
+            yield _RST_LITERAL.sub(lambda m: m.group(1) or m.group(2) or "", _RST_ROLE.sub(r"\1", paragraph))
+
+
 @dataclass(frozen=True)
 class Source:
     package: str
@@ -169,6 +220,10 @@ SOURCES = [
     Source("jargon-text", jargon),
     Source("fortunes", fortunes),
     Source("debian-reference-en", debian_reference),
+    Source("postgresql-doc-15", postgresql_doc),
+    Source("sqlite3-doc", sqlite_doc),
+    Source("python-django-doc", django_doc),
+    Source("linux-doc-6.1", linux_doc),
 ]
 
 
@@ -186,14 +241,29 @@ def _unpacked(package: str, debs: Path, tmp: Path) -> tuple[Path, str]:
     return root, version
 
 
+_LICENCE_NAMES = {
+    "public domain": r"public domain",
+    "GPL": r"GNU General Public License|\bGPL\b",
+    "GFDL": r"GNU Free Documentation License|\bGFDL\b",
+    "BSD": r"\bBSD\b|Redistribution and use in source and binary forms",
+    "Artistic": r"Artistic License",
+    "PSF": r"Python Software Foundation License|PSF LICENSE",
+}
+
+
 def licences(root: Path, package: str) -> str:
-    """The licence names the package's copyright file states (its ``License:`` fields), or its first line."""
+    """The licences the package's copyright file states: its ``License:`` fields (machine-readable
+    files), else the licences it names."""
     path = root / "usr/share/doc" / package / "copyright"
     if not path.exists():
         return "see the package's copyright file"
     text = path.read_text("utf-8", "replace")
-    names = list(dict.fromkeys(m.strip() for m in re.findall(r"^License:\s*(.+)$", text, re.M)))
-    return ", ".join(names[:4]) if names else " ".join(text.split()[:20]) + " ..."
+    fields = re.findall(r"^License:[ \t]*(\S.*)$", text, re.M)
+    # short names only: some files put a licence's first line of text in the field
+    names = list(dict.fromkeys(f.strip() for f in fields if len(f.split()) <= 6))
+    if not names:
+        names = [name for name, pattern in _LICENCE_NAMES.items() if re.search(pattern, text, re.I)]
+    return ", ".join(names[:4]) if names else "see the package's copyright file"
 
 
 def main(argv=None) -> int:
