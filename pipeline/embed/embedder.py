@@ -22,6 +22,7 @@ from elmo_model import BiLM, batch_to_ids
 from elmo_model.static_batches import BucketPlan, StaticBatch, build_passes, split_rows
 from elmo_model.static_inference import OutputSpec, StaticInference
 from pipeline.embed import batching
+from pipeline.embed.config import InvalidUTF8, LayerMode, Layout, LongSentences, Pool, Precision, StoredDType
 from pipeline.embed.errors import WORKER_ERRORS, EmbedError
 from pipeline.embed.hdf5_shard import encode_shard
 from pipeline.embed.inputs import ShardSpec
@@ -33,22 +34,43 @@ from pipeline.embed.shard_work import ShardWork, WorkSettings, join_lines, work_
 
 @dataclass(frozen=True)
 class EmbedSettings:
-    """What the actor needs from EmbedConfig (a plain, picklable subset)."""
+    """What the actors and the preparing tasks need from EmbedConfig: its choices as its own enums
+    (a name such as ``"top"`` is taken too, and checked), plus the ``threads`` and ``device`` the
+    driver resolved. The plain values go only where a pure function or a file needs them."""
 
-    layers: str
-    dtype: str
+    layers: LayerMode
+    dtype: StoredDType
     stateful: bool
     batch_tokens: int
     max_batch_sentences: int
     stateful_batch_size: int
     max_sentence_tokens: int
-    long_sentences: str
-    invalid_utf8: str
+    long_sentences: LongSentences
+    invalid_utf8: InvalidUTF8
     threads: int
     device: str
-    precision: str = "float32"
-    pool: str = "none"
-    layout: str = "allennlp"
+    precision: Precision = Precision.float32
+    pool: Pool = Pool.none
+    layout: Layout = Layout.allennlp
+
+    def __post_init__(self) -> None:
+        for name, kind in _CHOICES.items():
+            object.__setattr__(self, name, kind(getattr(self, name)))
+
+    @property
+    def pooled(self) -> bool:
+        return self.pool is Pool.mean
+
+
+_CHOICES = {
+    "layers": LayerMode,
+    "dtype": StoredDType,
+    "long_sentences": LongSentences,
+    "invalid_utf8": InvalidUTF8,
+    "precision": Precision,
+    "pool": Pool,
+    "layout": Layout,
+}
 
 
 def select_layers(layers: torch.Tensor, mode: str) -> torch.Tensor:
@@ -86,12 +108,12 @@ class SentenceEncoder:
 
     def __init__(self, bilm: BiLM, settings: EmbedSettings, device: torch.device):
         self.bilm, self.settings, self.device = bilm, settings, device
-        self.pool = settings.pool == "mean"
+        self.pool = settings.pooled
         self.static = None
         if not settings.stateful:
-            dtype = torch.float16 if settings.dtype == "float16" else torch.float32
-            output = OutputSpec(settings.layers, pool=self.pool, dtype=dtype)
-            self.static = StaticInference(bilm, output, settings.precision)
+            dtype = torch.float16 if settings.dtype is StoredDType.float16 else torch.float32
+            output = OutputSpec(settings.layers.value, pool=self.pool, dtype=dtype)
+            self.static = StaticInference(bilm, output, settings.precision.value)
             if device.type == "cuda":
                 self.copy_stream = torch.cuda.Stream(device)
 
@@ -123,7 +145,7 @@ class SentenceEncoder:
 
     def _stateful(self, pieces: Sequence[Sequence[str]]) -> list[np.ndarray]:
         batches = batching.in_order(len(pieces), self.settings.stateful_batch_size)
-        return embed_pieces(self.bilm, pieces, batches, self.settings.layers, self.device, self.pool)
+        return embed_pieces(self.bilm, pieces, batches, self.settings.layers.value, self.device, self.pool)
 
     def _to_host(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
         """The pass's output on its way to the host: on CUDA a copy queued on the copy stream into
@@ -205,7 +227,7 @@ def embed_lines(
     stage's own order of the same steps, in one process (tests, benchmarks)."""
     spec = ShardSpec(0, prepared.first_line, prepared.num_lines, segments=(), input_sha256="")
     work = work_from_lines(spec, True, prepared, work_settings(encoder.settings))
-    empty = empty_value(encoder.settings.layers, num_layers, output_dim, encoder.pool)
+    empty = empty_value(encoder.settings.layers.value, num_layers, output_dim, encoder.pool)
     return join_lines(work, encoder.run(work), empty, encoder.pool)
 
 
@@ -267,7 +289,7 @@ class ShardEmbedder:
         self.encoder = SentenceEncoder(self.bilm, self.settings, self.device)
         self.model_lock = threading.Lock()
         s = self.settings
-        self.empty = empty_value(s.layers, self.source.num_layers, self.source.output_dim, s.pool == "mean")
+        self.empty = empty_value(s.layers.value, self.source.num_layers, self.source.output_dim, s.pooled)
 
     def process(self, work: ShardWork) -> dict:
         """Embed one prepared shard and, when ``work.write``, commit it; the manifest entry (or the stats)."""
@@ -283,12 +305,16 @@ class ShardEmbedder:
         s = self.settings
         # each entry names what made it, so a shard copied out of its folder still says so
         stats.update(
-            layers=s.layers, dtype=s.dtype, model_sha256=self.source.sha256, layout=s.layout, pool=s.pool
+            layers=s.layers.value,
+            dtype=s.dtype.value,
+            model_sha256=self.source.sha256,
+            layout=s.layout.value,
+            pool=s.pool.value,
         )
         return commit_shard(
             self.output,
             stats,
-            encode_shard(work.spec.first_line, values, s.dtype, s.layout, s.pool == "mean"),
+            encode_shard(work.spec.first_line, values, s.dtype.value, s.layout.value, s.pooled),
         )
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:

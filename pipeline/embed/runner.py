@@ -106,20 +106,20 @@ def actor_pool(cfg, gpus: float) -> ActorPool:
 
 def settings_for(cfg, device: str) -> EmbedSettings:
     return EmbedSettings(
-        layers=cfg.layers.value,
-        dtype=cfg.dtype.value,
+        layers=cfg.layers,
+        dtype=cfg.dtype,
         stateful=cfg.stateful,
         batch_tokens=cfg.batch_tokens,
         max_batch_sentences=cfg.max_batch_sentences,
         stateful_batch_size=cfg.stateful_batch_size,
         max_sentence_tokens=cfg.max_sentence_tokens,
-        long_sentences=cfg.long_sentences.value,
-        invalid_utf8=cfg.invalid_utf8.value,
+        long_sentences=cfg.long_sentences,
+        invalid_utf8=cfg.invalid_utf8,
         threads=max(1, int(cfg.cpus_per_worker)),
         device=device,
-        precision=cfg.precision.value,
-        pool=cfg.pool.value,
-        layout=cfg.layout.value,
+        precision=cfg.precision,
+        pool=cfg.pool,
+        layout=cfg.layout,
     )
 
 

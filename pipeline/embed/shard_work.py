@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from elmo_model.static_batches import BucketPlan, StaticBatch, build_passes
+from pipeline.embed.config import InvalidUTF8, LongSentences
 from pipeline.embed.errors import WORKER_ERRORS, EmbedError
 from pipeline.embed.inputs import ShardSpec, read_lines
 from pipeline.embed.sentences import PreparedLines, prepare_lines
@@ -31,9 +32,13 @@ class WorkSettings:
 
     stateful: bool
     max_sentence_tokens: int
-    long_sentences: str
-    invalid_utf8: str
+    long_sentences: LongSentences
+    invalid_utf8: InvalidUTF8
     plan: BucketPlan
+
+    def __post_init__(self) -> None:  # a choice's name is taken too, and checked
+        object.__setattr__(self, "long_sentences", LongSentences(self.long_sentences))
+        object.__setattr__(self, "invalid_utf8", InvalidUTF8(self.invalid_utf8))
 
 
 @dataclass
@@ -111,8 +116,8 @@ def prepare_shard(spec: ShardSpec, write: bool, settings: WorkSettings) -> Shard
             read_lines(spec),
             spec.first_line,
             max_tokens=settings.max_sentence_tokens,
-            long_sentences=settings.long_sentences,
-            invalid_utf8=settings.invalid_utf8,
+            long_sentences=settings.long_sentences.value,
+            invalid_utf8=settings.invalid_utf8.value,
             where=spec.segments[0].path if spec.segments else "input",
         )
         return work_from_lines(spec, write, prepared, settings)

@@ -115,15 +115,18 @@ class ProgressRelay:
             self._added.notify_all()
 
     async def take(self, start: int, timeout_s: float) -> list[dict]:
-        """The rows from index ``start`` on, once there are any (or ``[]`` after ``timeout_s``)."""
+        """The rows from index ``start`` on, at once when there are any; else once one comes, or
+        ``[]`` after ``timeout_s`` (0: at once). (``asyncio.wait_for`` with a timeout of 0 times out
+        before its awaitable runs at all, rows or not: hence the look first.)"""
         import asyncio
 
-        async with self._added:
-            try:
-                await asyncio.wait_for(self._added.wait_for(lambda: len(self.rows) > start), timeout_s)
-            except asyncio.TimeoutError:
-                return []
-            return self.rows[start:]
+        if len(self.rows) <= start and timeout_s > 0:
+            async with self._added:
+                try:
+                    await asyncio.wait_for(self._added.wait_for(lambda: len(self.rows) > start), timeout_s)
+                except asyncio.TimeoutError:
+                    pass
+        return self.rows[start:]
 
 
 def relay_actor():

@@ -40,8 +40,8 @@ def _embed(model, lines, settings):
         lines,
         0,
         max_tokens=settings.max_sentence_tokens,
-        long_sentences=settings.long_sentences,
-        invalid_utf8=settings.invalid_utf8,
+        long_sentences=settings.long_sentences.value,
+        invalid_utf8=settings.invalid_utf8.value,
         where="test",
     )
     model.stateful = settings.stateful
@@ -156,3 +156,23 @@ def test_a_packed_shard_whose_datasets_disagree_is_refused(model, tmp_path):
         f["offsets"][2] = 10**9
     with pytest.raises(EmbedError, match="packed datasets do not agree"):
         list(iter_shard(str(path)))
+
+
+def test_the_workers_settings_are_the_configs_own_choices_frozen():
+    from dataclasses import FrozenInstanceError
+
+    from pipeline.config import load_config
+    from pipeline.embed.config import EmbedConfig, LayerMode, Pool, StoredDType
+    from pipeline.embed.runner import settings_for
+
+    cfg = load_config(
+        EmbedConfig,
+        overrides=["model=m", "input=[x]", "output=o", "layers=top", "dtype=float16", "pool=mean"],
+    )
+    settings = settings_for(cfg, "cpu")
+    assert (settings.layers, settings.dtype, settings.pool) == (LayerMode.top, StoredDType.float16, Pool.mean)
+    assert settings.pooled and _settings(layers="average").layers is LayerMode.average
+    with pytest.raises(FrozenInstanceError):
+        settings.layers = LayerMode.all
+    with pytest.raises(ValueError, match="'topp' is not a valid LayerMode"):
+        _settings(layers="topp")

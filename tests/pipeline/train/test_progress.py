@@ -68,12 +68,20 @@ def test_rows_handed_to_the_relay_are_printed_once_in_order(ray_local):
         relay.put.remote(train_row(10, 2.0))
         relay.put.remote(train_row(10, 2.0))  # a worker restarted from step 5 logs step 10 again
         time.sleep(0.3)
-        relay.put.remote(EVAL)
+        ray.get(relay.put.remote(EVAL))  # as rank 0 awaits its last row: there when the run ends
     ray.kill(relay)
     assert [line.split(" (")[0] for line in printed] == [
         "train step 10/40",
         "eval  step 20/40: held-out perplexity 120.5",
     ]
+
+
+def test_a_take_answers_at_once_with_what_is_there(ray_local):
+    relay = relay_actor()
+    ray.get(relay.put.remote({"kind": "status", "step": 3}))
+    assert ray.get(relay.take.remote(0, 0.0), timeout=60) == [{"kind": "status", "step": 3}]
+    assert ray.get(relay.take.remote(1, 0.0), timeout=60) == []
+    ray.kill(relay)
 
 
 def test_the_follower_ends_quietly_when_nothing_came_or_the_relay_is_gone(ray_local):

@@ -98,3 +98,4 @@ def test_no_step_waits_for_the_storage_or_the_driver(tmp_path, ray_local, monkey
     while ray.get(relay.count.remote(), timeout=60) < handed and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ray.get(relay.count.remote(), timeout=60) == handed
+    ray.kill(relay)
