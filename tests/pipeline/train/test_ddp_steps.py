@@ -7,15 +7,14 @@ from __future__ import annotations
 import os
 import socket
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from train_shards import synthetic_cache, zipf_batches
 
 from pipeline.config import load_config
 from pipeline.model_config import to_options
-from pipeline.train.char_cache import CharCache
 from pipeline.train.config import TrainConfig
 from pipeline.train.data import LMBatch
 from pipeline.train.step import StepRunner
@@ -30,19 +29,7 @@ def _free_port() -> int:
 
 
 def _global_batches() -> list[LMBatch]:
-    cache = CharCache(["<S>", "</S>", "<UNK>", *(f"w{i}" for i in range(VOCAB - 3))])
-    rng = np.random.default_rng(0)
-    out = []
-    for _ in range(STEPS):
-        ids = np.minimum(rng.zipf(1.3, size=(2, GLOBAL_ROWS, U + 1)) + 2, VOCAB - 1)
-        out.append(
-            LMBatch(
-                char_ids=torch.from_numpy(cache.spell(ids[..., :-1])),
-                token_ids=torch.from_numpy(np.ascontiguousarray(ids[..., :-1])),
-                targets=torch.from_numpy(np.ascontiguousarray(ids[..., 1:])),
-            )
-        )
-    return out
+    return zipf_batches(synthetic_cache(VOCAB), STEPS, GLOBAL_ROWS, U)
 
 
 def _rows(batch: LMBatch, rank: int, world: int) -> LMBatch:

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from train_shards import synthetic_cache, zipf_batches
 
 from elmo_model import BiLM, LSTMState
 from pipeline.config import load_config
@@ -28,22 +29,11 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _cache() -> CharCache:
-    return CharCache(["<S>", "</S>", "<UNK>", *(f"w{i}" for i in range(VOCAB - 3))])
+    return synthetic_cache(VOCAB)
 
 
 def _batches(cache: CharCache, count: int, seed: int = 0) -> list[LMBatch]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(count):
-        ids = np.minimum(rng.zipf(1.3, size=(2, B, U + 1)) + 2, VOCAB - 1)
-        out.append(
-            LMBatch(
-                char_ids=torch.from_numpy(cache.spell(ids[..., :-1])),
-                token_ids=torch.from_numpy(np.ascontiguousarray(ids[..., :-1])),
-                targets=torch.from_numpy(np.ascontiguousarray(ids[..., 1:])),
-            )
-        )
-    return out
+    return zipf_batches(cache, count, B, U, seed)
 
 
 def _config(*overrides: str):

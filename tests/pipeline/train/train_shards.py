@@ -7,8 +7,11 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from pipeline import shard_format, storage
+from pipeline.train.char_cache import CharCache
+from pipeline.train.data import LMBatch
 from pipeline.unigram import heldout_target_counts, targets_nll, training_target_counts, unigram_log_probs
 
 FIXTURE_DIR = Path(__file__).resolve().parents[2] / "data" / "train"
@@ -126,3 +129,25 @@ def word_ids(words, vocab):
     """The vocabulary ids of ``words`` (``<UNK>`` for the others)."""
     index = {w: i for i, w in enumerate(vocab)}
     return [index.get(w, shard_format.UNK_ID) for w in words]
+
+
+def synthetic_cache(vocab_size: int) -> CharCache:
+    """The spellings of a vocabulary of the three specials and ``w0``, ``w1``, ... (``vocab_size`` in all)."""
+    return CharCache([*shard_format.SPECIALS, *(f"w{i}" for i in range(vocab_size - 3))])
+
+
+def zipf_batches(cache: CharCache, count: int, rows: int, unroll: int, seed: int = 0) -> list[LMBatch]:
+    """``count`` batches of ``rows`` x ``unroll`` Zipf(1.3) word ids (3 and up), both directions,
+    spelled by ``cache``: the repeats of real text without a corpus."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        ids = np.minimum(rng.zipf(1.3, size=(2, rows, unroll + 1)) + 2, cache.vocab_size - 1)
+        out.append(
+            LMBatch(
+                char_ids=torch.from_numpy(cache.spell(ids[..., :-1])),
+                token_ids=torch.from_numpy(np.ascontiguousarray(ids[..., :-1])),
+                targets=torch.from_numpy(np.ascontiguousarray(ids[..., 1:])),
+            )
+        )
+    return out
