@@ -41,12 +41,19 @@ class GraphedStep:
         warmup: int,
         what: str = "the training step",
         pool: tuple | None = None,
+        stream: torch.cuda.Stream | None = None,
     ):
         """``pool``: a memory pool (``torch.cuda.graph_pool_handle()``) shared with other graphs that
         are never replayed concurrently with this one; their transient allocations then share
-        memory. Outputs that must outlive another graph's replay belong in buffers made outside."""
+        memory. Outputs that must outlive another graph's replay belong in buffers made outside.
+
+        ``stream``: the side stream of the eager warm-up runs, shared by steps that never run at
+        once. PyTorch's allocator reuses a freed block only on the stream that allocated it, so
+        every step on a stream of its own keeps its warm-up's memory reserved for good: at one
+        stream per bucket shape, ``original``'s float32 inference reserved 50 GiB it never used
+        again and ran out of memory on an 80 GB H100 (docs/benchmarks.md)."""
         self.fn, self.warmup, self.what, self.pool = fn, warmup, what, pool
-        self.stream = torch.cuda.Stream()
+        self.stream = torch.cuda.Stream() if stream is None else stream
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: dict[str, torch.Tensor] | None = None
         self.calls = 0

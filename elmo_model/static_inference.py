@@ -15,8 +15,9 @@ blocks:
 - each step is one batched recurrent product of both directions, the elementwise cell (the Triton
   kernel on CUDA, in-place torch operations elsewhere) and the clipped projection, written in place;
 - on CUDA each (R, T, K) shape is captured once as a CUDA graph and replayed (inputs copied into
-  fixed buffers; the graphs share one memory pool, as they never run at once); a pass's inputs
-  travel from pinned host memory on a load stream, so the next pass's copy overlaps this one.
+  fixed buffers; the graphs share one memory pool and their warm-ups one stream, as they never
+  run at once); a pass's inputs travel from pinned host memory on a load stream, so the next
+  pass's copy overlaps this one.
 
 ``precision``: ``float32`` (exact: the reference fixtures within 1e-6), ``tf32`` (TF32 products on
 CUDA; on a CPU the same as float32) or ``bf16`` (products in bfloat16, the cell state and the output
@@ -99,6 +100,8 @@ class StaticInference:
         self._graphed: dict[tuple[int, int, int], _GraphedShape] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self._load_stream = torch.cuda.Stream(self.device) if self.graphs else None
+        # every shape warms up on this one stream, so each reuses the memory of those before it
+        self._warmup_stream = torch.cuda.Stream(self.device) if self.graphs else None
 
     def _cast_weights(self) -> list[tuple[torch.Tensor, ...]]:
         """Per layer (w_ih, w_hh, bias, w_p) in the compute dtype, made once."""
@@ -323,6 +326,7 @@ class _GraphedShape:
             GRAPH_WARMUP,
             what=f"static-shape inference at {shape}",
             pool=runner._pool,
+            stream=runner._warmup_stream,
         )
 
     def load(self, staged: tuple[torch.Tensor, ...]) -> None:
