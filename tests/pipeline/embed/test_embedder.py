@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import io
-
-import h5py
 import numpy as np
 import pytest
 from embed_fixtures import direct, expected_value, load_model, sample_lines
@@ -12,7 +9,6 @@ from tests_reference import fixture_expected, fixture_sentences_batch_major
 
 from pipeline.embed.embedder import EmbedSettings, SentenceEncoder, embed_lines
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.hdf5_shard import encode_shard
 from pipeline.embed.sentences import prepare_lines
 
 torch_device = __import__("torch").device("cpu")
@@ -103,16 +99,6 @@ def test_stateful_refuses_to_split(model):
         _embed(model, [b"a " * 30], _settings(stateful=True))
 
 
-def test_hdf5_shard_layout_dtype_and_determinism(model):
-    values = _embed(model, sample_lines(5) + [b""], _settings())
-    data = encode_shard(100, values, "float16")
-    assert data == encode_shard(100, values, "float16")  # no timestamps: same vectors, same bytes
-    with h5py.File(io.BytesIO(data), "r") as f:
-        assert sorted(f.keys(), key=int) == [str(i) for i in range(100, 106)]
-        assert f["100"].dtype == np.float16 and f["105"].shape == (3, 0, 32)
-        np.testing.assert_allclose(f["101"][()], values[1], atol=2e-3, rtol=1e-3)
-
-
 @pytest.mark.parametrize("mode", ["all", "top"])
 def test_mean_pool_is_the_mean_of_the_token_vectors_split_lines_included(model, expected_all, mode):
     values = _embed(model, LINES, _settings(layers=mode, pool="mean"))
@@ -123,39 +109,6 @@ def test_mean_pool_is_the_mean_of_the_token_vectors_split_lines_included(model, 
             continue
         # the 45-token line is split into pieces of 20, 20 and 5: their means weighted by size
         np.testing.assert_allclose(value, tokens.mean(axis=-2), atol=1e-6, rtol=1e-5), line
-
-
-@pytest.mark.parametrize("pool", ["none", "mean"])
-@pytest.mark.parametrize("mode", ["all", "top"])
-def test_packed_layout_holds_the_same_vectors_as_the_allennlp_layout(model, tmp_path, mode, pool):
-    from pipeline.embed.hdf5_shard import iter_shard
-
-    values = _embed(model, sample_lines(6) + [b""], _settings(layers=mode, pool=pool))
-    pooled = pool == "mean"
-    packed = tmp_path / "packed.hdf5"
-    packed.write_bytes(encode_shard(40, values, "float16", "packed", pooled))
-    with h5py.File(packed, "r") as f:
-        assert f.attrs["layout"] == "packed" and f["lines"][()].tolist() == list(range(40, 47))
-        offsets = f["offsets"][()]
-        sizes = [1] * 7 if pooled else [v.shape[-2] for v in values]
-        assert offsets.tolist() == np.concatenate([[0], np.cumsum(sizes)]).tolist()
-        assert f["vectors"].dtype == np.float16 and f["vectors"].shape[0] == offsets[-1]
-    read = list(iter_shard(str(packed)))
-    assert [line for line, _ in read] == list(range(40, 47))
-    for (_, value), expected in zip(read, values, strict=True):
-        assert value.shape == expected.shape
-        np.testing.assert_array_equal(value, expected.astype(np.float16))
-
-
-def test_a_packed_shard_whose_datasets_disagree_is_refused(model, tmp_path):
-    from pipeline.embed.hdf5_shard import iter_shard
-
-    path = tmp_path / "bad.hdf5"
-    path.write_bytes(encode_shard(0, _embed(model, sample_lines(3), _settings()), "float32", "packed"))
-    with h5py.File(path, "r+") as f:
-        f["offsets"][2] = 10**9
-    with pytest.raises(EmbedError, match="packed datasets do not agree"):
-        list(iter_shard(str(path)))
 
 
 def test_the_workers_settings_are_the_configs_own_choices_frozen():

@@ -1,0 +1,106 @@
+"""Exactly-once output (pipeline/embed/resume.py): claims, commits and what a rerun finds complete,
+on a local folder (the s3 paths go through the same storage calls: test_run.py runs them on S3)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.embed import manifest, resume
+from pipeline.embed.errors import EmbedError
+from pipeline.embed.inputs import ShardSpec
+
+RUN = {"input": "corpus.txt", "model_sha256": "ab" * 32, "layers": "all", "dtype": "float32"}
+
+
+def specs(count: int, lines: int = 10) -> list[ShardSpec]:
+    return [ShardSpec(i, i * lines, lines, segments=(), input_sha256=f"in{i}") for i in range(count)]
+
+
+def commit(output: str, spec: ShardSpec, payload: bytes = b"hdf5 bytes") -> dict:
+    return resume.commit_shard(output, {"index": spec.index, "input_sha256": spec.input_sha256}, payload)
+
+
+def test_a_claim_is_written_once_and_resumed_only_with_the_same_settings(tmp_path):
+    out = str(tmp_path / "emb")
+    assert resume.claim_output(out, RUN) is False
+    assert json.loads((tmp_path / "emb" / "_progress" / "run.json").read_text()) == RUN
+    assert resume.claim_output(out, dict(RUN)) is True
+    # a setting an older run did not record counts as its default
+    assert resume.claim_output(out, {**RUN, "precision": "float32"}) is True
+    with pytest.raises(EmbedError, match=r"other settings \(layers: 'all', now 'top'\)"):
+        resume.claim_output(out, {**RUN, "layers": "top"})
+    (tmp_path / "emb" / "_progress" / "run.json").write_text("{not json")
+    with pytest.raises(EmbedError, match="run.json is damaged"):
+        resume.claim_output(out, RUN)
+
+
+def test_a_shard_counts_as_complete_only_with_its_entry_its_file_and_its_input(tmp_path):
+    out, shards = str(tmp_path / "emb"), specs(3)
+    entry = commit(out, shards[0], b"first")
+    assert entry["name"] == "embeddings-000000.hdf5" and entry["bytes"] == 5
+    commit(out, shards[1], b"second")
+    # shard 2: killed between its two writes (the file is there, its entry is not)
+    (tmp_path / "emb" / manifest.shard_name(2)).write_bytes(b"half")
+    assert sorted(resume.complete_shards(out, shards, verify=True)) == [0, 1]
+
+    (tmp_path / "emb" / manifest.shard_name(1)).write_bytes(b"damaged")
+    assert sorted(resume.complete_shards(out, shards, verify=True)) == [0]
+    assert sorted(resume.complete_shards(out, shards, verify=False)) == [0, 1]  # the file's hash unread
+    (tmp_path / "emb" / manifest.shard_name(0)).unlink()
+    assert sorted(resume.complete_shards(out, shards, verify=False)) == [1]
+    (tmp_path / "emb" / "_progress" / "embeddings-000001.json").write_text("{cut")
+    assert resume.complete_shards(out, shards, verify=False) == {}  # an unreadable entry is redone
+
+
+def test_a_changed_input_is_refused_not_mixed(tmp_path):
+    out, shards = str(tmp_path / "emb"), specs(3)
+    commit(out, shards[2])
+    with pytest.raises(EmbedError, match="has shard 2 but the input now makes only 2 shards"):
+        resume.complete_shards(out, shards[:2], verify=False)
+    changed = [*shards[:2], ShardSpec(2, 20, 10, segments=(), input_sha256="other")]
+    with pytest.raises(EmbedError, match="input lines 20-29 changed since the previous run"):
+        resume.complete_shards(out, changed, verify=False)
+
+
+def test_a_failed_run_takes_back_its_claim_and_its_folders_unless_it_committed(tmp_path):
+    out = str(tmp_path / "new" / "emb")
+    with pytest.raises(RuntimeError), resume.taken_back_on_failure(out) as guard:
+        resume.claim_output(out, RUN)
+        guard.claimed = True
+        raise RuntimeError("the model did not load")
+    assert not (tmp_path / "new").exists()
+
+    with pytest.raises(RuntimeError), resume.taken_back_on_failure(out) as guard:
+        resume.claim_output(out, RUN)
+        guard.claimed = True
+        commit(out, specs(1)[0])
+        raise RuntimeError("killed after a shard")
+    assert (tmp_path / "new" / "emb" / "_progress" / "run.json").is_file()  # a rerun resumes it
+
+
+def test_only_this_stages_files_make_an_output_its_own(tmp_path):
+    out = tmp_path / "emb"
+    resume.check_own_folder(str(out))  # new
+    out.mkdir()
+    resume.check_own_folder(str(out))  # empty
+    commit(str(out), specs(1)[0])
+    with pytest.raises(EmbedError, match="but no _progress/run.json: not a resumable embed run"):
+        resume.check_own_folder(str(out))
+    resume.claim_output(str(out), RUN)
+    resume.check_own_folder(str(out))
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(EmbedError, match="holds notes.txt, which elmo embed did not write"):
+        resume.check_own_folder(str(out))
+
+
+def test_a_single_file_output_is_never_a_folder_nor_replaced_without_overwrite(tmp_path):
+    with pytest.raises(EmbedError, match="is a folder, not a file"):
+        resume.check_single_file(str(tmp_path), overwrite=False)
+    target = tmp_path / "vectors.hdf5"
+    resume.check_single_file(str(target), overwrite=False)
+    target.write_bytes(b"earlier")
+    with pytest.raises(EmbedError, match="already exists; pass --overwrite"):
+        resume.check_single_file(str(target), overwrite=False)
+    resume.check_single_file(str(target), overwrite=True)
