@@ -103,29 +103,3 @@ def test_stats_add_up():
     )
     a.add(b)
     assert (a.lines, a.empty, a.overlong, a.max_sentence_tokens) == (5, 1, 1, 9)
-
-
-def test_moses_tokenizer_splits_punctuation_without_escaping():
-    tokenize = make_tokenizer("moses")
-    assert tokenize('And God said, "Let there be light": it\'s & <b>.') == [
-        "And",
-        "God",
-        "said",
-        ",",
-        '"',
-        "Let",
-        "there",
-        "be",
-        "light",
-        '"',
-        ":",
-        "it",
-        "'s",
-        "&",
-        "<",
-        "b",
-        ">",
-        ".",
-    ]
-    assert tokenize("  \t ") == []
-    assert make_tokenizer("moses", lowercase=True)("The U.S.A. Army") == ["the", "u.s.a.", "army"]
