@@ -1,0 +1,62 @@
+"""What a rerun of the shard stage finds in its output (pipeline/shard/resume.py): its own plan and
+vocabulary to reuse, another run's files to refuse."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.shard.errors import ShardError
+from pipeline.shard.manifest import PLAN_FILE, build_plan, encode_json, run_identity
+from pipeline.shard.resume import inspect_output, is_complete, read_vocabulary
+from pipeline.shard.vocabulary import build_vocabulary
+from pipeline.shard_format import COUNTS_FILE, VOCAB_FILE
+
+IDENTITY = run_identity({"tokenizer": "moses", "seed": 3}, ["a.txt"], [])
+VOCAB = build_vocabulary({"the": 5, "cat": 2}, num_sentences=3)
+
+
+def test_a_new_output_has_nothing_and_a_killed_runs_plan_is_found(tmp_path):
+    assert inspect_output(str(tmp_path / "new"), IDENTITY) == (None, None)
+    (tmp_path / PLAN_FILE).write_bytes(encode_json(build_plan(IDENTITY, 1024, [], VOCAB)))
+    manifest, plan = inspect_output(str(tmp_path), IDENTITY)
+    assert manifest is None and plan["vocab_sha256"] == VOCAB.sha256
+
+
+def test_another_runs_plan_is_refused_naming_what_differs(tmp_path):
+    other = run_identity({"tokenizer": "whitespace", "seed": 4}, ["b.txt"], [])
+    (tmp_path / PLAN_FILE).write_bytes(encode_json(build_plan(other, 1024, [], VOCAB)))
+    with pytest.raises(
+        ShardError, match="belongs to a run with different inputs, seed, tokenizer; use another"
+    ):
+        inspect_output(str(tmp_path), IDENTITY)
+
+
+def test_an_unreadable_plan_means_counting_again_but_stray_shards_are_refused(tmp_path):
+    (tmp_path / PLAN_FILE).write_text("{cut off")
+    assert inspect_output(str(tmp_path), IDENTITY) == (None, None)
+    (tmp_path / "train-000000.tar").write_bytes(b"someone's")
+    with pytest.raises(
+        ShardError, match="holds train-000000.tar but no readable manifest.json or shard_plan.json"
+    ):
+        inspect_output(str(tmp_path), IDENTITY)
+
+
+def test_the_vocabulary_is_reused_only_when_it_is_the_plans(tmp_path):
+    assert read_vocabulary(str(tmp_path), VOCAB.sha256) is None  # not written yet
+    (tmp_path / VOCAB_FILE).write_bytes(VOCAB.vocab_bytes)
+    (tmp_path / COUNTS_FILE).write_bytes(VOCAB.counts_bytes)
+    assert read_vocabulary(str(tmp_path), VOCAB.sha256) == VOCAB
+    assert read_vocabulary(str(tmp_path), "0" * 64) is None  # another run's
+    (tmp_path / COUNTS_FILE).write_text("not\ta count\n")
+    assert read_vocabulary(str(tmp_path), VOCAB.sha256) is None
+
+
+def test_an_output_is_complete_when_every_file_its_manifest_names_is_there(tmp_path):
+    manifest = {
+        "shards": {"train": [{"name": "train-000000.tar"}], "heldout": [{"name": "heldout-000000.tar"}]}
+    }
+    for name in (VOCAB_FILE, COUNTS_FILE, "train-000000.tar"):
+        (tmp_path / name).write_bytes(b"x")
+    assert not is_complete(str(tmp_path), manifest)
+    (tmp_path / "heldout-000000.tar").write_bytes(b"x")
+    assert is_complete(str(tmp_path), manifest)
