@@ -1,0 +1,45 @@
+"""The shard stage's bars and summary (pipeline/shard/progress.py)."""
+
+from __future__ import annotations
+
+from pipeline.shard.progress import Progress, format_rate, summary
+
+MANIFEST = {
+    "lines": {"read": 12, "skipped": {"overlong": 1, "empty": 2}, "invalid_utf8_replaced": 3,
+              "control_chars_replaced": 0},
+    "totals": {
+        "train": {"sentences": 8, "tokens": 1_500_000, "unk_tokens": 4, "shards": 2},
+        "heldout": {"sentences": 1, "tokens": 500_000, "unk_tokens": 0, "shards": 1},
+    },
+    "vocab": {"size": 900, "distinct_train_tokens": 1200},
+}  # fmt: skip
+
+
+def test_rates_read_in_thousands_millions_and_billions():
+    assert [format_rate(n, 1.0) for n in (12, 999, 1_500, 2_345_678, 7e9)] == [
+        "12",
+        "999",
+        "1.50k",
+        "2.35M",
+        "7.00G",
+    ]
+    assert format_rate(10, 0.0) == "0"
+
+
+def test_the_summary_says_where_the_shards_are_and_accounts_for_every_line():
+    text = summary(MANIFEST, 4.0, "s3://b/shards", reused=2)
+    assert text.splitlines()[0] == "shard: wrote s3://b/shards in 4.0s (500.00k tokens/s)"
+    assert "lines read 12: skipped 2 empty, 1 overlong; 3 with invalid UTF-8 replaced" in text
+    assert "  train: 8 sentences, 1500000 tokens (4 <UNK>), 2 shards" in text
+    assert "  vocabulary: 900 entries (1200 distinct training tokens)" in text
+    assert text.endswith("reused 2 shards already written by an earlier run")
+    assert "reused" not in summary(MANIFEST, 4.0, "out")
+
+
+def test_a_disabled_bar_prints_nothing_and_still_counts(capsys):
+    bar = Progress("count", enabled=False, total_lines=10)
+    bar.update(4, 100)
+    bar.update(6, 50)
+    bar.close()
+    assert bar.tokens == 150
+    assert capsys.readouterr().err == ""
