@@ -1,0 +1,80 @@
+"""The command line every stage shares (jobs/stage_args.py): flags as overrides, overrides anywhere,
+values YAML cannot misread, one exit-code policy."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from jobs.stage_args import flag_overrides, parse_stage_args, resolve, run_main, stage_parser
+from pipeline.errors import PipelineError, Terminated
+
+
+@dataclasses.dataclass
+class Schema:
+    input: list[str] = dataclasses.field(default_factory=list)
+    output: str = ""
+    workers: int = 1
+    tokenizer: str = "whitespace"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = stage_parser("elmo test", "a stage")
+    p.add_argument("--input", nargs="+")
+    p.add_argument("--output")
+    p.add_argument("--workers", type=int)
+    return p
+
+
+FLAGS = {"input": "input", "output": "output", "workers": "workers"}
+
+
+def test_overrides_stand_anywhere_and_a_multi_value_flag_never_swallows_one():
+    args = parse_stage_args(parser(), ["--input", "a.txt", "b.txt", "workers=3", "--output", "s3://b/x:y"])
+    assert args.input == ["a.txt", "b.txt"] and args.overrides == ["workers=3"]
+    assert args.output == "s3://b/x:y"  # a path is never taken for an override
+
+
+def test_flags_become_overrides_quoted_where_yaml_would_misread_them():
+    args = parse_stage_args(parser(), ["--input", "corpus/*.txt", "it's,here", "--output", "s3://b/o"])
+    assert flag_overrides(args, FLAGS) == [
+        "input=['corpus/*.txt','it''s,here']",
+        "output='s3://b/o'",
+    ]
+    cfg = resolve(args, Schema, FLAGS)
+    assert list(cfg.input) == ["corpus/*.txt", "it's,here"] and cfg.output == "s3://b/o"
+
+
+def test_the_most_specific_setting_wins(tmp_path):
+    config = tmp_path / "stage.yaml"
+    config.write_text("workers: 2\ntokenizer: moses\n")
+    args = parse_stage_args(parser(), ["--config", str(config), "--workers", "4", "workers=8"])
+    cfg = resolve(args, Schema, FLAGS)
+    assert (cfg.workers, cfg.tokenizer) == (8, "moses")  # file < flag < key=value
+    assert (
+        resolve(
+            parse_stage_args(parser(), ["--config", str(config), "--workers", "4"]), Schema, FLAGS
+        ).workers
+        == 4
+    )
+
+
+def _raise(error: BaseException):
+    def body():
+        raise error
+
+    return body
+
+
+def test_one_exit_code_policy_for_every_entry_point(capsys):
+    assert run_main(lambda: None) == 0 and run_main(lambda: 3) == 3
+    assert run_main(_raise(PipelineError("input s3://user:secret@host/b is empty"))) == 2
+    assert capsys.readouterr().err == "error: input s3://***@host/b is empty\n"  # credentials redacted
+    assert run_main(_raise(KeyboardInterrupt())) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+    assert run_main(_raise(Terminated())) == 143
+    assert capsys.readouterr().err == "terminated\n"
+    with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
+        run_main(lambda: 1 / 0)
