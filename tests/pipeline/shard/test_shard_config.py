@@ -1,0 +1,38 @@
+"""The shard stage's config rules (pipeline/shard/config.py): each refused in one line naming its key."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pipeline.config import ConfigError, load_config
+from pipeline.shard.config import ShardConfig, TokenizerName
+
+BASE = ["input=[c.txt]", "output=o"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("heldout_fraction=1.0", "config key 'heldout_fraction' must be in [0, 1), got 1.0"),
+        ("min_count=0", "config key 'min_count' must be >= 1"),
+        ("max_size=2", "config key 'max_size' must be 0 (no limit) or >= 3 (the specials)"),
+        ("shard_tokens=0", "config key 'shard_tokens' must be >= 1"),
+        ("max_line_bytes=-1", "config key 'max_line_bytes' must be >= 0"),
+        ("workers=-1", "config key 'workers' must be >= 0"),
+        ("seed=-2", "config key 'seed' must be in [0, 2**63 - 1]"),
+        ("input=[]", "config key 'input' must be at least one path"),
+        ("output=''", "config key 'output' must be a directory or s3:// prefix"),
+    ],
+)
+def test_each_range_rule_names_its_key(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(ShardConfig, overrides=[*BASE, override])
+
+
+def test_the_tokenizer_is_a_choice_and_the_defaults_pass():
+    cfg = load_config(ShardConfig, overrides=[*BASE, "tokenizer=moses", "max_size=3"])
+    assert cfg.tokenizer is TokenizerName.moses and cfg.max_size == 3
+    with pytest.raises(ConfigError, match="tokenizer"):
+        load_config(ShardConfig, overrides=[*BASE, "tokenizer=spacy"])

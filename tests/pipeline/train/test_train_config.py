@@ -1,0 +1,42 @@
+"""The train stage's config rules (pipeline/train/config.py): each refused in one line naming its
+key, whichever way the value came; the presets themselves pass them."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pipeline.config import ConfigError, load_config, preset_names
+from pipeline.train.config import TrainConfig
+
+BASE = ["shards=s", "output=o"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("batch_size=0", "config key 'batch_size' must be >= 1, got 0"),
+        ("unroll_steps=0", "config key 'unroll_steps' must be >= 1"),
+        ("keep_checkpoints=0", "config key 'keep_checkpoints' must be >= 1"),
+        ("max_steps=-1", "config key 'max_steps' must be >= 0 (0: n_epochs epochs)"),
+        ("eval_max_batches=-1", "config key 'eval_max_batches' must be >= 0 (0: all)"),
+        ("seed=-1", "config key 'seed' must be in [0, 2**63 - 1]"),
+        ("dropout=1.0", "config key 'dropout' must be in [0, 1)"),
+        ("softmax.negatives=0", "config key 'softmax.negatives' must be >= 1"),
+        ("optimizer.lr=0", "config key 'optimizer.lr' must be > 0"),
+        ("guard.factor=1", "config key 'guard.factor' must be > 1"),
+        ("guard.lr_factor=1", "config key 'guard.lr_factor' must be in (0, 1)"),
+        ("optimizer.warmup_steps=-3", "config key 'optimizer.warmup_steps' must be >= 0"),
+        ("optimizer.adam_betas=[0.9]", "config key 'optimizer.adam_betas' must be two numbers"),
+    ],
+)
+def test_each_range_rule_names_its_key(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(TrainConfig, overrides=[*BASE, override])
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_every_preset_passes_the_rules(preset):
+    cfg = load_config(TrainConfig, overrides=BASE, preset=preset)
+    assert cfg.batch_size >= 1 and cfg.optimizer.lr > 0
