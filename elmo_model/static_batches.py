@@ -180,8 +180,10 @@ def split_rows(values: np.ndarray, batch: StaticBatch, pooled: bool) -> list[np.
     out = []
     for r in range(batch.rows_used):
         if pooled:
-            out.append(np.ascontiguousarray(values[r]))
+            out.append(values[r].copy())
         else:
             n = int(batch.lengths[r]) - BOUNDARIES
-            out.append(np.ascontiguousarray(values[r, ..., 1 : n + 1, :]))
+            # copy(), not ascontiguousarray: a row of a top/average pass is already contiguous, and
+            # a view of it would hold the pass's padded, pinned host buffer until the shard is written
+            out.append(values[r, ..., 1 : n + 1, :].copy())
     return out

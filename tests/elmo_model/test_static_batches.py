@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from elmo_model.static_batches import BucketPlan, build_batch, plan_batches, reverse_positions
+from elmo_model.static_batches import BucketPlan, build_batch, plan_batches, reverse_positions, split_rows
 
 
 def test_shrunk_passes_covers_every_index_once_within_budget():
@@ -61,3 +61,21 @@ def test_bad_plans_are_refused():
         BucketPlan(steps=(32, 16))
     with pytest.raises(ValueError, match=">= 1"):
         BucketPlan(token_budget=0)
+
+
+@pytest.mark.parametrize("layers", [(), (3,)], ids=["top", "all"])
+@pytest.mark.parametrize("pooled", [False, True])
+def test_split_rows_copies_each_sentence_out_of_its_pass(layers, pooled):
+    """A result never holds on to the pass's (padded, on CUDA pinned) buffer, whatever its layout."""
+    batch = build_batch([["a", "b", "c"], ["d"]], BucketPlan(fixed=True))
+    rows, steps = batch.positions.shape
+    shape = (rows, *layers, 6) if pooled else (rows, *layers, steps, 6)  # (R, [L,] [T,] 2P)
+    values = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    parts = split_rows(values, batch, pooled)
+    assert len(parts) == 2
+    for r, part in enumerate(parts):
+        assert not np.shares_memory(part, values) and part.flags.c_contiguous
+        n = int(batch.lengths[r]) - 2
+        np.testing.assert_array_equal(part, values[r] if pooled else values[r, ..., 1 : n + 1, :])
+    if not pooled:
+        assert parts[0].shape == (*layers, 3, 6) and parts[1].shape == (*layers, 1, 6)
