@@ -1,6 +1,6 @@
 """The Ray Data graph of the embed stage.
 
-    shard specs (one row and one block per shard; only the shards still to do)
+    shard specs (one row per shard, only the shards still to do; SPEC_BLOCKS blocks of them)
       -> map_batches(prepare_rows), CPU tasks: read the shard's lines, clean and tokenize them, plan
          the forward passes and build their arrays (``shard_work``) -> one prepared shard per row
       -> map_batches(ShardEmbedder), actor pool of ``workers`` (model loaded once per actor; one GPU
@@ -59,10 +59,18 @@ class ActorPool:
 @contextmanager
 def _data_context(preserve_order: bool) -> Iterator[None]:
     ctx = DataContext.get_current()
-    saved = (ctx.execution_options.preserve_order, ctx.enable_progress_bars, ctx.print_on_execution_start)
+    saved = (
+        ctx.execution_options.preserve_order,
+        ctx.enable_progress_bars,
+        ctx.print_on_execution_start,
+        ctx.target_max_block_size,
+    )
     ctx.execution_options.preserve_order = preserve_order
     ctx.enable_progress_bars = False  # the stage draws its own bar
     ctx.print_on_execution_start = False
+    # every row its own block: a preparing task hands each shard on as soon as it is prepared
+    # instead of filling a block of many (see SPEC_BLOCKS)
+    ctx.target_max_block_size = 1
     try:
         # per-dataset INFO lines would interleave with the bar; and Ray Data warns that its bars
         # are off ("To enable, set ..."): they are off on purpose
@@ -72,7 +80,25 @@ def _data_context(preserve_order: bool) -> Iterator[None]:
         ):
             yield
     finally:
-        ctx.execution_options.preserve_order, ctx.enable_progress_bars, ctx.print_on_execution_start = saved
+        (
+            ctx.execution_options.preserve_order,
+            ctx.enable_progress_bars,
+            ctx.print_on_execution_start,
+            ctx.target_max_block_size,
+        ) = saved
+
+
+SPEC_BLOCKS = 64
+"""Blocks of shard specs at least (as many as there are shards, if fewer; 4 per reader, if more):
+the graph's input. Ray Data makes each input block on the driver before anything runs, about 1 ms
+a block, so one block per shard delayed the first shard of a 15,000-shard corpus by 15 s; a
+preparing task works through its block one shard at a time and, with one row per output block,
+hands each on at once (docs/benchmarks.md#scale-the-1b-word-benchmarks-size)."""
+
+
+def spec_blocks(shards: int, readers: int) -> int:
+    """Input blocks for ``shards`` shard specs prepared by ``readers`` tasks at once."""
+    return max(1, min(shards, max(SPEC_BLOCKS, 4 * readers)))
 
 
 def prepare_rows(batch: dict[str, np.ndarray], settings: WorkSettings) -> dict[str, list]:
@@ -115,7 +141,7 @@ def build_dataset(
     rows = [{"spec": json.dumps(spec.to_dict()), "write": write} for spec, write in todo]
     stateful = settings.stateful
     calls = 1 if stateful else ShardEmbedder.CONCURRENT_CALLS
-    ds = ray.data.from_items(rows, override_num_blocks=len(rows))
+    ds = ray.data.from_items(rows, override_num_blocks=spec_blocks(len(rows), pool.readers))
     ds = ds.map_batches(
         prepare_rows,
         fn_kwargs={"settings": work_settings(settings)},

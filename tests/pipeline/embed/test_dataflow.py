@@ -9,8 +9,9 @@ import json
 from embed_fixtures import OPTIONS, WEIGHTS, sample_lines
 
 from pipeline.config import load_config
+from pipeline.embed import dataflow
 from pipeline.embed.config import EmbedConfig
-from pipeline.embed.dataflow import ActorPool, build_dataset
+from pipeline.embed.dataflow import ActorPool, build_dataset, spec_blocks
 from pipeline.embed.inputs import plan_shards
 from pipeline.embed.model_files import resolve_model
 from pipeline.embed.runner import actor_pool, default_readers, settings_for
@@ -61,3 +62,31 @@ def test_default_readers_fill_the_free_cpus_up_to_eight_per_actor():
     assert default_readers(16, 1, 2) == 8  # a 16-core GPU node, one actor of 2 CPUs: 14 free, 8 per actor
     assert default_readers(1024, 2, 1) == 16  # a large cluster: not a thousand processes
     assert default_readers(2, 2, 1) == 1 and default_readers(4, 1, 1) == 3
+
+
+def test_many_shards_ride_in_few_blocks_and_each_goes_on_alone(ray_local, tmp_path, monkeypatch):
+    """The specs fill SPEC_BLOCKS input blocks (the driver makes each block before anything runs),
+    and a preparing task hands every shard on as its own block: all of them, each once."""
+    monkeypatch.setattr(dataflow, "SPEC_BLOCKS", 2)
+    assert spec_blocks(12, readers=0) == 2 and spec_blocks(1, readers=0) == 1
+    assert spec_blocks(15_000, readers=8) == 32 and spec_blocks(10, readers=8) == 10
+    corpus = tmp_path / "in.txt"
+    corpus.write_bytes(b"\n".join(sample_lines(12)) + b"\n")
+    cfg = _config(options_file=OPTIONS, weights_file=WEIGHTS, input=f"[{corpus}]", output=tmp_path / "out")
+    specs = plan_shards("text", [str(corpus)], 1)
+    (tmp_path / "out").mkdir()
+    with dataflow._data_context(
+        preserve_order=False
+    ):  # as embed_stream builds it: the dataset keeps its context
+        ds = build_dataset(
+            [(s, True) for s in specs],
+            resolve_model("", str(OPTIONS), str(WEIGHTS)),
+            settings_for(cfg, "cpu"),
+            str(tmp_path / "out"),
+            ActorPool(1, 1, 0, 1),
+        )
+        indices = [json.loads(row["entry"])["index"] for row in ds.iter_rows()]
+    assert sorted(indices) == list(range(12))
+    stats = ds.stats()
+    assert "FromItems: 1 tasks executed, 4 blocks produced" in stats, stats
+    assert "MapBatches(prepare_rows): 4 tasks executed, 12 blocks produced" in stats, stats

@@ -1,5 +1,5 @@
 """The embed driver's decisions (pipeline/embed/runner.py) that need no cluster: what a run records
-as its identity, how many readers feed the actors, the workers' settings and the GPU choice. Runs
+as its identity, the workers' settings and the GPU choice (the readers: test_dataflow.py). Runs
 end to end are test_run.py's and test_dataflow.py's."""
 
 from __future__ import annotations
@@ -30,13 +30,6 @@ def test_the_run_identity_holds_what_decides_the_vectors_and_nothing_else():
     assert {k for k in plain if plain[k] != other[k]} == {"layers", "precision"}
     shards = runner.run_settings(cfg(), "shards", ["s"], "abc")
     assert shards["shard_splits"] == list(cfg().shard_splits)
-
-
-def test_readers_take_the_cpus_the_actors_leave_within_bounds():
-    assert runner.default_readers(16, 1, 2) == 8  # 14 free, at most 8 per actor
-    assert runner.default_readers(16, 2, 2) == 12
-    assert runner.default_readers(2, 2, 1) == 1  # a laptop whose actors hold every core: still one
-    assert runner.default_readers(512, 4, 8) == 4 * runner.READERS_PER_ACTOR
 
 
 def test_the_workers_get_the_configs_choices_and_a_thread_per_cpu():
