@@ -14,12 +14,14 @@ import json
 import os
 import sys
 import time
+import warnings
 
 import ray
 from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pipeline.embed.dataflow import _data_context, spec_blocks  # noqa: E402
+from pipeline.ray_runtime import RaySession  # noqa: E402
 
 READERS = 2
 
@@ -46,7 +48,14 @@ def first_rows(shards: int, block_per_shard: bool) -> tuple[float, float]:
         blocks = shards if block_per_shard else spec_blocks(shards, READERS)
         ds = ray.data.from_items(rows, override_num_blocks=blocks)
         ds = ds.map_batches(prepare, batch_size=1, compute=TaskPoolStrategy(size=READERS), num_cpus=0)
-        ds = ds.map_batches(Actor, batch_size=1, compute=ActorPoolStrategy(size=1), num_cpus=1)
+        with warnings.catch_warnings():  # max_restarts goes through **ray_remote_args, as in the stage
+            warnings.filterwarnings(
+                "ignore", message="`ray_remote_args` is deprecated", category=DeprecationWarning
+            )
+            # an embedded cluster's actor is not restarted (nor is the stage's)
+            ds = ds.map_batches(
+                Actor, batch_size=1, compute=ActorPoolStrategy(size=1), num_cpus=1, max_restarts=0
+            )
         times = []
         for _ in ds.iter_rows():
             times.append(time.perf_counter() - started)
@@ -60,15 +69,14 @@ def main() -> None:
     parser.add_argument("--shards", type=int, nargs="+", default=[200, 15_000])
     parser.add_argument("--block-per-shard", action="store_true", help="the graph before: a block per shard")
     args = parser.parse_args()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    try:
+    # the stages' embedded cluster: its processes and temporary files go when it stops
+    with RaySession(num_cpus=2) as session:
+        session.start()
         print("shards  input blocks  first row s  40th row s")
         for shards in args.shards:
             first, fortieth = first_rows(shards, args.block_per_shard)
             blocks = shards if args.block_per_shard else spec_blocks(shards, READERS)
             print(f"{shards:>6}  {blocks:>12}  {first:>11.1f}  {fortieth:>10.1f}")
-    finally:
-        ray.shutdown()
 
 
 if __name__ == "__main__":
