@@ -11,8 +11,8 @@
 #      bf16, top float16 and all float32: tokens/s, error against float32, GPU peak, graph count
 #   3. end to end, one actor per GPU, local disk, at 1x and 4x (the 4x job's extra tokens over its
 #      extra seconds: the steady rate): original, --layers top --dtype float16 packed in float32 and
-#      bf16; then at 1x: --layers top --dtype float16 in the allennlp layout and --layers all
-#      (packed); each with its raw forward beside it
+#      bf16, each with its raw forward beside it; between them the raw bf16 forward at 4x and 16x
+#      the rows of a pass (the allennlp layout and --layers all were measured on 2026-11-27)
 set -u
 out=${1:?usage: gpu_embed_session.sh OUTDIR}
 mkdir -p "$out"
@@ -34,11 +34,16 @@ else
     e2e=(--device cpu --preset small --workers 1 --sentences 300 --raw-sentences 200 --scales 1 --storage local --lines-per-shard 150)
 fi
 [ "$device" = cuda ] && step cuda_tests 90 $py -m pytest -q -m cuda -p no:cacheprovider tests/elmo_model tests/pipeline/train/test_snapshot.py
-# the end-to-end row first: it is what a short lease must not lose
+# the end-to-end row first: it is what a short lease must not lose (float32 at 4x ran out of GPU
+# memory before the bucket shapes shared one warm-up stream: this row checks that fix)
 step e2e_top_f16_packed 150 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout packed
-step e2e_top_f16_packed_bf16 120 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout packed --precision bf16
 step raw_forward 90 $py benchmarks/static_forward.py "${raw[@]}"
-step e2e_top_f16_allennlp 90 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout allennlp --scales 1
-step e2e_all_packed 90 $py benchmarks/embed.py "${e2e[@]}" --layers all --dtype float16 --layout packed --scales 1
+if [ "$device" = cuda ]; then
+    # bf16 ran no faster than tf32 at 8,192 tokens a pass (bound by its sequential steps, not its
+    # products): the same steps with 4x and 16x the rows
+    step raw_bf16_32k 70 $py benchmarks/static_forward.py --device cuda --sizes original --sentences 60000 --precisions bf16 --batch-tokens 32768 --max-rows 4096
+    step raw_bf16_128k 70 $py benchmarks/static_forward.py --device cuda --sizes original --sentences 60000 --precisions bf16 --batch-tokens 131072 --max-rows 16384
+fi
+step e2e_top_f16_packed_bf16 120 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout packed --precision bf16
 rm -rf "$work"
 echo "summary: $out/summary.txt"

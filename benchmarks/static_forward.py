@@ -33,9 +33,11 @@ from pipeline.embed.embedder import EmbedSettings, SentenceEncoder  # noqa: E402
 from pipeline.model_config import preset_options  # noqa: E402
 
 
-def encoder(bilm, device, precision: str, layers: str, dtype: str, batch_tokens: int) -> SentenceEncoder:
+def encoder(
+    bilm, device, precision: str, layers: str, dtype: str, batch_tokens: int, max_rows: int = 1024
+) -> SentenceEncoder:
     settings = EmbedSettings(
-        layers=layers, dtype=dtype, stateful=False, batch_tokens=batch_tokens, max_batch_sentences=1024,
+        layers=layers, dtype=dtype, stateful=False, batch_tokens=batch_tokens, max_batch_sentences=max_rows,
         stateful_batch_size=64, max_sentence_tokens=1000, long_sentences="split", invalid_utf8="replace",
         threads=torch.get_num_threads(), device=device.type, precision=precision,
     )  # fmt: skip
@@ -79,6 +81,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="small,original")
     parser.add_argument("--sentences", type=int, default=20_000)
     parser.add_argument("--batch-tokens", type=int, default=8192)
+    parser.add_argument(
+        "--max-rows", type=int, default=1024, help="rows of a pass at most (the stage's max_batch_sentences)"
+    )
     parser.add_argument("--precisions", default="float32,tf32,bf16")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -91,23 +96,27 @@ def main(argv=None) -> int:
         else f"CPU, {torch.get_num_threads()} threads"
     )
     print(f"static-shape forward on {name}, torch {torch.__version__}, {len(data):,} sentences, {tokens:,} tokens, "
-          f"batch_tokens {args.batch_tokens}\n")  # fmt: skip
+          f"batch_tokens {args.batch_tokens}, max_rows {args.max_rows}\n")  # fmt: skip
     print(fixture_check(device) + "\n")
     print(
         f"{'size':<9} {'precision':<9} {'output':<14} {'tokens/s':>11} {'max |err|':>10} {'GPU peak GiB':>12} {'graphs':>6}"
     )
     for size in args.sizes.split(","):
         bilm = BiLM.from_options(preset_options(size)).eval().to(device)
-        exact = None
         for layers, dtype in (("top", "float16"), ("all", "float32")):
+            exact = None
             for precision in args.precisions.split(","):
-                enc = encoder(bilm, device, precision, layers, dtype, args.batch_tokens)
+                enc = encoder(bilm, device, precision, layers, dtype, args.batch_tokens, args.max_rows)
                 seconds, values = timed(enc, data, device)
                 if precision == "float32":
                     exact = values
-                err = max(
-                    float(np.abs(a.astype(np.float32) - b.astype(np.float32)).max())
-                    for a, b in zip(values, exact, strict=True)
+                err = (  # against float32 when it ran first (--precisions lists it); else not known
+                    max(
+                        float(np.abs(a.astype(np.float32) - b.astype(np.float32)).max())
+                        for a, b in zip(values, exact, strict=True)
+                    )
+                    if exact is not None
+                    else float("nan")
                 )
                 peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
                 shapes = len(enc.static.captured_shapes)
