@@ -36,8 +36,8 @@ class Actor:
         return {"entry": [str(len(w)) for w in batch["work"]]}
 
 
-def first_rows(shards: int, block_per_shard: bool) -> tuple[float, float]:
-    """Seconds to the first row and to the 40th, from building the dataset."""
+def first_rows(shards: int, block_per_shard: bool) -> tuple[int, float, float]:
+    """The input blocks, and seconds to the first row and to the 40th from building the dataset."""
     rows = [{"spec": json.dumps({"index": i, "first_line": 2000 * i}), "write": True} for i in range(shards)]
     started = time.perf_counter()
     with _data_context(preserve_order=False):
@@ -61,7 +61,7 @@ def first_rows(shards: int, block_per_shard: bool) -> tuple[float, float]:
             times.append(time.perf_counter() - started)
             if len(times) == 40:
                 break
-    return times[0], times[-1]
+    return blocks, times[0], times[-1]
 
 
 def main() -> None:
@@ -74,8 +74,7 @@ def main() -> None:
         session.start()
         print("shards  input blocks  first row s  40th row s")
         for shards in args.shards:
-            first, fortieth = first_rows(shards, args.block_per_shard)
-            blocks = shards if args.block_per_shard else spec_blocks(shards, READERS)
+            blocks, first, fortieth = first_rows(shards, args.block_per_shard)
             print(f"{shards:>6}  {blocks:>12}  {first:>11.1f}  {fortieth:>10.1f}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from elmo_reference import TINY_OPTIONS
 
 from elmo_model import BiLM, batch_to_ids
 from elmo_model.static_batches import BucketPlan, build_batch, plan_batches, split_rows
@@ -108,26 +109,9 @@ def test_stateful_models_and_unknown_settings_are_refused(tiny_model):
         StaticInference(tiny_model, OutputSpec())
 
 
-WIDE_OPTIONS = {
-    # ``original``'s LSTM (4096 cells, 512 projections) behind a tiny char CNN: a pass of 8,192
-    # positions holds 1 GiB of float32 gates per layer, as the released model's does
-    "lstm": {
-        "dim": 4096,
-        "projection_dim": 512,
-        "n_layers": 2,
-        "cell_clip": 3,
-        "proj_clip": 3,
-        "use_skip_connections": True,
-    },
-    "char_cnn": {
-        "activation": "relu",
-        "embedding": {"dim": 4},
-        "filters": [[1, 32], [2, 32]],
-        "max_characters_per_token": 50,
-        "n_characters": 262,
-        "n_highway": 1,
-    },
-}
+WIDE_OPTIONS = {**TINY_OPTIONS, "lstm": {**TINY_OPTIONS["lstm"], "dim": 4096, "projection_dim": 512}}
+"""``original``'s LSTM (4096 cells, 512 projections) behind the tiny char CNN: a pass of 8,192
+positions holds 1 GiB of float32 gates per layer, as the released model's does."""
 
 
 @pytest.mark.cuda

@@ -172,12 +172,21 @@ corpus: 4 training steps, not an epoch; evaluation rows that its 12 held-out sen
 workers; fewer sampled negatives than its 2,266-word vocabulary (``small`` samples 8,192)."""
 
 
+def _readme_blocks(language: str) -> list[str]:
+    """The README's fenced blocks of ``language``, in order."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    return [b.split("```", 1)[0] for b in text.split(f"```{language}\n")[1:]]
+
+
 def _readme_commands() -> list[list[str]]:
     """The ``elmo`` commands of the README's ```bash blocks, in order (``make`` needs a checkout and
     ``ray job submit`` a cluster: the suite and the CLI tests run those)."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    blocks = [b.split("```", 1)[0] for b in text.split("```bash\n")[1:]]
-    return [shlex.split(line) for b in blocks for line in b.splitlines() if line.startswith("elmo ")]
+    return [
+        shlex.split(line)
+        for b in _readme_blocks("bash")
+        for line in b.splitlines()
+        if line.startswith("elmo ")
+    ]
 
 
 def test_the_readmes_commands_run_from_the_installed_wheel(installed):
@@ -217,8 +226,7 @@ def test_the_readmes_commands_run_from_the_installed_wheel(installed):
 
 def _readme_snippets() -> list[str]:
     """The README's ```python blocks."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    blocks = _readme_blocks("python")
     assert len(blocks) >= 2, "the README should show how to read the embeddings and use the model"
     return blocks
 

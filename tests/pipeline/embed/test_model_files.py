@@ -9,13 +9,9 @@ import pytest
 
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.model_files import load_bilm, model_paths, resolve_model
+from pipeline.model_config import preset_options
 
-OPTIONS = {
-    "lstm": {"dim": 12, "projection_dim": 6, "n_layers": 2, "cell_clip": 3, "proj_clip": 3,
-             "use_skip_connections": True},
-    "char_cnn": {"activation": "relu", "embedding": {"dim": 3}, "filters": [[1, 4], [2, 5]],
-                 "max_characters_per_token": 50, "n_characters": 262, "n_highway": 1},
-}  # fmt: skip
+OPTIONS = preset_options("tiny")
 
 
 def model_dir(tmp_path, weights: bytes = b"weights"):
@@ -38,7 +34,7 @@ def test_a_folder_or_two_files_but_not_both_nor_neither():
 def test_the_source_names_its_sizes_and_a_hash_of_both_files(tmp_path):
     folder = model_dir(tmp_path)
     source = resolve_model(str(folder), "", "")
-    assert (source.num_layers, source.output_dim) == (3, 12)
+    assert (source.num_layers, source.output_dim) == (3, 128)  # tiny: 2 layers of 64 projections
     assert source.weights_file == str(folder / "weights.hdf5")
     assert resolve_model(str(folder), "", "").sha256 == source.sha256
     model_dir(tmp_path, weights=b"other weights")

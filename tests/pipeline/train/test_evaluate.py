@@ -9,6 +9,9 @@ import pytest
 import torch
 
 from elmo_model import BiLM, TrainingLM
+from pipeline.config import load_config
+from pipeline.model_config import preset_options
+from pipeline.train.config import TrainConfig
 from pipeline.train.data import LMBatch
 from pipeline.train.errors import TrainError
 from pipeline.train.evaluate import (
@@ -21,19 +24,15 @@ from pipeline.train.evaluate import (
 )
 from pipeline.train.objective import SharedSoftmax, direction_losses_full
 
-OPTIONS = {
-    "lstm": {"dim": 16, "projection_dim": 8, "n_layers": 2, "cell_clip": 3, "proj_clip": 3,
-             "use_skip_connections": True},
-    "char_cnn": {"activation": "relu", "embedding": {"dim": 4}, "filters": [[1, 4], [2, 4]],
-                 "max_characters_per_token": 50, "n_characters": 262, "n_highway": 1},
-}  # fmt: skip
 VOCAB = 30
 
 
 @pytest.fixture
 def lm_and_softmax():
     torch.manual_seed(0)
-    return TrainingLM(BiLM.from_options(OPTIONS), dropout=0.1), SharedSoftmax(VOCAB, 8)
+    options = preset_options("tiny")
+    softmax = SharedSoftmax(VOCAB, options["lstm"]["projection_dim"])
+    return TrainingLM(BiLM.from_options(options), dropout=0.1), softmax
 
 
 def batches(count: int, rows: int = 3) -> list[LMBatch]:
@@ -95,30 +94,30 @@ def test_every_worker_needs_a_batch_of_sentences_of_its_own():
         check_heldout_split([5], batch_size=3, world_size=2)
 
 
-class Cfg:
-    def __init__(self, eval_every=0, eval_max_batches=0, eval_interval_batches=0):
-        self.eval_every, self.eval_max_batches = eval_every, eval_max_batches
-        self.eval_interval_batches = eval_interval_batches
+def cfg(**keys) -> TrainConfig:
+    return load_config(
+        TrainConfig, overrides=["shards=s", "output=o", *(f"{k}={v}" for k, v in keys.items())]
+    )
 
 
 def test_batch_limits_and_when_an_evaluation_is_due():
-    assert eval_batches(Cfg(eval_max_batches=0, eval_interval_batches=5), final=True) == 0  # all of it
-    assert eval_batches(Cfg(eval_max_batches=0, eval_interval_batches=5), final=False) == 5
-    assert eval_batches(Cfg(eval_max_batches=3, eval_interval_batches=5), final=False) == 3
-    assert eval_batches(Cfg(eval_max_batches=8, eval_interval_batches=0), final=False) == 8
-    during = Evaluator(Cfg(eval_every=10), lambda: [], unigram_perplexity=300.0, world=1)
+    assert eval_batches(cfg(eval_max_batches=0, eval_interval_batches=5), final=True) == 0  # all of it
+    assert eval_batches(cfg(eval_max_batches=0, eval_interval_batches=5), final=False) == 5
+    assert eval_batches(cfg(eval_max_batches=3, eval_interval_batches=5), final=False) == 3
+    assert eval_batches(cfg(eval_max_batches=8, eval_interval_batches=0), final=False) == 8
+    during = Evaluator(cfg(eval_every=10), lambda: [], unigram_perplexity=300.0, world=1)
     assert [s for s in range(1, 31) if during.due(s, last_step=s == 30)] == [10, 20]
-    assert not Evaluator(Cfg(eval_every=0), lambda: [], 300.0, 1).due(10, last_step=False)
+    assert not Evaluator(cfg(eval_every=0), lambda: [], 300.0, 1).due(10, last_step=False)
 
 
 def test_an_evaluation_splits_its_batch_limit_over_the_ranks(lm_and_softmax):
     lm, softmax = lm_and_softmax
     scored = batches(6)
-    evaluator = Evaluator(Cfg(eval_max_batches=5), lambda: iter(scored), unigram_perplexity=300.0, world=1)
+    evaluator = Evaluator(cfg(eval_max_batches=5), lambda: iter(scored), unigram_perplexity=300.0, world=1)
     result = evaluator.run(lm, softmax, torch.device("cpu"), None)
     assert result["eval/batches"] == 5 and result["eval/unigram_perplexity"] == 300.0
     expected = heldout_sums(lm, softmax, scored, torch.device("cpu"), max_batches=5).perplexities()
     assert result["eval/perplexity"] == pytest.approx(expected["eval/perplexity"])
     # two ranks: each scores ceil(5 / 2) = 3 of its own (the sum over ranks is this one's alone here)
-    two = Evaluator(Cfg(eval_max_batches=5), lambda: iter(scored), unigram_perplexity=300.0, world=2)
+    two = Evaluator(cfg(eval_max_batches=5), lambda: iter(scored), unigram_perplexity=300.0, world=2)
     assert two.run(lm, softmax, torch.device("cpu"), None)["eval/batches"] == 3
