@@ -193,5 +193,5 @@ def layer_window(
 
 
 def dropout_input(x: torch.Tensor, dropout: float) -> torch.Tensor:
-    """Spec 7.3: every layer's input gets a fresh dropout mask (DropoutWrapper(input_keep_prob))."""
+    """Every layer's input gets a fresh dropout mask (DropoutWrapper(input_keep_prob); docs/training.md#network-in-training)."""
     return F.dropout(x, dropout, training=True) if dropout > 0 else x

@@ -18,12 +18,9 @@ from pipeline import storage
 from pipeline.background import WriteQueue
 from pipeline.config import to_dict
 from pipeline.train.plan import RunPlan
+from pipeline.train.progress import RelaySender
 from pipeline.train.run_dir import RunDir, RunWriter
 from pipeline.train.wandb_run import WandbRun
-
-RELAY_TIMEOUT_S = 60.0
-"""How long the end of a run waits for the driver's relay to take the final status row."""
-
 
 # ---- MFU ---------------------------------------------------------------------------------------
 
@@ -162,7 +159,8 @@ class RunLog:
         writer: RunWriter,
         relay: Any = None,
     ):
-        self.every, self.relay = cfg.log_every, relay if rank == 0 else None
+        self.every = cfg.log_every
+        self.relay = RelaySender(relay) if rank == 0 and relay is not None else None
         config = to_dict(cfg)
         run_dir = RunDir(plan.run_dir)
         self.metrics = MetricsLog(run_dir.metrics, resumed_from, writer.records) if rank == 0 else None
@@ -190,16 +188,17 @@ class RunLog:
     def due(self, step: int, last_step: bool) -> bool:
         return step % self.every == 0 or last_step
 
-    def emit(self, row: dict, to_wandb: bool = True) -> Any:
-        """One row (``kind``, ``step``, values) to every sink; returns the relay call's ObjectRef
-        (None without a relay), which nobody waits for but the end of the run."""
+    def emit(self, row: dict, to_wandb: bool = True) -> None:
+        """One row (``kind``, ``step``, values) to every sink (the relay's call is not awaited)."""
+        self._record(row, to_wandb)
+        if self.relay is not None:
+            self.relay.put(row)
+
+    def _record(self, row: dict, to_wandb: bool) -> None:
         if self.metrics is not None:
             self.metrics.append(row)
             if to_wandb:
                 self.wandb.log(row, row["step"])
-        if self.relay is not None:
-            return self.relay.put.remote(row)
-        return None
 
     def save_tracking(self) -> None:
         """Bring the wandb files of an s3:// run directory up to date there (with each checkpoint;
@@ -210,17 +209,12 @@ class RunLog:
     def finish_with(self, status: dict) -> None:
         """Close the run's record with its ``status`` row: metrics.jsonl and wandb (queued: the
         run's ``RunWriter.close()`` waits for them), and the driver, which gets it before this
-        returns (a relay that is gone is no reason to fail a finished run: the record has it)."""
-        handed = self.emit(status, to_wandb=False)
+        returns, after every row before it (``RelaySender.finish``)."""
+        self._record(status, to_wandb=False)
         if self.wandb is not None:
             self.wandb.finish()
-        if handed is not None:
-            import ray
-
-            try:
-                ray.get(handed, timeout=RELAY_TIMEOUT_S)
-            except (ray.exceptions.RayError, TimeoutError):
-                pass
+        if self.relay is not None:
+            self.relay.finish(status)
 
 
 # ---- plot ------------------------------------------------------------------------------------

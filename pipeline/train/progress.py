@@ -6,6 +6,12 @@ long-polling the actor) and prints each new ``train`` / ``eval`` / ``guard`` row
 (:meth:`ProgressLines.lines`). The storage is never polled, and the loop never waits: rank 0's
 call to the relay is not awaited. Printing on the driver rather than on rank 0 keeps the lines free
 of Ray's per-process prefixes and the same on a laptop and under ``ray job submit``.
+
+Order is part of the design, not a property of Ray: Ray does not keep the order of calls into an
+async actor (measured: 200 unawaited calls into a new relay ran out of order in 17 of 20 trials).
+Rank 0's :class:`RelaySender` numbers its rows; the relay hands rows on only in that order (a row
+waits for the ones before it); and before the run's final row the sender waits for every call it
+still has outstanding, so the driver has them all when the run ends.
 """
 
 from __future__ import annotations
@@ -99,19 +105,43 @@ class ProgressLines:
 
 
 class ProgressRelay:
-    """A Ray actor (``relay_actor()``) that holds the rows rank 0 hands it (``put``, never awaited
-    by the worker: the call is queued and the loop goes on) until the driver takes them
-    (``take``, a long poll). Async: a ``take`` waiting for rows never holds up a ``put``."""
+    """A Ray actor (``relay_actor()``) that holds the rows rank 0 hands it (through a
+    :class:`RelaySender`: numbered calls that the worker does not await) until the driver takes them
+    (``take``, a long poll). Async: a ``take`` waiting for rows never holds up a ``put``.
+
+    Rows come in streams, one per sender (a restarted run has a new one, :meth:`open`). ``rows`` holds
+    every row handed on so far in the order of its stream's numbers: a row that arrives before
+    one numbered lower waits in ``_early`` until the gap is filled. A new stream first hands on what
+    the old one left waiting (its sender died with a call in flight), in order; a late call of an
+    old stream is dropped (its rows are in metrics.jsonl; the new stream logs from its checkpoint)."""
 
     def __init__(self) -> None:
         import asyncio
 
         self.rows: list[dict] = []
+        self._stream = 0
+        self._next = 0  # the number of the current stream's next row to hand on
+        self._early: dict[int, dict] = {}
         self._added = asyncio.Condition()
 
-    async def put(self, row: dict) -> None:
+    async def open(self) -> int:
+        """A new stream, numbered from 0: the id its sender puts with."""
         async with self._added:
-            self.rows.append(row)
+            self.rows.extend(self._early[seq] for seq in sorted(self._early))
+            self._early.clear()
+            self._stream += 1
+            self._next = 0
+            self._added.notify_all()
+            return self._stream
+
+    async def put(self, stream: int, seq: int, row: dict) -> None:
+        async with self._added:
+            if stream != self._stream or seq < self._next:
+                return
+            self._early[seq] = row
+            while self._next in self._early:
+                self.rows.append(self._early.pop(self._next))
+                self._next += 1
             self._added.notify_all()
 
     async def take(self, start: int, timeout_s: float) -> list[dict]:
@@ -127,6 +157,53 @@ class ProgressRelay:
                 except asyncio.TimeoutError:
                     pass
         return self.rows[start:]
+
+
+RELAY_TIMEOUT_S = 60.0
+"""How long a sender waits for the relay: to open its stream, and at the end of a run for its
+outstanding rows and the final one."""
+PRUNE_EVERY = 64
+"""Rows between two looks at which of a sender's calls are done (it keeps only the others)."""
+
+
+class RelaySender:
+    """Rank 0's side of the relay: ``put(row)`` numbers the row and hands it over without waiting;
+    ``finish(row)`` waits for every call still outstanding, then hands over the final row and waits
+    for it. A relay that cannot be reached (gone, or not answering within ``RELAY_TIMEOUT_S``)
+    turns the sender off: console lines are lost, the record (metrics.jsonl, wandb) is not."""
+
+    def __init__(self, relay) -> None:
+        import ray
+
+        self.relay, self._seq, self._outstanding = relay, 0, []
+        try:
+            self.stream = ray.get(relay.open.remote(), timeout=RELAY_TIMEOUT_S)
+        except (ray.exceptions.RayError, TimeoutError):
+            self.relay = None
+
+    def put(self, row: dict) -> None:
+        if self.relay is None:
+            return
+        self._outstanding.append(self.relay.put.remote(self.stream, self._seq, row))
+        self._seq += 1
+        if len(self._outstanding) >= PRUNE_EVERY:
+            import ray
+
+            _, self._outstanding = ray.wait(self._outstanding, num_returns=len(self._outstanding), timeout=0)
+
+    def finish(self, row: dict) -> None:
+        if self.relay is None:
+            return
+        import ray
+
+        try:
+            ray.get(self._outstanding, timeout=RELAY_TIMEOUT_S)
+            self._outstanding = []
+            self.put(row)
+            ray.get(self._outstanding, timeout=RELAY_TIMEOUT_S)
+        except (ray.exceptions.RayError, TimeoutError):
+            pass  # a relay that is gone is no reason to fail a finished run: the record has it
+        self._outstanding = []
 
 
 def relay_actor():

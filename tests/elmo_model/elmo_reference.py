@@ -72,7 +72,7 @@ class ReferenceSet:
 
 
 def run_stateful(model: BiLM, sentences, embed=None) -> list[list[np.ndarray]]:
-    """Spec 5.3: 10 batches of 3 rows in order, never resetting; returns the top layer A[row][batch].
+    """docs/model.md#reference-outputs: 10 batches of 3 rows in order, never resetting; returns the top layer A[row][batch].
 
     `embed(batch) -> BiLMOutput` replaces `model(batch_to_ids(batch))` (e.g. the token-cache path).
     """

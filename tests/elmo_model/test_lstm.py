@@ -23,7 +23,7 @@ def make_lstm(skip=True, dropout=0.0, clip=0.5) -> StackedBiLSTM:
 
 
 def reference_cell(lstm, layer, d, x, c, h):
-    """Spec 4.5 verbatim in TF gate order for one row: x (in,), c (C,), h (P,)."""
+    """docs/model.md#lstm-cell verbatim in TF gate order for one row: x (in,), c (C,), h (P,)."""
     lay = lstm.layers[layer]
     kernel = permute_gate_blocks(torch.cat([lay.w_ih[d], lay.w_hh[d]]), INTERNAL_TO_TF)
     bias = permute_gate_blocks(lay.bias[d], INTERNAL_TO_TF)

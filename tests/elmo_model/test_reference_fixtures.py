@@ -16,7 +16,7 @@ def test_stateful_outputs_match_reference(reference):
 
 
 def test_stateless_matches_only_first_batch(reference):
-    """Spec 4.9: without state carry batch 0 matches and later batches do not."""
+    """docs/model.md#statefulness: without state carry batch 0 matches and later batches do not."""
     sentences, expected = reference.sentences(), reference.expected()
     model = reference.load()
     assert not model.stateful
@@ -36,7 +36,7 @@ def test_stateless_matches_only_first_batch(reference):
 
 
 def test_state_bookkeeping_like_bilm_tf(reference):
-    """Spec 5.3 item 6: with 4 state rows, row 3 stays zero; a batch of 2 leaves row 2 unchanged."""
+    """docs/model.md#statefulness: with 4 state rows, row 3 stays zero; a batch of 2 leaves row 2 unchanged."""
     model = reference.load()
     model.max_batch_size = 4
     run_stateful(model, reference.sentences())
@@ -53,7 +53,7 @@ def test_state_bookkeeping_like_bilm_tf(reference):
 
 
 def test_token_embeddings_match_allennlp_file(allennlp_reference):
-    """Spec 5.4: the token encoder reproduces elmo_token_embeddings.hdf5, in padded sentence batches."""
+    """docs/model.md#token-encoder: the token encoder reproduces elmo_token_embeddings.hdf5, in padded sentence batches."""
     d = allennlp_reference.directory
     words = (d / "vocab_test.txt").read_text(encoding="utf-8").strip().split("\n")
     assert len(words) == 458
