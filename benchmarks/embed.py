@@ -40,6 +40,7 @@ from pipeline import storage  # noqa: E402
 from pipeline.embed.embedder import EmbedSettings, SentenceEncoder, work_settings  # noqa: E402
 from pipeline.embed.inputs import ShardSpec  # noqa: E402
 from pipeline.embed.sentences import prepare_lines  # noqa: E402
+from pipeline.embed.shard_vectors import BufferPool  # noqa: E402
 from pipeline.embed.shard_work import work_from_lines  # noqa: E402
 from pipeline.local_s3 import REGION, LocalS3Server  # noqa: E402
 from pipeline.model_config import preset_options  # noqa: E402
@@ -119,8 +120,9 @@ def run_job(args, model: str, corpus: str, output: str) -> dict:
 
 def raw_forward(args, model_dir: Path, threads: int) -> dict:
     """Forward passes only, one process: the stage's own compute (``SentenceEncoder.run``: static
-    shapes, on CUDA graphs and copies to and from pinned host memory) over the stage's shards and
-    passes, prepared beforehand (the stage's CPU operator does that beside the actors)."""
+    shapes, on CUDA graphs and copies to and from pinned host memory, each pass's output placed
+    into its shard's vectors) over the stage's shards and passes, prepared beforehand (the stage's
+    CPU operator does that beside the actors); no shard is written."""
     torch.set_num_threads(threads)
     device = torch.device(args.device)
     bilm = BiLM.from_files(model_dir / "options.json", model_dir / "weights.hdf5").to(device)
@@ -143,11 +145,18 @@ def raw_forward(args, model_dir: Path, threads: int) -> dict:
         shards.append(work_from_lines(spec, True, prepared, prepare))
     # Warm-up: on CUDA a whole pass (graph captures per shape are one-off costs the job pays once
     # per actor too); on CPU one shard.
+    buffers = BufferPool()
+
+    def run(work) -> None:
+        assembler = encoder.assembler(work.spec.first_line, work.num_lines, work.owner, work.sizes, buffers)
+        encoder.run(work, assembler)
+        assembler.release(assembler.finish())
+
     for work in shards if device.type == "cuda" else shards[:1]:
-        encoder.run(work)
+        run(work)
     start, cpu_start = time.monotonic(), time.process_time()
     for work in shards:
-        encoder.run(work)
+        run(work)
     seconds, cpu = time.monotonic() - start, time.process_time() - cpu_start
     tokens = sum(sum(work.sizes) for work in shards)
     del encoder, bilm

@@ -122,7 +122,17 @@ class StaticBatch:
     @property
     def tokens(self) -> int:
         """Real tokens, boundaries excluded."""
-        return int(np.maximum(self.lengths - BOUNDARIES, 0).sum())
+        return int(self.sizes.sum())
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """(rows_used,) int64: each sentence's tokens, boundaries excluded."""
+        return self.lengths[: self.rows_used] - BOUNDARIES
+
+    def output_rows(self, pooled: bool) -> int:
+        """The real leading rows of this pass's output (``OutputSpec.shape``): one per sentence
+        pooled, else one per token."""
+        return self.rows_used if pooled else self.tokens
 
 
 def _capacity(distinct: int, limit: int) -> int:
@@ -173,17 +183,12 @@ def reverse_positions(lengths: np.ndarray, steps: int) -> np.ndarray:
 
 
 def split_rows(values: np.ndarray, batch: StaticBatch, pooled: bool) -> list[np.ndarray]:
-    """A pass's host output -> one array per sentence, boundaries and padding removed.
-
-    ``values``: (R, ..., T, 2P) per position (``...`` = the layer axis, if any), or (R, ..., 2P)
-    when ``pooled``. Each result is a contiguous copy (a view would keep the whole pass alive)."""
-    out = []
-    for r in range(batch.rows_used):
-        if pooled:
-            out.append(values[r].copy())
-        else:
-            n = int(batch.lengths[r]) - BOUNDARIES
-            # copy(), not ascontiguousarray: a row of a top/average pass is already contiguous, and
-            # a view of it would hold the pass's padded, pinned host buffer until the shard is written
-            out.append(values[r, ..., 1 : n + 1, :].copy())
-    return out
+    """A pass's host output (``OutputSpec.shape``: the real tokens row after row, or a row per
+    sentence when ``pooled``) -> one array per sentence in AllenNLP's shapes: (n, 2P) or, with a
+    layer axis, (L, n, 2P); pooled ([L,] 2P). Each is a contiguous copy (a view would keep the whole
+    pass alive). For tests and benchmarks: the embed stage places a pass's rows with bulk copies."""
+    if pooled:
+        return [values[r].copy() for r in range(batch.rows_used)]
+    ends = np.cumsum(batch.sizes)
+    parts = np.split(values[: batch.tokens], ends[:-1])
+    return [(part.swapaxes(0, 1) if part.ndim == 3 else part).copy() for part in parts]

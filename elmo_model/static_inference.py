@@ -45,9 +45,9 @@ GRAPH_WARMUP = 2
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """What a pass returns per row. ``layers``: ``all`` (N+1 layers), ``top`` (layer N) or
-    ``average`` (mean of the N+1); ``pool``: the mean over the sentence's tokens (boundaries
-    excluded) instead of every position; ``dtype``: the returned dtype (computed in float32)."""
+    """What a pass returns. ``layers``: ``all`` (N+1 layers), ``top`` (layer N) or ``average``
+    (mean of the N+1); ``pool``: the mean over the sentence's tokens (boundaries excluded) instead
+    of every token; ``dtype``: the returned dtype (computed in float32)."""
 
     layers: str = "all"
     pool: bool = False
@@ -58,10 +58,14 @@ class OutputSpec:
             raise ValueError(f"layers must be one of {LAYER_MODES}, got {self.layers!r}")
 
     def shape(self, rows: int, steps: int, num_layers: int, width: int) -> tuple[int, ...]:
-        """(R, [L,] [T,] 2P): the layer axis only for ``all``, the step axis only without ``pool``."""
+        """The output of an (R, T) pass, in the form it is stored (``StaticBatch.output_rows``
+        of its leading rows are real): pooled (R, [L,] 2P), a row per sentence; else
+        (R * (T - 2), [L,] 2P), the real tokens of row 0, then row 1, ..., each row's in order, no
+        boundaries, no padding (the packed layout's form: tokens first). The layer axis only for
+        ``all``."""
         layer = (num_layers,) if self.layers == "all" else ()
-        step = () if self.pool else (steps,)
-        return (rows, *layer, *step, width)
+        lead = rows if self.pool else rows * (steps - BOUNDARIES)
+        return (lead, *layer, width)
 
 
 @contextmanager
@@ -76,7 +80,8 @@ def _tf32(enabled: bool) -> Iterator[None]:
 
 class StaticInference:
     """``bilm`` (stateless, eval) run over ``StaticBatch`` passes; ``__call__`` returns the pass's
-    output on the model's device (``OutputSpec.shape``), boundaries kept, without synchronising.
+    output on the model's device (``OutputSpec.shape``: already compacted to the real tokens, or
+    pooled, in the stored dtype), without synchronising.
 
     ``graphs``: capture each shape as a CUDA graph (default: on CUDA). The returned tensor of a
     graphed shape is that graph's output buffer: the next pass of the same shape overwrites it, so
@@ -266,23 +271,31 @@ class StaticInference:
         out: torch.Tensor | None,
     ) -> torch.Tensor:
         """Layer 0 = [tok | tok], layer l = [forward_l | backward_l in sentence order], then the
-        chosen layers, pooled or not, in float32, cast into the output dtype."""
+        chosen layers, in float32, cast into the output dtype: pooled per row, else gathered at the
+        real tokens only (``OutputSpec.shape``), so what leaves the device is what is stored."""
         rows, steps = positions.shape
         p = vectors.shape[-1]
+        if self.output.pool:
+            # (R * T) positions in row-major order: every row's positions, padding included
+            source = torch.arange(rows * steps, device=positions.device)
+        else:
+            source = _real_tokens(lengths, rows, steps)
+        row, step = source // steps, source % steps
+        token_ids = positions.reshape(-1).index_select(0, source)
+        forward_at = step * rows + row  # the LSTM outputs are time-major: (T, R) flattened
+        backward_at = reverse.reshape(-1).index_select(0, source) * rows + row
 
-        def layer(index: int) -> torch.Tensor:  # (R, T, 2P) float32
+        def layer(index: int) -> torch.Tensor:  # (M, 2P) float32 at the M positions of ``source``
             if index == 0:
-                tok = vectors.float().index_select(0, positions.reshape(-1)).view(rows, steps, p)
+                tok = vectors.float().index_select(0, token_ids)
                 return torch.cat([tok, tok], dim=-1)
-            h = layers[index - 1].float()
-            forward = h[0].transpose(0, 1)
-            backward = h[1].transpose(0, 1).gather(1, reverse.unsqueeze(-1).expand(rows, steps, p))
-            return torch.cat([forward, backward], dim=-1)
+            h = layers[index - 1].float().view(2, steps * rows, p)
+            return torch.cat([h[0].index_select(0, forward_at), h[1].index_select(0, backward_at)], dim=-1)
 
         count = len(layers) + 1
         mode = self.output.layers
         if mode == "all":
-            values = torch.stack([layer(i) for i in range(count)], dim=1)  # (R, L, T, 2P)
+            values = torch.stack([layer(i) for i in range(count)], dim=1)  # (M, L, 2P)
         elif mode == "top":
             values = layer(count - 1)
         else:
@@ -291,12 +304,25 @@ class StaticInference:
             t = torch.arange(steps, device=lengths.device)
             inside = (t >= 1) & (t < (lengths - 1).unsqueeze(1))  # (R, T): tokens, no boundaries
             weights = inside.float() / (lengths - BOUNDARIES).clamp(min=1).unsqueeze(1)
-            if mode == "all":
-                weights = weights.unsqueeze(1)
-            values = (values * weights.unsqueeze(-1)).sum(dim=-2)
+            values = values.view(rows, steps, *values.shape[1:])
+            weights = weights.view(rows, steps, *([1] * (values.dim() - 2)))
+            values = (values * weights).sum(dim=1)
         if out is None:
             return values.to(self.output.dtype)
         return out.copy_(values)
+
+
+def _real_tokens(lengths: torch.Tensor, rows: int, steps: int) -> torch.Tensor:
+    """(R * (T - 2),) the row-major positions ``r * T + t`` of every row's real tokens (boundaries
+    and padding left out), row by row, then zeros: a static shape whatever the lengths, so a
+    CUDA graph can compact its pass on the device."""
+    capacity = rows * (steps - BOUNDARIES)
+    t = torch.arange(steps, device=lengths.device)
+    inside = ((t >= 1) & (t < (lengths - 1).unsqueeze(1))).reshape(-1)  # (R * T)
+    slot = torch.where(inside, torch.cumsum(inside, 0) - 1, capacity)  # outside: one spare slot
+    source = torch.zeros(capacity + 1, dtype=torch.long, device=lengths.device)
+    source.scatter_(0, slot, torch.arange(rows * steps, device=lengths.device))
+    return source[:capacity]
 
 
 def _device_inputs(batch: StaticBatch, device: torch.device) -> tuple[torch.Tensor, ...]:

@@ -4,9 +4,9 @@
       -> map_batches(prepare_rows), CPU tasks: read the shard's lines, clean and tokenize them, plan
          the forward passes and build their arrays (``shard_work``) -> one prepared shard per row
       -> map_batches(ShardEmbedder), actor pool of ``workers`` (model loaded once per actor; one GPU
-         each when asked): run the passes, encode the HDF5 shard and commit it (shard + entry,
-         atomically), two shards at a time on two threads, so that one encodes and uploads while
-         the other's passes run -> entry
+         each when asked): run the passes, write the HDF5 shard and commit it (shard + entry,
+         atomically), several shards at a time on threads of their own (one per CPU of the actor),
+         so that the others write and upload while one's passes run -> entry
       -> the driver, streaming (``iter_rows``): progress and the manifest.
 
 Preparing is the CPU side of embedding; as its own operator it runs on the cores the actors do not
@@ -33,7 +33,7 @@ import numpy as np
 import ray
 from ray.data import ActorPoolStrategy, DataContext, TaskPoolStrategy
 
-from pipeline.embed.embedder import EmbedSettings, ShardEmbedder, work_settings
+from pipeline.embed.embedder import EmbedSettings, ShardEmbedder, concurrent_calls, work_settings
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.model_files import ModelSource
@@ -140,7 +140,7 @@ def build_dataset(
     """The graph of the module docstring over ``todo`` (lazy: nothing runs until it is read)."""
     rows = [{"spec": json.dumps(spec.to_dict()), "write": write} for spec, write in todo]
     stateful = settings.stateful
-    calls = 1 if stateful else ShardEmbedder.CONCURRENT_CALLS
+    calls = concurrent_calls(settings)
     ds = ray.data.from_items(rows, override_num_blocks=spec_blocks(len(rows), pool.readers))
     ds = ds.map_batches(
         prepare_rows,

@@ -19,17 +19,17 @@ import numpy as np
 import torch
 
 from elmo_model import BiLM, batch_to_ids
-from elmo_model.static_batches import BucketPlan, StaticBatch, build_passes, split_rows
+from elmo_model.static_batches import BucketPlan, StaticBatch, build_passes
 from elmo_model.static_inference import OutputSpec, StaticInference
 from pipeline.embed import batching
 from pipeline.embed.config import InvalidUTF8, LayerMode, Layout, LongSentences, Pool, Precision, StoredDType
 from pipeline.embed.errors import WORKER_ERRORS, EmbedError
-from pipeline.embed.hdf5_shard import encode_shard
 from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.model_files import ModelSource, load_bilm
 from pipeline.embed.resume import commit_shard
 from pipeline.embed.sentences import PreparedLines
-from pipeline.embed.shard_work import ShardWork, WorkSettings, join_lines, work_from_lines
+from pipeline.embed.shard_vectors import BufferPool, ShardAssembler, ShardVectors
+from pipeline.embed.shard_work import ShardWork, WorkSettings, work_from_lines
 
 
 @dataclass(frozen=True)
@@ -84,23 +84,15 @@ def select_layers(layers: torch.Tensor, mode: str) -> torch.Tensor:
     raise EmbedError(f"layers: unknown mode {mode!r}; choose all, top or average")
 
 
-def empty_value(mode: str, num_layers: int, output_dim: int, pool: bool = False) -> np.ndarray:
-    """The value of an empty sentence: (N+1, 0, 2P) for ``all``, (0, 2P) otherwise; pooled, zeros of
-    (N+1, 2P) or (2P,) (the mean of no tokens; the manifest and the packed offsets say n = 0)."""
-    layer = (num_layers,) if mode == "all" else ()
-    shape = (*layer, output_dim) if pool else (*layer, 0, output_dim)
-    return np.zeros(shape, dtype=np.float32)
-
-
 class SentenceEncoder:
     """One actor's model and the way it runs: stateless passes as static shapes
     (``elmo_model.static_inference``; on CUDA fixed bucket shapes replayed as CUDA graphs, their
-    inputs copied from pinned memory on a load stream and their outputs to pinned host memory on a
-    copy stream, no synchronising call per pass), or, stateful, ``BiLM.forward`` in input-order
-    batches.
+    inputs copied from pinned memory on a load stream, their outputs compacted on the device and
+    copied once per pass into reused pinned host buffers on a copy stream, no synchronising call
+    per pass), or, stateful, ``BiLM.forward`` in input-order batches.
 
-    ``run(work)`` / ``embed(pieces)`` -> one float32 or float16 array per piece (non-empty token
-    lists), boundaries removed: (N+1, n, 2P) for ``all``, (n, 2P) otherwise; pooled: (N+1, 2P) or (2P,).
+    ``run(work, assembler)`` places every piece's vectors into the shard's assembler
+    (``shard_vectors``); ``embed(pieces)`` -> their ``ShardVectors`` (benchmarks).
     """
 
     IN_FLIGHT = 2
@@ -109,6 +101,8 @@ class SentenceEncoder:
     def __init__(self, bilm: BiLM, settings: EmbedSettings, device: torch.device):
         self.bilm, self.settings, self.device = bilm, settings, device
         self.pool = settings.pooled
+        self.dtype = np.float16 if settings.dtype is StoredDType.float16 else np.float32
+        self.row_shape = row_shape(settings.layers.value, bilm.num_layers, bilm.output_dim)
         self.static = None
         if not settings.stateful:
             dtype = torch.float16 if settings.dtype is StoredDType.float16 else torch.float32
@@ -116,45 +110,64 @@ class SentenceEncoder:
             self.static = StaticInference(bilm, output, settings.precision.value)
             if device.type == "cuda":
                 self.copy_stream = torch.cuda.Stream(device)
+                self._pinned: list[torch.Tensor | None] = [None] * (self.IN_FLIGHT + 1)
+                self._passes = 0
 
-    def run(self, work: ShardWork) -> list[np.ndarray]:
-        """The values of ``work``'s pieces (prepared for this encoder's device)."""
+    def assembler(self, first_line: int, num_lines: int, owner, sizes, buffers: BufferPool | None = None):
+        """A ``ShardAssembler`` for this encoder's output rows and dtype."""
+        return ShardAssembler(
+            first_line, num_lines, owner, sizes, self.row_shape, self.dtype, self.pool, buffers
+        )
+
+    def run(self, work: ShardWork, assembler: ShardAssembler) -> None:
+        """Embed ``work``'s pieces (prepared for this encoder's device) into ``assembler``."""
         if self.static is None:
-            return self._stateful(work.pieces)
-        return self.run_passes(work.passes, len(work.sizes))
+            for piece, value in enumerate(self._stateful(work.pieces)):
+                assembler.place_piece(piece, value)
+            return
+        self.run_passes(work.passes, assembler)
 
-    def embed(self, pieces: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        """Plan, build and run ``pieces`` in one go (tests, benchmarks; the stage prepares its
-        passes in a CPU operator instead)."""
+    def embed(self, pieces: Sequence[Sequence[str]], buffers: BufferPool | None = None) -> ShardVectors:
+        """Plan, build and run ``pieces`` (non-empty token lists) in one go, each its own line
+        (benchmarks; the stage prepares its passes in a CPU operator instead)."""
+        assembler = self.assembler(0, len(pieces), range(len(pieces)), [len(p) for p in pieces], buffers)
         if self.static is None:
-            return self._stateful(pieces)
-        passes = build_passes(pieces, bucket_plan(self.settings, self.device.type))
-        return self.run_passes(passes, len(pieces))
+            for piece, value in enumerate(self._stateful(pieces)):
+                assembler.place_piece(piece, value)
+        else:
+            self.run_passes(build_passes(pieces, bucket_plan(self.settings, self.device.type)), assembler)
+        return assembler.finish()
 
-    def run_passes(self, passes: Sequence[tuple[list[int], StaticBatch]], count: int) -> list[np.ndarray]:
-        """``count`` piece values from ``passes`` = (piece indices, batch)."""
-        values: list[np.ndarray | None] = [None] * count
+    def run_passes(self, passes: Sequence[tuple[list[int], StaticBatch]], assembler: ShardAssembler) -> None:
+        """Run ``passes`` = (piece indices, batch) and place each one's output."""
         pending: deque = deque()
         for indices, batch in passes:
-            pending.append((indices, batch, self._to_host(self.static(batch))))
+            rows = batch.output_rows(self.pool)
+            pending.append((indices, self._to_host(self.static(batch), rows)))
             while len(pending) > (self.IN_FLIGHT if self.device.type == "cuda" else 0):
-                self._collect(pending.popleft(), values)
+                self._collect(pending.popleft(), assembler)
         while pending:
-            self._collect(pending.popleft(), values)
-        return values  # type: ignore[return-value]
+            self._collect(pending.popleft(), assembler)
 
     def _stateful(self, pieces: Sequence[Sequence[str]]) -> list[np.ndarray]:
         batches = batching.in_order(len(pieces), self.settings.stateful_batch_size)
         return embed_pieces(self.bilm, pieces, batches, self.settings.layers.value, self.device, self.pool)
 
-    def _to_host(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """The pass's output on its way to the host: on CUDA a copy queued on the copy stream into
-        pinned memory (from a device copy of the graph's buffer, which the next pass of the same
-        shape overwrites) and the event that marks it done."""
+    def _to_host(self, out: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """The pass's ``rows`` real output rows on their way to the host. On CUDA: a device copy of
+        them (the graph's buffer is overwritten by the next pass of its shape), then one copy on the
+        copy stream into the next of ``IN_FLIGHT + 1`` reused pinned buffers (a buffer is used
+        again only after its pass was collected), and the event that marks it done."""
+        real = out[:rows]
         if out.device.type != "cuda":
-            return out, None
-        detached = out.clone()
-        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+            return real, None
+        detached = real.clone()
+        slot = self._passes % len(self._pinned)
+        self._passes += 1
+        pinned = self._pinned[slot]
+        if pinned is None or pinned.numel() < real.numel():
+            pinned = self._pinned[slot] = torch.empty(real.numel(), dtype=real.dtype, pin_memory=True)
+        host = pinned[: real.numel()].view(real.shape)
         self.copy_stream.wait_stream(torch.cuda.current_stream(out.device))
         with torch.cuda.stream(self.copy_stream):
             host.copy_(detached, non_blocking=True)
@@ -163,12 +176,16 @@ class SentenceEncoder:
             done.record(self.copy_stream)
         return host, done
 
-    def _collect(self, item, values: list) -> None:
-        indices, batch, (host, done) = item
+    def _collect(self, item, assembler: ShardAssembler) -> None:
+        indices, (host, done) = item
         if done is not None:
             done.synchronize()
-        for i, value in zip(indices, split_rows(host.numpy(), batch, self.pool), strict=True):
-            values[i] = value
+        assembler.place(indices, host.numpy())
+
+
+def row_shape(mode: str, num_layers: int, output_dim: int) -> tuple[int, ...]:
+    """One token's (or pooled sentence's) stored row: (N+1, 2P) for ``all``, (2P,) otherwise."""
+    return (num_layers, output_dim) if mode == "all" else (output_dim,)
 
 
 def embed_pieces(
@@ -217,18 +234,15 @@ def work_settings(settings: EmbedSettings) -> WorkSettings:
     )
 
 
-def embed_lines(
-    encoder: SentenceEncoder,
-    prepared: PreparedLines,
-    num_layers: int,
-    output_dim: int,
-) -> list[np.ndarray]:
-    """One value per line of ``prepared`` (see ``SentenceEncoder``); split lines are joined. The
-    stage's own order of the same steps, in one process (tests, benchmarks)."""
+def embed_lines(encoder: SentenceEncoder, prepared: PreparedLines) -> ShardVectors:
+    """The vectors of every line of ``prepared`` (see ``SentenceEncoder``), split lines joined,
+    as the stage stores them. The stage's own order of the same steps, in one process (tests,
+    benchmarks)."""
     spec = ShardSpec(0, prepared.first_line, prepared.num_lines, segments=(), input_sha256="")
     work = work_from_lines(spec, True, prepared, work_settings(encoder.settings))
-    empty = empty_value(encoder.settings.layers.value, num_layers, output_dim, encoder.pool)
-    return join_lines(work, encoder.run(work), empty, encoder.pool)
+    assembler = encoder.assembler(prepared.first_line, work.num_lines, work.owner, work.sizes)
+    encoder.run(work, assembler)
+    return assembler.finish()
 
 
 def _libc_malloc_trim():
@@ -268,12 +282,12 @@ class ShardEmbedder:
     Output batch: ``entry`` (JSON manifest entry, see resume.commit_shard) and ``written`` (bool).
     A WORKER_ERRORS failure becomes the entry ``{"index", "error": message}``; the driver raises it.
 
-    Stateless, Ray runs two calls at once on two threads: the model lock lets one shard's passes
-    run while the other thread encodes and commits the shard before it (HDF5 encoding, upload),
-    so the device does not wait for the output side.
+    Stateless, Ray runs ``concurrent_calls(settings)`` calls at once, each on a thread of its own:
+    the model lock lets one shard's passes run while the other threads write the shards before it
+    (HDF5, sha256, upload: bulk work on whole arrays that releases the GIL), so the host side
+    scales with the CPUs given to the actor and the device does not wait for it. Each shard's
+    vectors are assembled in a pooled buffer (``shard_vectors.BufferPool``).
     """
-
-    CONCURRENT_CALLS = 2
 
     def __init__(self, source: ModelSource, settings: EmbedSettings, output: str):
         self.source, self.settings = source, settings
@@ -288,34 +302,34 @@ class ShardEmbedder:
         self.bilm.stateful = self.settings.stateful
         self.encoder = SentenceEncoder(self.bilm, self.settings, self.device)
         self.model_lock = threading.Lock()
-        s = self.settings
-        self.empty = empty_value(s.layers.value, self.source.num_layers, self.source.output_dim, s.pooled)
+        self.buffers = BufferPool()
 
     def process(self, work: ShardWork) -> dict:
         """Embed one prepared shard and, when ``work.write``, commit it; the manifest entry (or the stats)."""
         if work.error:
             raise EmbedError(work.error)
         with self.model_lock:  # CUDA work only under it: a graph capture allows no other thread's
-            piece_values = self.encoder.run(work)
-        values = join_lines(work, piece_values, self.empty, self.encoder.pool)
-        del piece_values
-        stats = dict(work.stats)
-        if not work.write:
-            return stats
-        s = self.settings
-        # each entry names what made it, so a shard copied out of its folder still says so
-        stats.update(
-            layers=s.layers.value,
-            dtype=s.dtype.value,
-            model_sha256=self.source.sha256,
-            layout=s.layout.value,
-            pool=s.pool.value,
-        )
-        return commit_shard(
-            self.output,
-            stats,
-            encode_shard(work.spec.first_line, values, s.dtype.value, s.layout.value, s.pooled),
-        )
+            assembler = self.encoder.assembler(
+                work.spec.first_line, work.num_lines, work.owner, work.sizes, self.buffers
+            )
+            self.encoder.run(work, assembler)
+        shard = assembler.finish()
+        try:
+            stats = dict(work.stats)
+            if not work.write:
+                return stats
+            s = self.settings
+            # each entry names what made it, so a shard copied out of its folder still says so
+            stats.update(
+                layers=s.layers.value,
+                dtype=s.dtype.value,
+                model_sha256=self.source.sha256,
+                layout=s.layout.value,
+                pool=s.pool.value,
+            )
+            return commit_shard(self.output, stats, shard, s.layout.value)
+        finally:
+            assembler.release(shard)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         entries, written = [], []
@@ -329,3 +343,9 @@ class ShardEmbedder:
             del work
             release_free_memory()
         return {"entry": entries, "written": written}
+
+
+def concurrent_calls(settings: EmbedSettings) -> int:
+    """Shards an actor works on at once: one in the model, the others written beside it, one per
+    CPU the actor holds (at least one); stateful, one (its shards go through in order)."""
+    return 1 if settings.stateful else max(2, settings.threads)

@@ -17,61 +17,83 @@ sha256).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
-from collections.abc import Iterator, Mapping, Sequence
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import BinaryIO
 
 import h5py
 import numpy as np
 
 from pipeline import storage
 from pipeline.embed.errors import EmbedError
+from pipeline.embed.shard_vectors import ShardVectors
 
 SENTENCE_TO_INDEX = "sentence_to_index"
-
-
-def write_datasets(out: h5py.File, first_line: int, values: Sequence[np.ndarray], dtype: str) -> None:
-    """Add one dataset per value, keys ``str(first_line + i)``, cast to ``dtype``."""
-    for offset, value in enumerate(values):
-        out.create_dataset(str(first_line + offset), data=value.astype(dtype, copy=False), track_times=False)
-
-
 LAYOUTS = ("allennlp", "packed")
 PACKED = ("vectors", "offsets", "lines")
+WRITE_CHUNK = 4 * 1024 * 1024
+"""Bytes written and hashed per step: each chunk is hashed while it is still in the CPU's cache."""
 
 
-def write_packed(
-    out: h5py.File, first_line: int, values: Sequence[np.ndarray], dtype: str, pooled: bool
-) -> None:
-    """The ``packed`` datasets of ``values`` (AllenNLP-shaped, one per line from ``first_line``)."""
-    if pooled:
-        rows = [v[None] for v in values]
-    else:  # (N+1, n, 2P) -> (n, N+1, 2P): a sentence's tokens are contiguous rows
-        rows = [v.transpose(1, 0, 2) if v.ndim == 3 else v for v in values]
-    sizes = np.array([r.shape[0] for r in rows], dtype=np.int64)
-    out.create_dataset("vectors", data=np.concatenate(rows).astype(dtype, copy=False), track_times=False)
-    out.create_dataset(
-        "offsets", data=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), track_times=False
-    )
-    out.create_dataset(
-        "lines", data=np.arange(first_line, first_line + len(rows), dtype=np.int64), track_times=False
-    )
-    out.attrs["layout"] = "packed"
-    out.attrs["pooled"] = pooled
+def write_shard(shard: ShardVectors, layout: str, out: BinaryIO) -> str:
+    """Write ``shard`` as an HDF5 file in ``layout`` to the stream ``out`` (``storage.open_write``:
+    a local file or an S3 upload); the sha256 (hex) of the bytes written.
 
+    ``packed``: HDF5 lays out a skeleton of the file in a local temp file (its metadata, ``offsets``,
+    ``lines``, and room for ``vectors`` reserved at a fixed address and never written: a sparse
+    hole), then the file goes to ``out`` in order, the skeleton's bytes before the room, the
+    vectors straight from their array, the skeleton's bytes after it, each hashed as it is
+    written: the vectors are neither copied into an HDF5 buffer nor read back. ``allennlp``: a
+    dataset per line (the format's cost; docs/outputs.md#embeddings) into a local temp file, then
+    copied to ``out``. Timestamps are off: the same vectors give the same bytes."""
+    digest = hashlib.sha256()
 
-def encode_shard(
-    first_line: int, values: Sequence[np.ndarray], dtype: str, layout: str = "allennlp", pooled: bool = False
-) -> bytes:
-    """The bytes of an HDF5 shard holding ``values`` (one per line, AllenNLP-shaped) for lines
-    ``first_line ..`` in ``layout``; ``pooled``: the values are one vector per sentence."""
-    buffer = io.BytesIO()
-    with h5py.File(buffer, "w", track_order=False) as out:
+    def send(data) -> None:
+        out.write(data)
+        digest.update(data)
+
+    with tempfile.TemporaryDirectory(prefix="elmo-shard-") as tmp:
+        local = os.path.join(tmp, "shard.hdf5")
         if layout == "packed":
-            write_packed(out, first_line, values, dtype, pooled)
+            vectors = np.ascontiguousarray(shard.vectors)
+            address = _packed_skeleton(shard, vectors, local)
+            data = memoryview(vectors.reshape(-1)).cast("B")
+            with open(local, "rb") as skeleton:
+                send(skeleton.read(address))
+                for start in range(0, len(data), WRITE_CHUNK):
+                    send(data[start : start + WRITE_CHUNK])
+                skeleton.seek(address + len(data))
+                send(skeleton.read())
         else:
-            write_datasets(out, first_line, values, dtype)
-    return buffer.getvalue()
+            with h5py.File(local, "w", track_order=False) as file:
+                for i in range(shard.num_lines):
+                    file.create_dataset(str(shard.first_line + i), data=shard.value(i), track_times=False)
+            with open(local, "rb") as written:
+                while chunk := written.read(WRITE_CHUNK):
+                    send(chunk)
+    return digest.hexdigest()
+
+
+def _packed_skeleton(shard: ShardVectors, vectors: np.ndarray, path: str) -> int:
+    """Write the packed file without its vectors at ``path``; the vectors' address in it."""
+    with h5py.File(path, "w", track_order=False) as out:
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_layout(h5py.h5d.CONTIGUOUS)
+        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # the room exists, at a known address, now
+        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)  # and HDF5 never writes into it
+        room = out.create_dataset("vectors", vectors.shape, vectors.dtype, dcpl=dcpl, track_times=False)
+        # no room for no vectors (an address HDF5 leaves undefined): nothing goes between the parts
+        address = room.id.get_offset() if vectors.nbytes else 0
+        out.create_dataset("offsets", data=np.asarray(shard.offsets, dtype=np.int64), track_times=False)
+        lines = np.arange(shard.first_line, shard.first_line + shard.num_lines, dtype=np.int64)
+        out.create_dataset("lines", data=lines, track_times=False)
+        out.attrs["layout"] = "packed"
+        out.attrs["pooled"] = shard.pooled
+    return address
 
 
 def _open(data: bytes, where: str) -> h5py.File:

@@ -18,7 +18,6 @@ neither ``run.json`` nor a folder of its own making.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -28,7 +27,9 @@ from contextlib import contextmanager
 from pipeline import shard_format, storage
 from pipeline.embed import manifest
 from pipeline.embed.errors import EmbedError
+from pipeline.embed.hdf5_shard import write_shard
 from pipeline.embed.inputs import ShardSpec
+from pipeline.embed.shard_vectors import ShardVectors
 from pipeline.output_dirs import missing_dirs, remove_empty_dirs
 
 ENTRY_RE = re.compile(r"embeddings-(\d{6,})\.json$")
@@ -210,15 +211,13 @@ def complete_shards(output: str, specs: list[ShardSpec], verify: bool) -> dict[i
     return found
 
 
-def commit_shard(output: str, stats: dict, payload: bytes) -> dict:
-    """Write a shard, then its entry (both atomic); returns the entry."""
+def commit_shard(output: str, stats: dict, shard: ShardVectors, layout: str) -> dict:
+    """Write a shard (hashed as it is written, ``hdf5_shard.write_shard``), then its entry (both
+    atomic); returns the entry."""
     index = stats["index"]
-    entry = {
-        "name": manifest.shard_name(index),
-        **stats,
-        "bytes": len(payload),
-        "sha256": hashlib.sha256(payload).hexdigest(),
-    }
-    storage.write_bytes(manifest.shard_path(output, index), payload)
+    with storage.open_write(manifest.shard_path(output, index)) as out:
+        digest = write_shard(shard, layout, out)
+        size = out.tell()
+    entry = {"name": manifest.shard_name(index), **stats, "bytes": size, "sha256": digest}
     manifest.write_json(manifest.entry_path(output, index), entry)
     return entry

@@ -7,8 +7,8 @@ their arrays (``elmo_model.static_batches``: character ids of each distinct toke
 reverse indices), with the bucket shapes of the device the actors run on. Stateful mode keeps the
 token lists: its passes are input-order batches that ``BiLM.forward`` runs as today.
 
-``join_lines`` (the actor, after the passes): split lines' pieces joined, empty lines given their
-empty value. A shard's work is a few bytes per token (int32 positions, int16 characters per
+The actor places the passes' outputs into the shard's vectors by piece (``owner``, ``sizes``:
+``shard_vectors``). A shard's work is a few bytes per token (int32 positions, int16 characters per
 distinct token), a small fraction of its vectors, so it travels through Ray's object store cheaply.
 """
 
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from elmo_model.static_batches import BucketPlan, StaticBatch, build_passes
 from pipeline.embed.config import InvalidUTF8, LongSentences
@@ -123,30 +121,3 @@ def prepare_shard(spec: ShardSpec, write: bool, settings: WorkSettings) -> Shard
         return work_from_lines(spec, write, prepared, settings)
     except WORKER_ERRORS as err:
         return ShardWork(spec, write, error=str(err))
-
-
-def _join_pieces(parts: list[np.ndarray], sizes: list[int], pool: bool) -> np.ndarray:
-    """A split line's pieces as one value: concatenated on the token axis, or (pooled) their
-    means weighted by their token counts."""
-    if len(parts) == 1:
-        return parts[0]
-    if not pool:
-        return np.concatenate(parts, axis=-2)
-    total = sum(sizes)
-    joined = sum(part.astype(np.float32) * (n / total) for part, n in zip(parts, sizes, strict=True))
-    return joined.astype(parts[0].dtype)
-
-
-def join_lines(
-    work: ShardWork, piece_values: list[np.ndarray], empty: np.ndarray, pool: bool
-) -> list[np.ndarray]:
-    """One value per line of ``work`` from one value per piece (``work.owner`` order); lines
-    without pieces get ``empty``."""
-    per_line: list[list[np.ndarray]] = [[] for _ in range(work.num_lines)]
-    sizes: list[list[int]] = [[] for _ in range(work.num_lines)]
-    for line, n, value in zip(work.owner, work.sizes, piece_values, strict=True):
-        per_line[line].append(value)
-        sizes[line].append(n)
-    return [
-        _join_pieces(parts, n, pool) if parts else empty for parts, n in zip(per_line, sizes, strict=True)
-    ]

@@ -66,16 +66,22 @@ def test_bad_plans_are_refused():
 @pytest.mark.parametrize("layers", [(), (3,)], ids=["top", "all"])
 @pytest.mark.parametrize("pooled", [False, True])
 def test_split_rows_copies_each_sentence_out_of_its_pass(layers, pooled):
-    """A result never holds on to the pass's (padded, on CUDA pinned) buffer, whatever its layout."""
+    """A result never holds on to the pass's (on CUDA pinned) buffer, whatever its layout; the
+    compact rows (OutputSpec.shape) come back in AllenNLP's per-sentence shapes."""
     batch = build_batch([["a", "b", "c"], ["d"]], BucketPlan(fixed=True))
     rows, steps = batch.positions.shape
-    shape = (rows, *layers, 6) if pooled else (rows, *layers, steps, 6)  # (R, [L,] [T,] 2P)
+    assert batch.output_rows(pooled) == (2 if pooled else 4)
+    lead = rows if pooled else rows * (steps - 2)
+    shape = (lead, *layers, 6)
     values = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
     parts = split_rows(values, batch, pooled)
     assert len(parts) == 2
+    starts = [0, 3]
     for r, part in enumerate(parts):
         assert not np.shares_memory(part, values) and part.flags.c_contiguous
         n = int(batch.lengths[r]) - 2
-        np.testing.assert_array_equal(part, values[r] if pooled else values[r, ..., 1 : n + 1, :])
+        tokens = values[starts[r] : starts[r] + n]
+        expected = values[r] if pooled else (tokens.swapaxes(0, 1) if layers else tokens)
+        np.testing.assert_array_equal(part, expected)
     if not pooled:
         assert parts[0].shape == (*layers, 3, 6) and parts[1].shape == (*layers, 1, 6)

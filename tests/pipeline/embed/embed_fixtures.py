@@ -70,3 +70,36 @@ def read_hdf5(path) -> dict[str, np.ndarray]:
             else:
                 out[key] = f[key][()]
     return out
+
+
+def shard_of(first_line: int, values: list[np.ndarray], dtype: str = "float32", pooled: bool = False):
+    """A ``ShardVectors`` holding ``values`` (AllenNLP-shaped, one per line from ``first_line``:
+    (3, n, 2P) or (n, 2P); pooled ([3,] 2P)) in ``dtype``, assembled as the actor assembles one."""
+    from pipeline.embed.shard_vectors import ShardAssembler
+
+    first = values[0]
+    row_shape = (
+        first.shape if pooled else (first.shape[0], first.shape[-1]) if first.ndim == 3 else first.shape[-1:]
+    )
+    sizes = [1 if pooled else v.shape[-2] for v in values]
+    assembler = ShardAssembler(
+        first_line, len(values), range(len(values)), sizes, row_shape, np.dtype(dtype), pooled
+    )
+    for i, value in enumerate(values):
+        assembler.place_piece(i, value.astype(dtype))
+    return assembler.finish()
+
+
+def write_shard_file(
+    path,
+    first_line: int,
+    values: list[np.ndarray],
+    dtype: str = "float32",
+    layout: str = "allennlp",
+    pooled: bool = False,
+) -> str:
+    """Write ``values`` as an embedding shard at the local ``path`` (``hdf5_shard.write_shard``); its sha256."""
+    from pipeline.embed.hdf5_shard import write_shard
+
+    with open(path, "wb") as out:
+        return write_shard(shard_of(first_line, values, dtype, pooled), layout, out)

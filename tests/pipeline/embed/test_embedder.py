@@ -41,7 +41,8 @@ def _embed(model, lines, settings):
         where="test",
     )
     model.stateful = settings.stateful
-    return embed_lines(SentenceEncoder(model, settings, torch_device), prepared, 3, 32)
+    shard = embed_lines(SentenceEncoder(model, settings, torch_device), prepared)
+    return [shard.value(i) for i in range(shard.num_lines)]
 
 
 @pytest.fixture(scope="module")

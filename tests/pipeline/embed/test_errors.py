@@ -7,8 +7,9 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
-from embed_fixtures import OPTIONS, WEIGHTS
+from embed_fixtures import OPTIONS, WEIGHTS, shard_of
 
 from jobs.embed import main
 from pipeline import cluster_capacity, storage
@@ -232,7 +233,9 @@ def test_a_failed_run_takes_back_its_claim_and_the_folders_it_made(where, tmp_pa
                 resume.check_writable(output)
                 guard.claimed = not resume.claim_output(output, run)
                 if commit:
-                    resume.commit_shard(output, {"index": 0}, b"shard")
+                    resume.commit_shard(
+                        output, {"index": 0}, shard_of(0, [np.zeros((1, 4), np.float32)]), "packed"
+                    )
                 raise EmbedError("a worker failed")
 
     fresh = storage.join(root, "new", "deeper", "out")
@@ -272,7 +275,8 @@ def test_rerun_with_other_settings_or_changed_input_is_refused(tmp_path):
     path = tmp_path / "in.txt"
     path.write_bytes(b"a\nb\nc\n")
     specs = inputs.plan_shards("text", [str(path)], 2)
-    entry = resume.commit_shard(out, {"index": 0, "input_sha256": specs[0].input_sha256}, b"payload")
+    shard = shard_of(0, [np.zeros((1, 4), np.float32)] * 2)
+    entry = resume.commit_shard(out, {"index": 0, "input_sha256": specs[0].input_sha256}, shard, "allennlp")
     assert resume.complete_shards(out, specs, verify=True) == {0: entry}
     storage.write_bytes(manifest.shard_path(out, 0), b"damaged")
     assert resume.complete_shards(out, specs, verify=True) == {}  # damaged: redone

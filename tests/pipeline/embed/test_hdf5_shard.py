@@ -3,14 +3,15 @@ they hold the same vectors, and that a packed shard's datasets are checked befor
 
 from __future__ import annotations
 
-import io
+import hashlib
 
 import h5py
 import numpy as np
 import pytest
+from embed_fixtures import write_shard_file
 
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.hdf5_shard import encode_shard, iter_shard
+from pipeline.embed.hdf5_shard import iter_shard
 
 WIDTH = 8
 
@@ -21,11 +22,32 @@ def token_values(lengths, layers: bool) -> list[np.ndarray]:
     return [rng.standard_normal((3, n, WIDTH) if layers else (n, WIDTH)).astype(np.float32) for n in lengths]
 
 
-def test_the_allennlp_layout_is_one_dataset_per_line_and_the_same_bytes_every_time():
+@pytest.mark.parametrize("layout", ["allennlp", "packed"])
+def test_a_shard_is_the_same_bytes_every_time_and_its_sha256_is_the_files(tmp_path, layout):
     values = token_values([4, 1, 7, 0], layers=True)  # the last line was empty
-    data = encode_shard(100, values, "float16")
-    assert data == encode_shard(100, values, "float16")  # no timestamps: a rerun reproduces the sha256
-    with h5py.File(io.BytesIO(data), "r") as f:
+    first, again = tmp_path / "first.hdf5", tmp_path / "again.hdf5"
+    digest = write_shard_file(first, 100, values, "float16", layout)
+    assert write_shard_file(again, 100, values, "float16", layout) == digest
+    # no timestamps: a rerun reproduces the bytes; the hash taken while writing is the file's
+    assert first.read_bytes() == again.read_bytes()
+    assert hashlib.sha256(first.read_bytes()).hexdigest() == digest
+
+
+def test_a_packed_shard_of_no_tokens_is_still_a_shard(tmp_path):
+    path = tmp_path / "empty.hdf5"
+    digest = write_shard_file(path, 7, token_values([0, 0], layers=False), "float32", "packed")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    assert [(line, value.shape) for line, value in iter_shard(str(path))] == [
+        (7, (0, WIDTH)),
+        (8, (0, WIDTH)),
+    ]
+
+
+def test_the_allennlp_layout_is_one_dataset_per_line(tmp_path):
+    values = token_values([4, 1, 7, 0], layers=True)  # the last line was empty
+    path = tmp_path / "shard.hdf5"
+    write_shard_file(path, 100, values, "float16")
+    with h5py.File(path, "r") as f:
         assert sorted(f.keys(), key=int) == ["100", "101", "102", "103"]
         assert f["100"].dtype == np.float16 and f["103"].shape == (3, 0, WIDTH)
         np.testing.assert_array_equal(f["102"][()], values[2].astype(np.float16))
@@ -40,8 +62,8 @@ def test_the_packed_layout_holds_the_same_vectors_as_the_allennlp_one(tmp_path, 
             v.mean(axis=-2) if v.shape[-2] else np.zeros(v.shape[:-2] + (WIDTH,), v.dtype) for v in values
         ]
     packed, allennlp = tmp_path / "packed.hdf5", tmp_path / "allennlp.hdf5"
-    packed.write_bytes(encode_shard(40, values, "float16", "packed", pooled))
-    allennlp.write_bytes(encode_shard(40, values, "float16", "allennlp", pooled))
+    write_shard_file(packed, 40, values, "float16", "packed", pooled)
+    write_shard_file(allennlp, 40, values, "float16", "allennlp", pooled)
     with h5py.File(packed, "r") as f:
         assert f.attrs["layout"] == "packed" and f["lines"][()].tolist() == [40, 41, 42, 43, 44]
         sizes = [1] * 5 if pooled else [4, 1, 7, 0, 2]
@@ -54,11 +76,12 @@ def test_the_packed_layout_holds_the_same_vectors_as_the_allennlp_one(tmp_path, 
     for (_, got), (_, want), value in zip(read, expected, values, strict=True):
         assert got.shape == want.shape == value.shape
         np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, value.astype(np.float16))
 
 
 def _packed(tmp_path, change) -> str:
     path = tmp_path / "bad.hdf5"
-    path.write_bytes(encode_shard(0, token_values([3, 2, 4], layers=True), "float32", "packed"))
+    write_shard_file(path, 0, token_values([3, 2, 4], layers=True), "float32", "packed")
     with h5py.File(path, "r+") as f:
         change(f)
     return str(path)

@@ -3,9 +3,12 @@ on a local folder (the s3 paths go through the same storage calls: test_run.py r
 
 from __future__ import annotations
 
+import hashlib
 import json
 
+import numpy as np
 import pytest
+from embed_fixtures import shard_of
 
 from pipeline.embed import manifest, resume
 from pipeline.embed.errors import EmbedError
@@ -18,8 +21,11 @@ def specs(count: int, lines: int = 10) -> list[ShardSpec]:
     return [ShardSpec(i, i * lines, lines, segments=(), input_sha256=f"in{i}") for i in range(count)]
 
 
-def commit(output: str, spec: ShardSpec, payload: bytes = b"hdf5 bytes") -> dict:
-    return resume.commit_shard(output, {"index": spec.index, "input_sha256": spec.input_sha256}, payload)
+def commit(output: str, spec: ShardSpec, fill: float = 1.0) -> dict:
+    shard = shard_of(spec.first_line, [np.full((2, 4), fill, dtype=np.float32)] * spec.num_lines)
+    return resume.commit_shard(
+        output, {"index": spec.index, "input_sha256": spec.input_sha256}, shard, "packed"
+    )
 
 
 def test_a_claim_is_written_once_and_resumed_only_with_the_same_settings(tmp_path):
@@ -38,9 +44,12 @@ def test_a_claim_is_written_once_and_resumed_only_with_the_same_settings(tmp_pat
 
 def test_a_shard_counts_as_complete_only_with_its_entry_its_file_and_its_input(tmp_path):
     out, shards = str(tmp_path / "emb"), specs(3)
-    entry = commit(out, shards[0], b"first")
-    assert entry["name"] == "embeddings-000000.hdf5" and entry["bytes"] == 5
-    commit(out, shards[1], b"second")
+    entry = commit(out, shards[0], 1.0)
+    data = (tmp_path / "emb" / "embeddings-000000.hdf5").read_bytes()
+    assert entry["name"] == "embeddings-000000.hdf5" and entry["bytes"] == len(data)
+    assert entry["sha256"] == hashlib.sha256(data).hexdigest()
+    assert not [p.name for p in (tmp_path / "emb").iterdir() if p.name.endswith(".elmo-partial")]
+    commit(out, shards[1], 2.0)
     # shard 2: killed between its two writes (the file is there, its entry is not)
     (tmp_path / "emb" / manifest.shard_name(2)).write_bytes(b"half")
     assert sorted(resume.complete_shards(out, shards, verify=True)) == [0, 1]

@@ -1,16 +1,14 @@
-"""pipeline.embed.shard_work: a shard prepared on the CPU (read, tokenized, planned, character ids)
-and the per-piece values joined back into lines."""
+"""pipeline.embed.shard_work: a shard prepared on the CPU (read, tokenized, planned, character ids)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from embed_fixtures import line_tokens, sample_lines
 
 from elmo_model.characters import token_to_ids
 from elmo_model.static_batches import BOUNDARIES, BucketPlan
 from pipeline.embed.inputs import plan_shards
-from pipeline.embed.shard_work import ShardWork, WorkSettings, join_lines, prepare_shard
+from pipeline.embed.shard_work import ShardWork, WorkSettings, prepare_shard
 
 
 def _settings(stateful=False, fixed=False, **kw) -> WorkSettings:
@@ -70,23 +68,3 @@ def test_an_input_problem_becomes_the_shards_error(spec):
     spec, _ = spec
     work = prepare_shard(spec, True, _settings(invalid_utf8="error"))
     assert "line 12 is not valid UTF-8" in work.error and not work.passes
-
-
-@pytest.mark.parametrize("pool", [False, True])
-def test_join_lines_rebuilds_split_and_empty_lines(spec, pool):
-    spec, lines = spec
-    work = prepare_shard(spec, True, _settings())
-    # a piece's value: its token positions (or their mean) so the join is checkable
-    start = np.cumsum([0, *work.sizes])
-    values = [
-        np.arange(a, b, dtype=np.float32)[:, None].repeat(2, 1)
-        for a, b in zip(start[:-1], start[1:], strict=True)
-    ]
-    if pool:
-        values = [v.mean(axis=0) for v in values]
-    empty = np.zeros((2,) if pool else (0, 2), np.float32)
-    joined = join_lines(work, values, empty, pool)
-    assert len(joined) == len(lines) and joined[3] is empty
-    first = work.owner.index(9)
-    tokens_9 = np.arange(start[first], start[first] + 250, dtype=np.float32)[:, None].repeat(2, 1)
-    np.testing.assert_allclose(joined[9], tokens_9.mean(axis=0) if pool else tokens_9, rtol=1e-6)

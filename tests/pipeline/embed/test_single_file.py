@@ -8,10 +8,10 @@ import json
 import h5py
 import numpy as np
 import pytest
+from embed_fixtures import write_shard_file
 
 from pipeline.embed import manifest
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.hdf5_shard import encode_shard
 from pipeline.embed.inputs import plan_shards
 from pipeline.embed.single_file import delete_parts, merge, parts_path
 
@@ -30,7 +30,7 @@ def write_parts(tmp_path, lines_per_shard=2, skip_line=None):
         # a part holds consecutive lines from its first; skip_line leaves the last one out
         path = tmp_path / "vectors.hdf5.parts" / manifest.shard_name(spec.index)
         path.parent.mkdir(exist_ok=True)
-        path.write_bytes(encode_shard(spec.first_line, values, "float32"))
+        write_shard_file(path, spec.first_line, values)
     return specs, parts
 
 

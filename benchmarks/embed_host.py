@@ -1,0 +1,148 @@
+"""The embed actor's host side alone: the CPU-measurable budget of the GPU pipeline.
+
+    python benchmarks/embed_host.py                    # the table of docs/benchmarks.md
+    python benchmarks/embed_host.py --shards 2 --lines 1000   # a quick run
+
+What an actor does with a shard after its passes, without the model: synthetic pass outputs of
+``original``'s width (2P = 1024, N+1 = 3 layers) in the compact form a pass hands over
+(``OutputSpec.shape``), for sentences with the sample corpus's lengths grouped into the CUDA bucket
+passes the stage plans, are placed into the shard's vectors (``ShardAssembler``, pooled buffers)
+and committed to a local folder (``resume.commit_shard``: the HDF5 file written and hashed as it is
+written, synced, renamed, its entry written). ``--threads`` shards are committed at once on that
+many threads, as the actor's concurrent calls do; tokens/s per core = tokens/s / threads. CPU
+seconds are the process's (all threads), so per-core figures can be read against them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from elmo_model.static_batches import BucketPlan, plan_batches  # noqa: E402
+from pipeline.embed.resume import commit_shard  # noqa: E402
+from pipeline.embed.shard_vectors import BufferPool, ShardAssembler  # noqa: E402
+
+SAMPLE = REPO / "pipeline" / "data" / "kjv-sample.txt.gz"
+WIDTH, LAYERS = 1024, 3
+CASES = {
+    # name: (layout, row shape, pooled)
+    "packed top float16": ("packed", (WIDTH,), False),
+    "packed all float16": ("packed", (LAYERS, WIDTH), False),
+    "pooled top float16": ("packed", (WIDTH,), True),
+    "allennlp top float16": ("allennlp", (WIDTH,), False),
+}
+
+
+def sample_lengths(lines: int) -> np.ndarray:
+    """Tokens per line of the sample corpus, cycled to ``lines`` lines."""
+    with gzip.open(SAMPLE, "rb") as f:
+        lengths = np.array([len(line.split()) for line in f.read().split(b"\n") if line.strip()])
+    return np.resize(lengths, lines).astype(np.int64)
+
+
+class SyntheticShard:
+    """One shard's pieces (a line each) and its passes' compact outputs, made once and reused."""
+
+    def __init__(self, sizes: np.ndarray, row_shape: tuple[int, ...], pooled: bool, batch_tokens: int):
+        self.sizes, self.row_shape, self.pooled = sizes, row_shape, pooled
+        plan = BucketPlan(batch_tokens, batch_tokens // 16, fixed=True)
+        rng = np.random.default_rng(0)
+        self.passes = []
+        for indices in plan_batches(sizes.tolist(), plan):
+            rows = len(indices) if pooled else int(sizes[indices].sum())
+            values = rng.standard_normal((rows, *row_shape), dtype=np.float32).astype(np.float16)
+            self.passes.append((np.asarray(indices), values))
+
+    @property
+    def tokens(self) -> int:
+        return int(self.sizes.sum())
+
+
+def commit_one(shard: SyntheticShard, index: int, output: str, layout: str, pool: BufferPool, keep: bool) -> None:
+    lines = len(shard.sizes)
+    assembler = ShardAssembler(
+        index * lines, lines, range(lines), shard.sizes, shard.row_shape, np.float16, shard.pooled, pool
+    )
+    for indices, values in shard.passes:
+        assembler.place(indices, values)
+    vectors = assembler.finish()
+    try:
+        entry = commit_shard(output, {"index": index}, vectors, layout)
+    finally:
+        assembler.release(vectors)
+    if not keep:
+        os.remove(os.path.join(output, entry["name"]))
+
+
+def measure(shard: SyntheticShard, layout: str, threads: int, args) -> dict:
+    """``args.shards`` shards per thread on ``threads`` threads at once: tokens/s and CPU-s per token."""
+    pool, shards, output, keep = BufferPool(), args.shards, args.output, args.keep
+
+    def worker(t: int) -> None:
+        for k in range(shards):
+            commit_one(shard, t * shards + k, output, layout, pool, keep)
+
+    for t in range(threads):  # warm: the pool's buffers, h5py's first file
+        commit_one(shard, 10**6 + t, output, layout, pool, keep=False)
+
+    workers = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    cpu, start = time.process_time(), time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    tokens = shard.tokens * shards * threads
+    return {"tokens_s": tokens / wall, "per_core": tokens / wall / threads, "cpu_per_token": cpu / tokens}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, default=5000, help="lines per shard")
+    parser.add_argument("--shards", type=int, default=4, help="shards per thread")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--batch-tokens", type=int, default=32768)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--dir", default=None, help="where the shards go (default: a temp folder)")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the shards (default: each is removed once committed, so the page cache reuses its "
+        "pages, as it does in a long job once it has filled the memory)",
+    )
+    args = parser.parse_args(argv)
+
+    sizes = sample_lengths(args.lines)
+    print(
+        f"host side: {args.lines:,} lines ({int(sizes.sum()):,} tokens) a shard, width {WIDTH}, passes of "
+        f"{args.batch_tokens:,} tokens, {args.shards} shards per thread, {os.cpu_count()} CPUs"
+    )
+    print("| case | threads | tokens/s | tokens/s per core | CPU µs per token |")
+    print("|---|---|---|---|---|")
+    for name in args.cases:
+        layout, row_shape, pooled = CASES[name]
+        shard = SyntheticShard(sizes, row_shape, pooled, args.batch_tokens)
+        for threads in args.threads:
+            with tempfile.TemporaryDirectory(prefix="elmo-embed-host-", dir=args.dir) as args.output:
+                row = measure(shard, layout, threads, args)
+            print(
+                f"| {name} | {threads} | {row['tokens_s']:,.0f} | {row['per_core']:,.0f} | "
+                f"{1e6 * row['cpu_per_token']:.2f} |",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

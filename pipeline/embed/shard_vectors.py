@@ -1,0 +1,164 @@
+"""A shard's vectors in the form they are stored: one contiguous array, lines in order, filled by
+bulk copies of whole pass outputs (docs/outputs.md#embeddings).
+
+A pass's output arrives compacted (``elmo_model.static_inference.OutputSpec.shape``): its
+sentences' real tokens row after row, or one row per sentence when pooled. Its rows belong to
+sentences from anywhere in the shard (passes group sentences by length), so
+:class:`ShardAssembler` places a pass with one fancy-indexed copy: the destination of every
+token is computed from the pieces' sizes with numpy, never by a loop over sentences.
+
+Token order in a shard: every line's tokens in line order, a split line's pieces one after the
+other, so a piece's tokens start where the pieces before it (in line order) end. Pooled, a line is
+one row (an empty line a row of zeros; a split line the token-weighted mean of its pieces' means,
+in float32, as the pieces were embedded independently).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ShardVectors:
+    """One shard's vectors: ``vectors`` (tokens, [L,] 2P) with ``offsets`` (S+1,) int64 (line i's
+    tokens are ``vectors[offsets[i]:offsets[i+1]]``), or, ``pooled``, (S, [L,] 2P) a row per line
+    (``offsets`` then 0..S, as the packed layout stores it); lines ``first_line`` ..
+    ``first_line + S - 1``."""
+
+    first_line: int
+    vectors: np.ndarray
+    offsets: np.ndarray
+    pooled: bool
+
+    @property
+    def num_lines(self) -> int:
+        return len(self.offsets) - 1
+
+    def value(self, i: int) -> np.ndarray:
+        """Line ``i`` (counted from ``first_line``) in AllenNLP's shape: (n, 2P) or (L, n, 2P);
+        pooled ([L,] 2P). A view, not a copy."""
+        if self.pooled:
+            return self.vectors[i]
+        rows = self.vectors[self.offsets[i] : self.offsets[i + 1]]
+        return rows.swapaxes(0, 1) if rows.ndim == 3 else rows
+
+
+class BufferPool:
+    """Reused host buffers for shards' vectors: a fresh array of a few hundred MB costs its page
+    faults on every shard (measured on the 2-core machine: 0.23 s for 268 MB the first time it is
+    written, 0.06 s when the pages are already mapped), about as much as writing the shard. A pool
+    holds at most as many buffers as shards are assembled at once. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An uninitialised array of ``shape`` and ``dtype`` on a pooled buffer (``give`` it back)."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        with self._lock:
+            sizes = [b.nbytes for b in self._free]
+            fits = [i for i, size in enumerate(sizes) if size >= nbytes]
+            buffer = None
+            if fits:
+                buffer = self._free.pop(min(fits, key=sizes.__getitem__))
+            elif self._free:  # all too small: the largest is dropped for a new one
+                self._free.pop(max(range(len(sizes)), key=sizes.__getitem__))
+        if buffer is None:
+            buffer = np.empty(max(nbytes, 1), dtype=np.uint8)
+        return buffer[:nbytes].view(dtype).reshape(shape)
+
+    def give(self, array: np.ndarray) -> None:
+        base = array
+        while base.base is not None:
+            base = base.base
+        with self._lock:
+            self._free.append(base)
+
+
+class ShardAssembler:
+    """Fills one shard's :class:`ShardVectors` from its pieces' values.
+
+    ``owner[p]`` / ``sizes[p]``: the line (counted from the shard's first) and token count of piece
+    ``p`` in line order (``ShardWork``); ``row_shape``: ([L,] 2P); ``dtype``: the stored dtype.
+    :meth:`place` takes a pass's compact output, :meth:`place_piece` one piece's value (the
+    stateful path); :meth:`finish` returns the shard's vectors once every piece is placed.
+    """
+
+    def __init__(
+        self,
+        first_line: int,
+        num_lines: int,
+        owner: Sequence[int],
+        sizes: Sequence[int],
+        row_shape: tuple[int, ...],
+        dtype: np.dtype,
+        pooled: bool,
+        pool: BufferPool | None = None,
+    ):
+        self.first_line, self.pooled, self.dtype = first_line, pooled, np.dtype(dtype)
+        self.owner = np.asarray(owner, dtype=np.int64)
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.starts = np.cumsum(self.sizes) - self.sizes  # a piece's first token in the shard
+        line_tokens = np.bincount(self.owner, weights=self.sizes, minlength=num_lines).astype(np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(line_tokens)]).astype(np.int64)
+        self.num_lines, self.row_shape = num_lines, tuple(row_shape)
+        self.pool = pool
+        rows = len(self.sizes) if pooled else int(self.sizes.sum())
+        shape = (rows, *self.row_shape)
+        self.rows = pool.take(shape, self.dtype) if pool is not None else np.empty(shape, self.dtype)
+
+    def place(self, pieces: Sequence[int] | np.ndarray, values: np.ndarray) -> None:
+        """A pass's output (``OutputSpec.shape``, host memory): its leading rows are the real ones of
+        ``pieces`` (the pass's piece indices, row order)."""
+        pieces = np.asarray(pieces, dtype=np.int64)
+        if self.pooled:
+            self.rows[pieces] = values[: len(pieces)]
+            return
+        sizes = self.sizes[pieces]
+        total = int(sizes.sum())
+        # token j of the pass belongs to piece k: its destination is starts[k] + (j - first j of k)
+        shift = self.starts[pieces] - (np.cumsum(sizes) - sizes)
+        self.rows[np.repeat(shift, sizes) + np.arange(total)] = values[:total]
+
+    def place_piece(self, piece: int, value: np.ndarray) -> None:
+        """One piece's value in AllenNLP's shape ((L, n, 2P), (n, 2P); pooled ([L,] 2P))."""
+        if self.pooled:
+            self.rows[piece] = value
+            return
+        start = self.starts[piece]
+        self.rows[start : start + self.sizes[piece]] = value.swapaxes(0, 1) if value.ndim == 3 else value
+
+    def finish(self) -> ShardVectors:
+        """The shard's vectors (on the pooled buffer when there is a pool: ``release`` it after)."""
+        if not self.pooled:
+            return ShardVectors(self.first_line, self.rows, self.offsets, False)
+        return ShardVectors(self.first_line, self._pooled_lines(), np.arange(self.num_lines + 1), True)
+
+    def _pooled_lines(self) -> np.ndarray:
+        lines = np.zeros((self.num_lines, *self.row_shape), dtype=self.dtype)
+        count = np.bincount(self.owner, minlength=self.num_lines)
+        single = count[self.owner] == 1
+        lines[self.owner[single]] = self.rows[single]
+        if not single.all():  # split lines: the token-weighted mean of their pieces, in float32
+            split = ~single
+            owner = self.owner[split]
+            line_tokens = np.bincount(self.owner, weights=self.sizes, minlength=self.num_lines)
+            weights = (self.sizes[split] / line_tokens[owner]).astype(np.float32)
+            joined = np.zeros((self.num_lines, *self.row_shape), dtype=np.float32)
+            weighted = self.rows[split].astype(np.float32) * weights.reshape(-1, *([1] * len(self.row_shape)))
+            np.add.at(joined, owner, weighted)
+            lines[owner] = joined[owner].astype(self.dtype)
+        if self.pool is not None:
+            self.pool.give(self.rows)
+        return lines
+
+    def release(self, shard: ShardVectors) -> None:
+        """Hand the shard's buffer back to the pool once it is written."""
+        if self.pool is not None and not shard.pooled:
+            self.pool.give(shard.vectors)
