@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -36,9 +37,12 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.process_tree import TreeMonitor  # noqa: E402
 from elmo_model import BiLM  # noqa: E402
+from elmo_model.static_inference import OutputSpec  # noqa: E402
 from pipeline import storage  # noqa: E402
 from pipeline.embed.embedder import EmbedSettings, SentenceEncoder, work_settings  # noqa: E402
 from pipeline.embed.inputs import ShardSpec  # noqa: E402
+from pipeline.embed.model_files import resolve_model  # noqa: E402
+from pipeline.embed.pass_size import PassSize, pass_size, per_position  # noqa: E402
 from pipeline.embed.sentences import prepare_lines  # noqa: E402
 from pipeline.embed.shard_vectors import BufferPool  # noqa: E402
 from pipeline.embed.shard_work import work_from_lines  # noqa: E402
@@ -79,6 +83,27 @@ def small_model(preset: str, model_dir: Path) -> Path:
 # ---------------------------------------------------------------- the two measurements
 
 
+class FirstShard(threading.Thread):
+    """When the job's first shard was committed (its entry under ``_progress/``), in seconds from
+    ``start``: the output is listed every 0.1 s (local) or 0.5 s (S3)."""
+
+    def __init__(self, output: str, start: float):
+        super().__init__(daemon=True)
+        self.output, self.start_time, self.seconds = output, start, float("nan")
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        pause = 0.5 if storage.is_s3(self.output) else 0.1
+        while not self.done.wait(pause):
+            try:
+                names = storage.list_names(self.output + "/_progress")
+            except storage.StorageError:
+                continue
+            if any(name.startswith("embeddings-") for name in names):
+                self.seconds = time.monotonic() - self.start_time
+                return
+
+
 def run_job(args, model: str, corpus: str, output: str) -> dict:
     """``python -m jobs.embed`` in a subprocess; its summary numbers, wall time and peak memory."""
     cmd = [
@@ -94,9 +119,13 @@ def run_job(args, model: str, corpus: str, output: str) -> dict:
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sampler = TreeMonitor(proc.pid)
     sampler.start()
+    first = FirstShard(output, start)
+    first.start()
     out, err = proc.communicate()
     sampler.done.set()
+    first.done.set()
     sampler.join()
+    first.join()
     wall = time.monotonic() - start
     if proc.returncode != 0:
         # Ray's last line is usually advice; the cause is further up, so keep the whole log.
@@ -110,12 +139,31 @@ def run_job(args, model: str, corpus: str, output: str) -> dict:
         "tokens": tokens,
         "stage_s": seconds,
         "wall_s": wall,
+        "first_shard_s": first.seconds,
         "peak_bytes": sampler.peak,
         "cpu_s": sampler.cpu_seconds,
         "cpu_by_name": sampler.cpu_by_name(),
         "quarter_peaks": sampler.quarter_peaks(),
         "peak_by_name": sampler.peak_by_name(),
     }
+
+
+def raw_pass_size(args, model_dir: Path, bilm: BiLM) -> PassSize:
+    """The pass size the stage would choose (``--batch-tokens 0``: for the device), as ``runner``
+    chooses it: on CUDA from this GPU's free memory with the model loaded."""
+    if args.device != "cuda" or args.batch_tokens:
+        return pass_size(args.batch_tokens, 0, args.device)
+    dtype = torch.float16 if args.dtype == "float16" else torch.float32
+    output = OutputSpec(args.layers, pool=args.pool == "mean", dtype=dtype)
+    position = per_position(resolve_model(str(model_dir), "", ""), args.precision, output)
+    return pass_size(0, 0, "cuda", torch.cuda.mem_get_info()[0], position)
+
+
+def embed_shard(encoder: SentenceEncoder, work, buffers: BufferPool) -> None:
+    """One prepared shard through the encoder into its (pooled) vectors, as the actor does it."""
+    assembler = encoder.assembler(work.spec.first_line, work.num_lines, work.owner, work.sizes, buffers)
+    encoder.run(work, assembler)
+    assembler.release(assembler.finish())
 
 
 def raw_forward(args, model_dir: Path, threads: int) -> dict:
@@ -126,9 +174,10 @@ def raw_forward(args, model_dir: Path, threads: int) -> dict:
     torch.set_num_threads(threads)
     device = torch.device(args.device)
     bilm = BiLM.from_files(model_dir / "options.json", model_dir / "weights.hdf5").to(device)
+    size = raw_pass_size(args, model_dir, bilm)
     settings = EmbedSettings(
-        layers=args.layers, dtype=args.dtype, stateful=False, batch_tokens=args.batch_tokens,
-        max_batch_sentences=256, stateful_batch_size=64, max_sentence_tokens=1000, long_sentences="split",
+        layers=args.layers, dtype=args.dtype, stateful=False, batch_tokens=size.tokens,
+        max_batch_sentences=size.rows, stateful_batch_size=64, max_sentence_tokens=1000, long_sentences="split",
         invalid_utf8="replace", threads=threads, device=args.device, precision=args.precision, pool=args.pool,
         layout=args.layout,
     )  # fmt: skip
@@ -146,23 +195,23 @@ def raw_forward(args, model_dir: Path, threads: int) -> dict:
     # Warm-up: on CUDA a whole pass (graph captures per shape are one-off costs the job pays once
     # per actor too); on CPU one shard.
     buffers = BufferPool()
-
-    def run(work) -> None:
-        assembler = encoder.assembler(work.spec.first_line, work.num_lines, work.owner, work.sizes, buffers)
-        encoder.run(work, assembler)
-        assembler.release(assembler.finish())
-
     for work in shards if device.type == "cuda" else shards[:1]:
-        run(work)
+        embed_shard(encoder, work, buffers)
     start, cpu_start = time.monotonic(), time.process_time()
     for work in shards:
-        run(work)
+        embed_shard(encoder, work, buffers)
     seconds, cpu = time.monotonic() - start, time.process_time() - cpu_start
     tokens = sum(sum(work.sizes) for work in shards)
     del encoder, bilm
     if device.type == "cuda":  # the job's actor, started next, gets the whole GPU
         torch.cuda.empty_cache()
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "cpu_s": cpu}
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "cpu_s": cpu,
+        "batch_tokens": size.tokens,
+    }
 
 
 def main(argv=None) -> int:
@@ -194,7 +243,12 @@ def main(argv=None) -> int:
     parser.add_argument("--layout", default="allennlp", choices=["allennlp", "packed"])
     parser.add_argument("--pool", default="none", choices=["none", "mean"])
     parser.add_argument("--lines-per-shard", type=int, default=1000)
-    parser.add_argument("--batch-tokens", type=int, default=4096)
+    parser.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=4096,
+        help="0: the stage's choice for the device (on a GPU, its memory)",
+    )
     parser.add_argument(
         "--device",
         default="cpu",
@@ -322,6 +376,9 @@ def main(argv=None) -> int:
             f"peak MiB by process of the {scale}x job: "
             + ", ".join(f"{k} {v / 2**20:,.0f}" for k, v in list(job["peak_by_name"].items())[:8])
         )
+    print(f"raw forward's pass: {raw['batch_tokens']:,} tokens")
+    for scale, job in jobs.items():
+        print(f"command to first committed shard, {scale}x job: {job['first_shard_s']:.1f} s")
     if len(jobs) > 1:
         peaks = [job["peak_bytes"] for job in jobs.values()]
         print(f"peak memory {args.scales[-1]}x / {args.scales[0]}x input: {peaks[-1] / peaks[0]:.2f}")

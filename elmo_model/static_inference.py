@@ -68,6 +68,25 @@ class OutputSpec:
         return (lead, *layer, width)
 
 
+def device_bytes_per_position(
+    cell_dim: int, projection_dim: int, num_layers: int, precision: str, output: OutputSpec
+) -> int:
+    """Device memory of one (row, step) position of a pass, roughly, counted from the buffers
+    ``StaticInference.forward`` holds at its peak: two layers' input products (2 directions x 4C in
+    the compute dtype: the previous layer's are freed only once the next are made), every layer's
+    outputs (2 x P), the float32 layers being assembled (two copies of N+1 x 2P for ``all``, one
+    2P otherwise) and the output in its dtype; plus the index arrays. For sizing passes to a
+    device's memory (``pipeline/embed/pass_size.py``), not for accounting."""
+    compute = 2 if precision == "bf16" else 4
+    out_bytes = torch.empty(0, dtype=output.dtype).element_size()
+    width, layers = 2 * projection_dim, num_layers + 1
+    products = 2 * (2 * 4 * cell_dim * compute)
+    hidden = num_layers * 2 * projection_dim * compute
+    kept = layers if output.layers == "all" else 1
+    assembled = 2 * layers * width * 4 + kept * width * out_bytes
+    return products + hidden + assembled + 64
+
+
 @contextmanager
 def _tf32(enabled: bool) -> Iterator[None]:
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32

@@ -125,11 +125,14 @@ class EmbedConfig:
     lines_per_shard: int = 1000
     """Input lines per output shard: shard k holds lines [k*lines_per_shard, (k+1)*lines_per_shard).
     The unit of resumption and of memory (one shard's vectors are held at a time per actor)."""
-    batch_tokens: int = 4096
+    batch_tokens: int = 0
     """Token budget of one forward pass: sentences x padded length (boundaries included) stays within
-    it; sentences are sorted by length inside a shard so batches carry little padding."""
-    max_batch_sentences: int = 256
-    """Most sentences in one forward pass, whatever their length."""
+    it; sentences are sorted by length inside a shard so batches carry little padding. 0: 4,096 on a
+    CPU; on a GPU what half its free memory holds (8,192 to 131,072: a GPU pass is bound by its
+    sequential steps, so more rows cost little; ``pipeline/embed/pass_size.py``)."""
+    max_batch_sentences: int = 0
+    """Most sentences in one forward pass, whatever their length. 0: 256 on a CPU; on a GPU
+    ``batch_tokens`` / 16 (a full pass of the shortest bucket)."""
     stateful_batch_size: int = 64
     """Sentences per forward pass in stateful mode (AllenNLP's --batch-size, default 64);
     ``lines_per_shard`` must be a multiple of it so batches never straddle shards."""
@@ -172,6 +175,18 @@ class EmbedConfig:
                     "in (0, 1] or a whole number",
                 ),
                 ("cpus_per_worker", self.cpus_per_worker, self.cpus_per_worker > 0, "> 0"),
+                (
+                    "batch_tokens",
+                    self.batch_tokens,
+                    self.batch_tokens >= 0,
+                    ">= 0 (0: chosen for the device)",
+                ),
+                (
+                    "max_batch_sentences",
+                    self.max_batch_sentences,
+                    self.max_batch_sentences >= 0,
+                    ">= 0 (0: chosen for the device)",
+                ),
                 ("stop_after_shards", self.stop_after_shards, self.stop_after_shards >= 0, ">= 0"),
                 ("readers", self.readers, self.readers >= 0, ">= 0 (0: the CPUs the actors leave)"),
                 (
@@ -208,8 +223,6 @@ class EmbedConfig:
 _AT_LEAST_ONE = (
     "workers",
     "lines_per_shard",
-    "batch_tokens",
-    "max_batch_sentences",
     "stateful_batch_size",
     "max_sentence_tokens",
 )

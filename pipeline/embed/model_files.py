@@ -25,13 +25,14 @@ WEIGHTS_NAME = "weights.hdf5"
 @dataclass(frozen=True)
 class ModelSource:
     """Where the model is and what it is: ``sha256`` over both files, ``num_layers`` = N+1,
-    ``output_dim`` = 2P."""
+    ``output_dim`` = 2P, ``cell_dim`` = C (the LSTM's cells: what a pass's memory grows with)."""
 
     options_file: str
     weights_file: str
     sha256: str
     num_layers: int
     output_dim: int
+    cell_dim: int
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,7 +75,12 @@ def resolve_model(model: str, options_file: str, weights_file: str) -> ModelSour
     except storage.StorageError as err:
         raise EmbedError(f"model: {err}") from None
     return ModelSource(
-        options_path, weights_path, digest.hexdigest(), options.n_layers + 1, 2 * options.projection_dim
+        options_path,
+        weights_path,
+        digest.hexdigest(),
+        options.n_layers + 1,
+        2 * options.projection_dim,
+        options.dim,
     )
 
 

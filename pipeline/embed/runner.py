@@ -13,17 +13,20 @@ import time
 from dataclasses import dataclass
 
 import ray
+import torch
 from tqdm import tqdm
 
+from elmo_model.static_inference import OutputSpec
 from pipeline import cluster_capacity, ray_runtime
 from pipeline.config import UseGPU, to_dict
 from pipeline.embed import manifest
-from pipeline.embed.config import EmbedConfig, is_single_file
+from pipeline.embed.config import EmbedConfig, Pool, StoredDType, is_single_file
 from pipeline.embed.dataflow import ActorPool, embed_stream
 from pipeline.embed.embedder import EmbedSettings
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import plan_shards, resolve_inputs
 from pipeline.embed.model_files import ModelSource, load_bilm, resolve_model
+from pipeline.embed.pass_size import PassSize, gpu_free_bytes, pass_size, per_position
 from pipeline.embed.resume import (
     ClaimGuard,
     check_output,
@@ -104,13 +107,16 @@ def actor_pool(cfg, gpus: float) -> ActorPool:
     return ActorPool(workers, cfg.cpus_per_worker, gpus, readers, restartable=not ray_runtime.embedded())
 
 
-def settings_for(cfg, device: str) -> EmbedSettings:
+def settings_for(cfg, device: str, size: PassSize | None = None) -> EmbedSettings:
+    """The actors' settings; ``size``: the pass size chosen for the device (default: the
+    configured one, or the CPU's)."""
+    size = size or pass_size(cfg.batch_tokens, cfg.max_batch_sentences, "cpu")
     return EmbedSettings(
         layers=cfg.layers,
         dtype=cfg.dtype,
         stateful=cfg.stateful,
-        batch_tokens=cfg.batch_tokens,
-        max_batch_sentences=cfg.max_batch_sentences,
+        batch_tokens=size.tokens,
+        max_batch_sentences=size.rows,
         stateful_batch_size=cfg.stateful_batch_size,
         max_sentence_tokens=cfg.max_sentence_tokens,
         long_sentences=cfg.long_sentences,
@@ -121,6 +127,19 @@ def settings_for(cfg, device: str) -> EmbedSettings:
         pool=cfg.pool,
         layout=cfg.layout,
     )
+
+
+def choose_pass_size(cfg, source: ModelSource, gpus: float) -> PassSize:
+    """``batch_tokens`` / ``max_batch_sentences`` as set, or chosen for the actors' device: on GPUs
+    from the free memory of one (asked only when ``batch_tokens`` is 0)."""
+    if not gpus or cfg.stateful:
+        return pass_size(cfg.batch_tokens, cfg.max_batch_sentences, "cpu")
+    if cfg.batch_tokens:
+        return pass_size(cfg.batch_tokens, cfg.max_batch_sentences, "cuda")
+    dtype = torch.float16 if cfg.dtype is StoredDType.float16 else torch.float32
+    output = OutputSpec(cfg.layers.value, pool=cfg.pool is Pool.mean, dtype=dtype)
+    position = per_position(source, cfg.precision.value, output)
+    return pass_size(0, cfg.max_batch_sentences, "cuda", gpu_free_bytes(gpus), position)
 
 
 def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> StageResult:
@@ -194,7 +213,7 @@ def _run(job: _EmbedJob, guard: ClaimGuard) -> StageResult:
         gpus = gpus_per_worker(cfg.use_gpu, cfg.gpu_share, embedded) if todo else 0.0
         if todo:
             check_capacity(cfg, 1 if cfg.stateful else cfg.workers, gpus, embedded)
-        settings = settings_for(cfg, "cuda" if gpus else "cpu")
+        settings = settings_for(cfg, "cuda" if gpus else "cpu", choose_pass_size(cfg, job.source, gpus))
         pool = actor_pool(cfg, gpus) if todo else None
         stream = embed_stream(todo, source, settings, target, pool)
         for result in stream:

@@ -18,7 +18,7 @@ BASE = ["model=m", "input=[c.txt]", "output=out"]
     [
         ("workers=0", "config key 'workers' must be >= 1, got 0"),
         ("lines_per_shard=0", "config key 'lines_per_shard' must be >= 1"),
-        ("batch_tokens=-5", "config key 'batch_tokens' must be >= 1"),
+        ("batch_tokens=-5", "config key 'batch_tokens' must be >= 0 (0: chosen for the device)"),
         ("gpu_share=1.5", "config key 'gpu_share' must be in (0, 1] or a whole number, got 1.5"),
         ("gpu_share=0", "config key 'gpu_share' must be in (0, 1]"),
         ("cpus_per_worker=0", "config key 'cpus_per_worker' must be > 0"),

@@ -130,3 +130,25 @@ def test_the_workers_settings_are_the_configs_own_choices_frozen():
         settings.layers = LayerMode.all
     with pytest.raises(ValueError, match="'topp' is not a valid LayerMode"):
         _settings(layers="topp")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("mode", "pool"), [("all", "none"), ("top", "none"), ("top", "mean")])
+def test_cuda_passes_compacted_on_the_device_land_as_the_cpu_ones(model, mode, pool):
+    """float32 on the GPU (CUDA graphs, compaction on the device, the pinned buffers reused pass
+    after pass) stores what the CPU stores, within the fixtures' 1e-6."""
+    import torch
+
+    settings = _settings(layers=mode, pool=pool, batch_tokens=64, max_batch_sentences=8, device="cuda")
+    prepared = prepare_lines(
+        LINES, 0, max_tokens=20, long_sentences="split", invalid_utf8="replace", where="t"
+    )
+    cpu = embed_lines(SentenceEncoder(model, settings, torch_device), prepared)
+    gpu_model = load_model().cuda()
+    encoder = SentenceEncoder(gpu_model, settings, torch.device("cuda"))
+    for _ in range(2):  # the second time every shape replays its graph
+        gpu = embed_lines(encoder, prepared)
+        assert len(encoder.static.captured_shapes) > 1 and encoder._passes > len(encoder._pinned)
+        np.testing.assert_array_equal(gpu.offsets, cpu.offsets)
+        assert gpu.vectors.shape == cpu.vectors.shape and gpu.vectors.dtype == cpu.vectors.dtype
+        assert np.abs(gpu.vectors - cpu.vectors).max() <= 1e-6
