@@ -69,7 +69,9 @@ class SyntheticShard:
         return int(self.sizes.sum())
 
 
-def commit_one(shard: SyntheticShard, index: int, output: str, layout: str, pool: BufferPool, keep: bool) -> None:
+def commit_one(
+    shard: SyntheticShard, index: int, output: str, layout: str, pool: BufferPool, keep: bool
+) -> None:
     lines = len(shard.sizes)
     assembler = ShardAssembler(
         index * lines, lines, range(lines), shard.sizes, shard.row_shape, np.float16, shard.pooled, pool

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import enum
 import importlib
+import re
 import typing
 from collections.abc import Iterable, Sequence
 from importlib import resources
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
-from omegaconf import DictConfig, EnumNode, OmegaConf, StringNode
+from omegaconf import DictConfig, EnumNode, ListConfig, OmegaConf, StringNode
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from pipeline.errors import PipelineError
@@ -142,7 +143,35 @@ def _bad_value_error(err: OmegaConfBaseException, source: str) -> ConfigError:
     return ConfigError(f"bad value for config key {key!r} in {source}: {msg}")
 
 
+RESOLVER_CALL = re.compile(r"(?<!\\)\$\{\s*([A-Za-z_][\w.]*)\s*:")
+"""An interpolation that calls a resolver (``${oc.env:VAR}``, ``${oc.decode:...}``): refused in every
+layer of a config. A config is recorded (run.json, metrics.jsonl, checkpoints, wandb, the console),
+so a value read from the environment would put a secret there; secrets reach boto3 and wandb from
+the environment directly. References to other keys (``${train.name}``) stay allowed."""
+
+
+def _refuse_resolvers(layer: Any, source: str, prefix: str = "") -> None:
+    """ConfigError naming the first key of ``layer`` whose value calls a resolver."""
+    if isinstance(layer, DictConfig | dict):
+        items = layer.items_ex(resolve=False) if isinstance(layer, DictConfig) else layer.items()
+        for key, value in items:
+            _refuse_resolvers(value, source, f"{prefix}{key}.")
+    elif isinstance(layer, ListConfig | list):
+        for index, value in enumerate(
+            layer._iter_ex(resolve=False) if isinstance(layer, ListConfig) else layer
+        ):
+            _refuse_resolvers(value, source, f"{prefix}{index}.")
+    elif isinstance(layer, str) and (call := RESOLVER_CALL.search(layer)):
+        raise ConfigError(
+            f"config key {prefix.rstrip('.')!r} in {source} calls the resolver {call.group(1)!r} "
+            f"(${{{call.group(1)}:...}}): configs are recorded in run.json, metrics and wandb, so values "
+            "may not be read from the environment or other resolvers; secrets such as AWS or wandb keys "
+            "are read from the environment by boto3 and wandb themselves"
+        )
+
+
 def _merge(base: DictConfig, layer: Any, schema: type, source: str) -> DictConfig:
+    _refuse_resolvers(layer, source)
     _spell_booleans_as_typed(base, layer)
     try:
         return OmegaConf.merge(base, layer)
@@ -239,8 +268,15 @@ def resolve_config(
 
 def check_values(cfg: DictConfig, schema: type) -> None:
     """Run the schema's range rules (its ``__post_init__``) on ``cfg``, unset keys included: what
-    ``elmo config`` prints is what a stage would accept. Unset keys (``???``) pass every rule."""
-    _instantiate(schema, OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False))
+    ``elmo config`` prints is what a stage would accept. Unset keys (``???``) pass every rule; an
+    interpolation that cannot be resolved (``${no.such.key}``) is a ConfigError naming it."""
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except OmegaConfBaseException as err:
+        raise ConfigError(
+            f"config key {_full_key(err)!r}: cannot resolve its interpolation ({str(err).splitlines()[0]})"
+        ) from None
+    _instantiate(schema, data)
 
 
 def _instantiate(schema: type, data: dict) -> Any:
@@ -287,7 +323,11 @@ def _spell_booleans_as_typed(base: DictConfig, layer: Any) -> None:
         value = layer._get_node(key)
         if isinstance(target, DictConfig):
             _spell_booleans_as_typed(target, value)
-        elif isinstance(target, StringNode | EnumNode) and isinstance(layer[key], bool):
+        elif (
+            isinstance(target, StringNode | EnumNode)
+            and not OmegaConf.is_interpolation(layer, key)
+            and isinstance(layer[key], bool)
+        ):
             layer[key] = str(layer[key]).lower()
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import tarfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -367,6 +368,25 @@ def read_counts(path: str) -> list[tuple[str, int]]:
 
 
 _SHARD_FIELDS = {"name": str, "sentences": int, "tokens": int, "sha256": str}
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+"""A file name inside the shard directory: no folder, no ``..``, no absolute path."""
+MIN_SENTENCE_BYTES = 10
+"""A sentence costs a shard at least this many bytes: a 4-byte length, a 4-byte id per token (at
+least one) and its text with a newline (at least 2 bytes). A manifest that claims more sentences
+than its shard's size allows is refused before anything is planned from it."""
+
+
+def _check_entry(entry: dict, split: str, i: int, where: str) -> None:
+    """A shard entry's values: a plain ``{split}-NNNNNN.tar`` name, a sha256, counts >= 0 (a
+    sentence has at least one token)."""
+    field = f"manifest {where}: shards.{split}[{i}]"
+    if not re.fullmatch(rf"{split}-\d{{6,}}\.tar", entry["name"]):
+        raise FormatError(f"{field}.name {entry['name']!r} is not a {split}-NNNNNN.tar file of the directory")
+    if not SHA256_HEX.fullmatch(entry["sha256"]):
+        raise FormatError(f"{field}.sha256 is not a sha256 (64 hex digits)")
+    if not 0 <= entry["sentences"] <= entry["tokens"]:
+        raise FormatError(f"{field}: sentences and tokens must be 0 <= sentences <= tokens")
 
 
 def validate_manifest(manifest: Any, where: str) -> dict:
@@ -388,6 +408,7 @@ def validate_manifest(manifest: Any, where: str) -> dict:
                     raise FormatError(
                         f"manifest {where}: shards.{split}[{i}].{name} missing or not {kind.__name__}"
                     )
+            _check_entry(entry, split, i, where)
         total = totals.get(split)
         if not isinstance(total, dict) or not all(
             isinstance(total.get(k), int) for k in ("sentences", "tokens")
@@ -396,7 +417,32 @@ def validate_manifest(manifest: Any, where: str) -> dict:
     for name, kind in (("file", str), ("counts_file", str), ("size", int), ("sha256", str)):
         if not isinstance(vocab.get(name), kind):
             raise FormatError(f"manifest {where}: vocab.{name} missing or not {kind.__name__}")
+    for name in ("file", "counts_file"):
+        if not PLAIN_NAME.fullmatch(vocab[name]):
+            raise FormatError(
+                f"manifest {where}: vocab.{name} {vocab[name]!r} is not a file of the directory"
+            )
+    if not SHA256_HEX.fullmatch(vocab["sha256"]):
+        raise FormatError(f"manifest {where}: vocab.sha256 is not a sha256 (64 hex digits)")
     return manifest
+
+
+def check_listed_shards(shard_dir: str, manifest: dict, splits: Sequence[str] = SPLITS) -> None:
+    """Every shard of ``splits`` the manifest lists is in the directory and large enough for the
+    sentences it claims (``MIN_SENTENCE_BYTES``): one listing of the directory (a few requests on
+    S3 however many shards), no shard's bytes read. FormatError naming the first that is not."""
+    prefix = shard_dir.rstrip("/") + "/"
+    sizes = {path[len(prefix) :]: size for path, size in storage.list_sizes(prefix).items()}
+    for split in splits:
+        for entry in manifest["shards"][split]:
+            path = storage.join(shard_dir, entry["name"])
+            if entry["name"] not in sizes:
+                raise FormatError(f"shard {path} is listed in {MANIFEST_FILE} but missing")
+            if entry["sentences"] * MIN_SENTENCE_BYTES > sizes[entry["name"]]:
+                raise FormatError(
+                    f"shard {path}: {MANIFEST_FILE} claims {entry['sentences']:,} sentences, more than its "
+                    f"{sizes[entry['name']]:,} bytes can hold; the manifest is not this directory's"
+                )
 
 
 def parse_manifest(data: bytes, where: str) -> dict:
@@ -437,3 +483,22 @@ def vocab_path(shard_dir: str, manifest: dict | None = None) -> str:
     """Full path of the vocabulary file of a shard directory."""
     manifest = read_manifest(shard_dir) if manifest is None else manifest
     return storage.join(shard_dir, manifest["vocab"]["file"])
+
+
+def read_shard_vocab(shard_dir: str, manifest: dict | None = None) -> tuple[bytes, list[str]]:
+    """A shard directory's vocabulary: its bytes, checked against the sha256 its manifest records
+    (a vocabulary of the same size in another order would train ids against the wrong words), and
+    its tokens (checked as :func:`parse_vocab` does)."""
+    manifest = read_manifest(shard_dir) if manifest is None else manifest
+    path = vocab_path(shard_dir, manifest)
+    data = storage.read_bytes(path)
+    if hashlib.sha256(data).hexdigest() != manifest["vocab"]["sha256"]:
+        raise FormatError(
+            f"vocabulary {path} is not the one its manifest.json records (sha256 differs): the shards' "
+            "ids belong to another vocabulary; restore it, or shard the corpus again"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise FormatError(f"vocabulary {path} is not UTF-8 ({err})") from None
+    return data, parse_vocab(text, path)

@@ -279,9 +279,9 @@ class LocalBackend:
             except FileNotFoundError:
                 pass
 
-    def list_prefix(self, prefix: str) -> list[str]:
+    def list_sizes(self, prefix: str) -> dict[str, int]:
         root = os.path.dirname(prefix)
-        found = []
+        found = {}
         for dirpath, dirnames, filenames in os.walk(root or "."):
             shown = dirpath if root else os.path.relpath(dirpath)
             shown = "" if shown == "." else shown
@@ -289,8 +289,11 @@ class LocalBackend:
             for name in filenames:
                 full = os.path.join(shown, name)
                 if full.startswith(prefix) and not _is_partial(full):
-                    found.append(full)
-        return sorted(found)
+                    try:
+                        found[full] = os.stat(full).st_size
+                    except FileNotFoundError:  # removed since the walk listed it
+                        continue
+        return found
 
     def is_object(self, path: str) -> bool:
         return os.path.isfile(path)
@@ -656,21 +659,23 @@ class S3Backend:
         with _s3_errors(path):
             s3_client().delete_object(Bucket=bucket, Key=key)
 
-    def list_prefix(self, prefix: str) -> list[str]:
+    def list_sizes(self, prefix: str) -> dict[str, int]:
         bucket, key = split_s3(prefix)
         paginator = s3_client().get_paginator("list_objects_v2")
-        found = []
+        found = {}
         with _s3_errors(prefix):
             for page in paginator.paginate(Bucket=bucket, Prefix=key):
-                found += [o["Key"] for o in page.get("Contents", []) if not o["Key"].endswith("/")]
-        return sorted(f"{S3_SCHEME}{bucket}/{k}" for k in found)
+                for o in page.get("Contents", []):
+                    if not o["Key"].endswith("/"):
+                        found[f"{S3_SCHEME}{bucket}/{o['Key']}"] = int(o["Size"])
+        return found
 
     def glob(self, pattern: str) -> list[str]:
         bucket, key = split_s3(pattern)
         if has_glob(bucket):
             raise StorageError(f"{pattern}: globs in the bucket name are not supported")
         regex = glob_regex(key)
-        listed = self.list_prefix(f"{S3_SCHEME}{bucket}/{literal_prefix(key)}")
+        listed = sorted(self.list_sizes(f"{S3_SCHEME}{bucket}/{literal_prefix(key)}"))
         return [p for p in listed if regex.match(split_s3(p)[1])]
 
 
@@ -760,8 +765,14 @@ def list_prefix(prefix: str | os.PathLike) -> list[str]:
     ``prefix`` is a string prefix, as in S3: ``out/shard`` also matches ``out/shard-2/x``; end it
     with ``/`` for one directory. A missing directory lists as empty.
     """
+    return sorted(list_sizes(prefix))
+
+
+def list_sizes(prefix: str | os.PathLike) -> dict[str, int]:
+    """Full path -> size in bytes of every file/object :func:`list_prefix` lists (one listing: the
+    sizes come with it on S3)."""
     prefix = _path(prefix)
-    return _backend(prefix).list_prefix(prefix)
+    return _backend(prefix).list_sizes(prefix)
 
 
 def list_names(folder: str | os.PathLike) -> list[str]:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from pipeline import shard_format, storage
+from pipeline.compression import HEAD_BYTES, compression_of
 from pipeline.embed.errors import EmbedError
 
 READ_CHUNK = 4 * 1024 * 1024
@@ -29,13 +30,15 @@ COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip")
 class Segment:
     """Part of one input file: ``kind`` ``text`` = bytes [start, end); ``tar`` = sentences [start, end)
     of a shard tar, counted from its first block, and the tar's sha256 from the shard manifest
-    (checked over the whole file at every read)."""
+    (checked over the whole file at every read); ``last``: the range ends where the manifest says
+    the tar does (its reader checks that no sentence follows)."""
 
     kind: str
     path: str
     start: int
     end: int
     sha256: str = ""
+    last: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,10 @@ def _text_segments(path: str, planner: _Planner) -> None:
             chunk = stream.read(READ_CHUNK)
             if not chunk:
                 break
+            if pos == 0 and (kind := compression_of(chunk[:HEAD_BYTES])):
+                raise EmbedError(
+                    f"input {path}: {kind}-compressed data (shards are read by byte range); decompress it first"
+                )
             view_start = 0
             while True:
                 need = planner.room - lines
@@ -165,22 +172,24 @@ def _nth_newline(data: bytes, start: int, n: int) -> int | None:
 
 def _tar_segments(shard_dir: str, splits: Sequence[str], planner: _Planner) -> None:
     """Cut the tars of a shard directory into sentence ranges, from its manifest alone."""
-    try:
-        manifest = shard_format.read_manifest(shard_dir)
-    except (shard_format.FormatError, storage.StorageError) as err:
-        raise EmbedError(f"input: {err}") from None
     for split in splits:
         if split not in shard_format.SPLITS:
             raise EmbedError(
                 f"shard_splits: unknown split {split!r}; expected some of {', '.join(shard_format.SPLITS)}"
             )
+    try:
+        manifest = shard_format.read_manifest(shard_dir)
+        shard_format.check_listed_shards(shard_dir, manifest, splits)
+    except (shard_format.FormatError, storage.StorageError) as err:
+        raise EmbedError(f"input: {err}") from None
+    for split in splits:
         for entry in manifest["shards"][split]:
             path = storage.join(shard_dir, entry["name"])
-            done = 0
-            while done < entry["sentences"]:
-                take = min(planner.room, entry["sentences"] - done)
-                key = f"{entry['sha256']}:{done}:{done + take}\n".encode()
-                planner.add(Segment("tar", path, done, done + take, entry["sha256"]), take, key)
+            done, total = 0, entry["sentences"]
+            while done < total:
+                take = min(planner.room, total - done)
+                segment = Segment("tar", path, done, done + take, entry["sha256"], last=done + take == total)
+                planner.add(segment, take, tar_key(segment))
                 done += take
 
 
@@ -200,14 +209,21 @@ def plan_shards(
     return planner.specs
 
 
-def _text_lines(segment: Segment) -> list[bytes]:
+def tar_key(segment: Segment) -> bytes:
+    """What a shard's input hash takes from a tar segment: the tar's own sha256 (checked over the
+    whole file at every read) and the sentence range."""
+    return f"{segment.sha256}:{segment.start}:{segment.end}\n".encode()
+
+
+def _text_lines(segment: Segment) -> tuple[list[bytes], bytes]:
+    """The segment's lines, and what the shard's input hash takes from it (its bytes' sha256)."""
     with storage.open_read(segment.path) as stream:
         stream.seek(segment.start)
         data = _read_exactly(stream, segment.end - segment.start, segment.path)
     lines = data.split(b"\n")
     if data.endswith(b"\n"):
         lines.pop()
-    return lines
+    return lines, hashlib.sha256(data).digest()
 
 
 def _read_exactly(stream: io.IOBase, size: int, path: str) -> bytes:
@@ -234,21 +250,40 @@ def _tar_lines(segment: Segment) -> list[bytes]:
             lo, hi = max(segment.start - seen, 0), min(segment.end - seen, count)
             lines.extend(" ".join(sentence).encode("utf-8") for sentence in block.sentences[lo:hi])
             seen += count
-            if seen >= segment.end:
+            if seen >= segment.end and not segment.last:
                 break
+    if segment.last and seen > segment.end:
+        raise EmbedError(
+            f"input {segment.path}: holds {seen:,} sentences, its manifest says {segment.end:,}; "
+            "the manifest is not this shard's"
+        )
     return lines
 
 
 def read_lines(spec: ShardSpec) -> list[bytes]:
-    """The raw lines (no newline) of one shard, ``spec.num_lines`` of them."""
+    """The raw lines (no newline) of one shard, ``spec.num_lines`` of them, checked against the
+    input hash the plan recorded (a line edited since the run was planned is refused, not embedded
+    under the planned line's key)."""
     lines: list[bytes] = []
+    digest = hashlib.sha256()
     try:
         for segment in spec.segments:
-            lines.extend(_text_lines(segment) if segment.kind == "text" else _tar_lines(segment))
+            if segment.kind == "text":
+                got, key = _text_lines(segment)
+            else:
+                got, key = _tar_lines(segment), tar_key(segment)
+            lines.extend(got)
+            digest.update(key)
     except (storage.StorageError, shard_format.FormatError) as err:
         raise EmbedError(f"input: {err}") from None
+    where = spec.segments[0].path if spec.segments else "input"
     if len(lines) != spec.num_lines:
         raise EmbedError(
-            f"input {spec.segments[0].path}: shard {spec.index} should hold {spec.num_lines} lines, read {len(lines)}; the input changed"
+            f"input {where}: shard {spec.index} should hold {spec.num_lines} lines, read {len(lines)}; the input changed"
+        )
+    if digest.hexdigest() != spec.input_sha256:
+        raise EmbedError(
+            f"input {where}: lines {spec.first_line}-{spec.first_line + spec.num_lines - 1} changed since "
+            "this run read them (their sha256 differs); rerun the command to plan the input again"
         )
     return lines

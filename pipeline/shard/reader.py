@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from pipeline import storage
+from pipeline.compression import HEAD_BYTES, compression_of
 from pipeline.shard.errors import ShardError
-
-GZIP_MAGIC = b"\x1f\x8b"
 
 
 @dataclass(frozen=True)
@@ -52,17 +51,22 @@ def resolve_inputs(patterns: Sequence[str], role: str) -> list[str]:
 
 
 def open_input(path: str) -> BinaryIO:
-    """A binary stream of the file's text, gunzipped when it starts with the gzip magic bytes."""
+    """A binary stream of the file's text, gunzipped when it starts with the gzip magic bytes;
+    other compressed data (known by its first bytes) is refused."""
     try:
         raw = storage.open_read(path)
-        head = raw.read(2)
+        head = raw.read(HEAD_BYTES)
         raw.seek(0)
     except storage.StorageError as err:
         raise ShardError(f"cannot read input: {err}") from None
     except OSError as err:
         raise ShardError(f"cannot read input {path}: {err}") from None
-    if head == GZIP_MAGIC:
+    kind = compression_of(head)
+    if kind == "gzip":
         return gzip.GzipFile(fileobj=raw, mode="rb")
+    if kind is not None:
+        raw.close()
+        raise ShardError(f"input {path}: {kind}-compressed data; decompress it, or compress it with gzip")
     if path.endswith(".gz"):
         raw.close()
         raise ShardError(f"input {path}: named .gz but is not gzip data")

@@ -289,7 +289,7 @@ class LMBatchStream:
 
 def load_char_cache(shard_dir: str, manifest: dict | None = None) -> CharCache:
     """The :class:`CharCache` of a shard directory's ``vocab.txt`` (checked by the shard format)."""
-    return CharCache(shard_format.read_vocab(shard_format.vocab_path(shard_dir, manifest)))
+    return CharCache(shard_format.read_shard_vocab(shard_dir, manifest)[1])
 
 
 def open_lm_batches(

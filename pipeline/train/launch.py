@@ -37,7 +37,7 @@ from pipeline.train.config import TrainConfig, WandbMode
 from pipeline.train.data import steps_per_epoch
 from pipeline.train.errors import TrainError
 from pipeline.train.evaluate import check_heldout_split
-from pipeline.train.metrics import read_metrics
+from pipeline.train.metrics import read_metrics, repair_metrics
 from pipeline.train.plan import RunPlan
 from pipeline.train.progress import RelayFollower, relay_actor
 from pipeline.train.run_dir import RUN_FILE, RunDir
@@ -52,17 +52,12 @@ def _check_shards(shards: str, manifest: dict) -> None:
     requests on S3 however many shards). The shards' bytes are not read here: each worker checks a
     shard's sha256 as it streams it (``shard_reading.read_shard_sentences``), so a launch or resume
     costs the same at 10M tokens as at a billion."""
-    present = set(storage.list_names(shards))
     for split in shard_format.SPLITS:
-        entries = manifest["shards"][split]
-        if not entries or manifest["totals"][split]["tokens"] <= 0:
+        if not manifest["shards"][split] or manifest["totals"][split]["tokens"] <= 0:
             raise TrainError(
                 f"shard directory {shards}: the manifest lists no {split} data; rerun the shard stage"
             )
-        for entry in entries:
-            if entry["name"] not in present:
-                path = storage.join(shards, entry["name"])
-                raise TrainError(f"shard {path} is listed in {shard_format.MANIFEST_FILE} but missing")
+    shard_format.check_listed_shards(shards, manifest)
 
 
 def _model_options(cfg: TrainConfig) -> dict:
@@ -122,7 +117,15 @@ def _claim_run_dir(run_dir: str, name: str, data: dict) -> str:
     path = RunDir(run_dir).run_file
     claim = {}
     if storage.exists(path):
-        claim = json.loads(storage.read_bytes(path))
+        try:
+            claim = json.loads(storage.read_bytes(path))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            claim = None
+        if not isinstance(claim, dict):
+            raise TrainError(
+                f"{path} is damaged (not a JSON object): it says which run and data this directory "
+                "holds; restore it from a copy, or choose another output"
+            )
         owner = claim.get("name")
         if owner != name:
             raise TrainError(
@@ -148,7 +151,7 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
     shards = storage.absolute(cfg.shards.rstrip("/"))
     run_dir = storage.absolute(cfg.output.rstrip("/"))
     manifest = shard_format.read_manifest(shards)
-    vocab = shard_format.read_vocab(shard_format.vocab_path(shards, manifest))
+    _, vocab = shard_format.read_shard_vocab(shards, manifest)
     if len(vocab) != manifest["vocab"]["size"]:
         raise TrainError(
             f"shard directory {shards}: vocab.txt has {len(vocab)} tokens, the manifest says {manifest['vocab']['size']}"
@@ -233,14 +236,13 @@ def run_training(
     plan = prepare_run(cfg) if plan is None else plan
     (session or RaySession.joined()).start()
     plan = dataclasses.replace(plan, use_gpu=_cluster_check(cfg))
-    started, steps_before = time.perf_counter(), _logged_steps(plan.run_dir)
+    started = time.perf_counter()
     relay = relay_actor()
     try:
-        with (
-            RunLease(plan.run_dir),
-            RelayFollower(relay, plan.total_steps, from_step=steps_before) as follower,
-        ):
-            _fit_with_restarts(cfg, plan, relay)
+        with RunLease(plan.run_dir):
+            steps_before = _logged_steps(plan.run_dir)
+            with RelayFollower(relay, plan.total_steps, from_step=steps_before) as follower:
+                _fit_with_restarts(cfg, plan, relay)
     finally:
         ray.kill(relay)
     final = final_status(follower.status)
@@ -353,8 +355,13 @@ def _deterministic(failure: BaseException) -> bool:
 
 
 def _logged_steps(run_dir: str) -> int:
-    """Steps an earlier (resumed) run already logged, so this run's tokens count only its own."""
+    """Steps an earlier (resumed) run already logged, so this run's tokens count only its own. A
+    record torn by a kill is dropped from metrics.jsonl first (one line of warning), so that the
+    workers read a whole file."""
     path = RunDir(run_dir).metrics
+    warning = repair_metrics(path)
+    if warning:
+        print(warning, file=sys.stderr)
     if not storage.exists(path):
         return 0
     return max(

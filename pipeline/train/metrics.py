@@ -17,6 +17,7 @@ import torch
 from pipeline import storage
 from pipeline.background import WriteQueue
 from pipeline.config import to_dict
+from pipeline.train.errors import TrainError
 from pipeline.train.plan import RunPlan
 from pipeline.train.progress import RelaySender
 from pipeline.train.run_dir import RunDir, RunWriter
@@ -120,16 +121,54 @@ def _row_key(row: dict) -> tuple:
 
 def read_metrics(path: str) -> list[dict]:
     """The rows of a metrics.jsonl (local or s3://): of rows with the same (kind, event, step), the
-    last one, where it stands."""
-    rows = [
-        json.loads(line) for line in storage.read_bytes(path).decode("utf-8").splitlines() if line.strip()
-    ]
+    last one, where it stands. A last line cut short (a kill or a power loss during its append:
+    no newline after it) is left out; any other line that is not a JSON object is a TrainError
+    naming it (see :func:`repair_metrics`)."""
+    rows, _torn = _parse_metrics(path)
     latest = {}
     for row in rows:
         key = _row_key(row)
         latest.pop(key, None)
         latest[key] = row
     return list(latest.values())
+
+
+def _parse_metrics(path: str) -> tuple[list[dict], bool]:
+    data = storage.read_bytes(path)
+    lines = data.split(b"\n")
+    rows, torn = [], False
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        elif number == len(lines):  # the last line, with no newline after it: an append cut short
+            torn = True
+        else:
+            raise TrainError(
+                f"{path}: line {number} is not a metrics record (a JSON object); this file is not a "
+                "training run's record, or it was damaged: choose another output, or delete the line"
+            )
+    return rows, torn
+
+
+def repair_metrics(path: str) -> str | None:
+    """Drop a torn last record from ``path`` (rewritten without it, atomically); a one-line
+    warning to print when there was one, else None."""
+    if not storage.exists(path):
+        return None
+    rows, torn = _parse_metrics(path)
+    if not torn:
+        return None
+    storage.write_bytes(path, "".join(json.dumps(row) + "\n" for row in rows).encode("utf-8"))
+    return (
+        f"warning: {path}: its last record was cut short (the run was stopped while writing it) and is "
+        "dropped; the run resumes from its latest checkpoint"
+    )
 
 
 # ---- one run's log -------------------------------------------------------------------------------

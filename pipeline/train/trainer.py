@@ -52,8 +52,8 @@ class Trainer:
         self.writer = RunWriter()
         self.runner = runner = StepRunner(cfg, plan.options, plan.vocab_size, device)
         self.rank, self.world = runner.rank, runner.world
-        self.vocab_bytes = storage.read_bytes(shard_format.vocab_path(plan.shards, plan.manifest))
-        self.cache = CharCache(shard_format.parse_vocab(self.vocab_bytes.decode("utf-8")))
+        self.vocab_bytes, vocab = shard_format.read_shard_vocab(plan.shards, plan.manifest)
+        self.cache = CharCache(vocab)
         self.batches = self._batches("train", cfg.batch_size, cfg.unroll_steps, seed=cfg.seed)
         self.guard = DivergenceGuard(cfg.guard, self._guard_sample()) if cfg.guard.enabled else None
         guarded = {"guard": self.guard} if self.guard is not None else {}

@@ -173,3 +173,30 @@ def test_boolean_words_keep_their_spelling_in_string_fields(tmp_path):
     cfg = load_config(_Schema, config_file=path)
     assert cfg.name == "true" and cfg.workers == 3
     assert load_config(_Schema, overrides=["name=Truely"]).name == "Truely"
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [("file", "p-${oc.env:ELMO_TEST_SECRET}"), ("override", "n-${ oc.env :ELMO_TEST_SECRET}")],
+)
+def test_a_value_read_from_the_environment_is_refused_in_one_line(tmp_path, monkeypatch, where, value):
+    """A config is recorded (run.json, metrics, checkpoints, wandb): ${oc.env:...} would copy a
+    secret there, or, unset, fail with OmegaConf's traceback. Refused before anything resolves it."""
+    monkeypatch.setenv("ELMO_TEST_SECRET", "hunter2")
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(f"optim:\n  lr: 0.2\nname: '{value}'\n" if where == "file" else "workers: 2\n")
+    overrides = [f"name={value}"] if where == "override" else []
+    with pytest.raises(ConfigError) as err:
+        load_config(_Schema, config_file=cfg_file, overrides=overrides)
+    message = str(err.value)
+    assert "config key 'name'" in message and "calls the resolver 'oc.env'" in message
+    assert "hunter2" not in message and "\n" not in message
+    with pytest.raises(ConfigError, match=r"config key 'optim.lr' in .*calls the resolver 'oc.decode'"):
+        load_config(_Schema, overrides=["optim.lr=${oc.decode:'0.5'}"])
+
+
+def test_a_reference_to_another_key_resolves_and_a_dangling_one_is_one_line():
+    assert load_config(_Schema, overrides=["name=run-${workers}", "workers=4"]).name == "run-4"
+    assert load_config(_Schema, overrides=["name=\\${oc.env:X}"]).name == "${oc.env:X}"  # escaped: text
+    with pytest.raises(ConfigError, match=r"config key 'name': cannot resolve its interpolation"):
+        load_config(_Schema, overrides=["name=${no.such.key}"])

@@ -95,12 +95,24 @@ def test_vocab_files_round_trip_and_validation(tmp_path):
 
 
 def _manifest() -> dict:
-    shard = {"name": "train-000000.tar", "sentences": 2, "tokens": 5, "sha256": "ab"}
+    shard = {"name": "train-000000.tar", "sentences": 2, "tokens": 5, "sha256": "ab" * 32}
     return {
         "shards": {"train": [shard], "heldout": []},
         "totals": {"train": {"sentences": 2, "tokens": 5}, "heldout": {"sentences": 0, "tokens": 0}},
-        "vocab": {"file": "vocab.txt", "counts_file": "vocab_counts.tsv", "size": 9, "sha256": "cd"},
+        "vocab": {"file": "vocab.txt", "counts_file": "vocab_counts.tsv", "size": 9, "sha256": "cd" * 32},
     }
+
+
+def test_listed_shards_must_be_there_and_hold_what_they_claim(tmp_path):
+    manifest = _manifest()
+    with pytest.raises(fmt.FormatError, match=r"train-000000.tar is listed in manifest.json but missing"):
+        fmt.check_listed_shards(str(tmp_path), manifest)
+    (tmp_path / "train-000000.tar").write_bytes(b"x" * 20)  # room for 2 sentences of 10 bytes
+    fmt.check_listed_shards(str(tmp_path), manifest)
+    manifest["shards"]["train"][0].update(sentences=10**13, tokens=10**13)
+    with pytest.raises(fmt.FormatError, match=r"claims 10,000,000,000,000 sentences, more than its 20 bytes"):
+        fmt.check_listed_shards(str(tmp_path), manifest)
+    fmt.check_listed_shards(str(tmp_path), manifest, splits=["heldout"])
 
 
 def test_read_manifest_and_shard_urls(tmp_path):
@@ -122,6 +134,27 @@ def test_read_manifest_and_shard_urls(tmp_path):
         (lambda m: m["shards"]["train"][0].pop("sha256"), r"shards.train\[0\].sha256"),
         (lambda m: m["totals"]["train"].update(tokens="5"), "totals.train"),
         (lambda m: m["vocab"].pop("size"), "vocab.size"),
+        # what a stage would read, never trusted: names outside the folder, a check turned off,
+        # counts that cannot be
+        (
+            lambda m: m["shards"]["train"][0].update(name="../elsewhere/train-000000.tar"),
+            "is not a train-NNNNNN.tar file",
+        ),
+        (
+            lambda m: m["shards"]["train"][0].update(name="/etc/train-000000.tar"),
+            "is not a train-NNNNNN.tar file",
+        ),
+        (
+            lambda m: m["shards"]["train"][0].update(name="heldout-000000.tar"),
+            "is not a train-NNNNNN.tar file",
+        ),
+        (lambda m: m["shards"]["train"][0].update(sha256=""), r"shards.train\[0\].sha256 is not a sha256"),
+        (lambda m: m["shards"]["train"][0].update(sentences=-1), "0 <= sentences <= tokens"),
+        (
+            lambda m: m["vocab"].update(file="../vocab.txt"),
+            "vocab.file '../vocab.txt' is not a file of the directory",
+        ),
+        (lambda m: m["vocab"].update(sha256="x" * 64), "vocab.sha256 is not a sha256"),
     ],
 )
 def test_invalid_manifest_is_one_line_error(tmp_path, mutate, match):

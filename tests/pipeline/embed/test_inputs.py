@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -79,6 +80,26 @@ def test_changed_input_detected_on_read(tmp_path):
         inputs.read_lines(specs[1])
 
 
+def test_a_line_edited_since_the_plan_is_refused_not_embedded_under_its_old_key(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"a b\nc d\ne f\n")
+    specs = inputs.plan_shards("text", [str(path)], 2)
+    path.write_bytes(b"a b\nX d\ne f\n")  # same lines, same bytes, other words
+    with pytest.raises(EmbedError, match=r"lines 0-1 changed since this run read them"):
+        inputs.read_lines(specs[0])
+    assert inputs.read_lines(specs[1]) == [b"e f"]
+
+
+@pytest.mark.parametrize("data", [gzip.compress(b"a b\n"), b"\xfd7zXZ\x00rest"], ids=["gzip", "xz"])
+def test_compressed_data_under_a_text_name_is_refused_by_its_bytes(tmp_path, data):
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(data)
+    with pytest.raises(
+        EmbedError, match=r"corpus.txt: (gzip|xz)-compressed data \(shards are read by byte range\)"
+    ):
+        inputs.plan_shards("text", [str(path)], 10)
+
+
 def write_shard_dir(root: str, tars: list[list[list[list[str]]]]) -> None:
     """A minimal shard directory: ``tars`` = train shards -> blocks -> sentences; ids are all <UNK>."""
     entries = []
@@ -147,3 +168,35 @@ def test_a_damaged_shard_is_named_not_embedded(tmp_path):
     with pytest.raises(EmbedError, match=f"input: shard {tar} is truncated"):
         inputs.read_lines(specs[0])  # its first 4 sentences are still there: the hash tells
     assert inputs.read_lines(specs[-1]) == [b"g", b"h i"]
+
+
+def _rewrite_manifest(root: str, change) -> None:
+    path = shard_format.manifest_path(root)
+    manifest = json.loads(storage.read_bytes(path))
+    change(manifest)
+    storage.write_bytes(path, json.dumps(manifest).encode())
+
+
+def test_a_manifest_is_not_trusted_for_names_checks_or_counts(tmp_path):
+    root = str(tmp_path / "shards")
+    write_shard_dir(root, [[[["a", "b"], ["c"]], [["d"]]] * 2])  # one tar of 6 sentences
+    specs = inputs.plan_shards("shards", [root], lines_per_shard=4, shard_splits=["train"])
+    assert _all_lines(specs) == [b"a b", b"c", b"d", b"a b", b"c", b"d"]
+    # fewer sentences than the tar holds: the rest would silently go unembedded
+    _rewrite_manifest(root, lambda m: m["shards"]["train"][0].update(sentences=5, tokens=6))
+    specs = inputs.plan_shards("shards", [root], lines_per_shard=4, shard_splits=["train"])
+    assert inputs.read_lines(specs[0]) == [b"a b", b"c", b"d", b"a b"]
+    with pytest.raises(EmbedError, match=r"holds 6 sentences, its manifest says 5"):
+        inputs.read_lines(specs[1])
+    # ten trillion sentences in a tar of a few kB: refused before one spec is planned
+    _rewrite_manifest(root, lambda m: m["shards"]["train"][0].update(sentences=10**13, tokens=10**13))
+    with pytest.raises(EmbedError, match=r"claims 10,000,000,000,000 sentences, more than its"):
+        inputs.plan_shards("shards", [root], lines_per_shard=1000, shard_splits=["train"])
+    outside = tmp_path / "train-000000.tar"
+    outside.write_bytes(storage.read_bytes(storage.join(root, "train-000000.tar")))
+    _rewrite_manifest(root, lambda m: m["shards"]["train"][0].update(name="../train-000000.tar", sentences=6))
+    with pytest.raises(EmbedError, match=r"'../train-000000.tar' is not a train-NNNNNN.tar file"):
+        inputs.plan_shards("shards", [root], lines_per_shard=4, shard_splits=["train"])
+    _rewrite_manifest(root, lambda m: m["shards"]["train"][0].update(name="train-000000.tar", sha256=""))
+    with pytest.raises(EmbedError, match=r"sha256 is not a sha256"):
+        inputs.plan_shards("shards", [root], lines_per_shard=4, shard_splits=["train"])

@@ -51,3 +51,9 @@ def test_input_errors(tmp_path):
     truncated.write_bytes(gzip.compress(b"abc\n" * 1000)[:-20])
     with pytest.raises(ShardError, match="cannot read input .*cut.txt.gz"):
         list(iter_chunks([str(truncated)], 100, 0))
+    xz = tmp_path / "corpus.txt"  # compressed data is known by its bytes, not its name
+    xz.write_bytes(b"\xfd7zXZ\x00" + b"\x00" * 20)
+    with pytest.raises(
+        ShardError, match="corpus.txt: xz-compressed data; decompress it, or compress it with gzip"
+    ):
+        list(iter_chunks([str(xz)], 100, 0))

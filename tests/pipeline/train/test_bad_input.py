@@ -43,7 +43,7 @@ def test_missing_shard_directory(tmp_path):
 
 def test_missing_shard(shards, tmp_path):
     os.remove(os.path.join(shards, "train-000001.tar"))
-    with pytest.raises(TrainError, match="train-000001.tar is listed in manifest.json but missing"):
+    with pytest.raises(FormatError, match="train-000001.tar is listed in manifest.json but missing"):
         prepare_run(cfg_for(shards, str(tmp_path / "run")))
 
 
@@ -115,7 +115,12 @@ def test_heldout_split_too_small_for_the_workers(tmp_path):
 def test_vocab_without_specials(shards, tmp_path):
     path = os.path.join(shards, shard_format.VOCAB_FILE)
     tokens = storage.read_bytes(path).decode().split("\n")
-    storage.write_bytes(path, "\n".join(t for t in tokens if t != "<UNK>").encode())
+    data = "\n".join(t for t in tokens if t != "<UNK>").encode()
+    storage.write_bytes(path, data)
+    manifest_file = os.path.join(shards, "manifest.json")
+    manifest = json.loads(storage.read_bytes(manifest_file))
+    manifest["vocab"]["sha256"] = hashlib.sha256(data).hexdigest()  # a manifest that agrees with it
+    storage.write_bytes(manifest_file, json.dumps(manifest).encode())
     with pytest.raises(FormatError, match="must start with <S>, </S>, <UNK>"):
         prepare_run(cfg_for(shards, str(tmp_path / "run")))
 
@@ -250,6 +255,29 @@ def test_a_resume_on_other_shards_with_the_same_vocabulary_is_refused(shards, tm
     storage.write_bytes(path, json.dumps(manifest).encode())
     with pytest.raises(TrainError, match="a resume on another shard set is refused"):
         prepare_run(cfg_for(shards, run, SMALL))
+
+
+def test_a_vocabulary_its_manifest_does_not_record_is_refused_fresh_and_on_resume(shards, tmp_path):
+    """The same words in another order, the same size: the manifest's sha256 tells them apart."""
+    run = str(tmp_path / "run")
+    prepare_run(cfg_for(shards, run, SMALL))
+    path = os.path.join(shards, "vocab.txt")
+    words = storage.read_bytes(path).decode().splitlines()
+    storage.write_bytes(path, ("\n".join(words[:3] + words[3:][::-1]) + "\n").encode())
+    for output in (run, str(tmp_path / "fresh")):
+        with pytest.raises(FormatError, match=r"vocab.txt is not the one its manifest.json records"):
+            prepare_run(cfg_for(shards, output, SMALL))
+    assert not os.path.exists(tmp_path / "fresh")
+
+
+def test_a_damaged_run_json_is_named_in_one_line(shards, tmp_path):
+    run = tmp_path / "run"
+    prepare_run(cfg_for(shards, str(run), SMALL))
+    claim = (run / "run.json").read_bytes()
+    (run / "run.json").write_bytes(claim[: len(claim) // 2])  # cut short
+    with pytest.raises(TrainError, match=r"run.json is damaged \(not a JSON object\)") as err:
+        prepare_run(cfg_for(shards, str(run), SMALL))
+    assert "\n" not in str(err.value)
 
 
 def test_the_same_shards_copied_elsewhere_resume(shards, tmp_path):

@@ -7,12 +7,14 @@ import torch
 
 from pipeline import storage
 from pipeline.background import WriteQueue
+from pipeline.train.errors import TrainError
 from pipeline.train.metrics import (
     MetricsLog,
     measure_matmul_peak,
     perplexity_series,
     plot_perplexity,
     read_metrics,
+    repair_metrics,
 )
 from pipeline.train.run_dir import METRICS_FILE
 
@@ -166,3 +168,20 @@ def test_the_plot_shows_the_models_perplexities_and_marks_the_sampled_loss(tmp_p
     plot_perplexity(rows, path)
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_torn_last_record_is_dropped_once_and_a_damaged_one_is_named(tmp_path):
+    path = tmp_path / METRICS_FILE
+    whole = '{"kind": "train", "step": 10}\n{"kind": "train", "step": 20}\n'
+    path.write_text(whole + '{"kind": "train", "st')  # a kill during the third append
+    assert [r["step"] for r in read_metrics(str(path))] == [10, 20]
+    warning = repair_metrics(str(path))
+    assert warning.startswith(f"warning: {path}: its last record was cut short") and "\n" not in warning
+    assert path.read_text() == whole  # rewritten without it: the workers read a whole file
+    assert repair_metrics(str(path)) is None and repair_metrics(str(tmp_path / "none.jsonl")) is None
+    path.write_text('{"kind": "train", "step": 10}\nnot json\n{"kind": "train", "step": 30}\n')
+    with pytest.raises(TrainError, match=r"metrics.jsonl: line 2 is not a metrics record \(a JSON object\)"):
+        read_metrics(str(path))
+    path.write_text("[1, 2]\n")  # JSON, but no record: a user's file, say
+    with pytest.raises(TrainError, match="line 1 is not a metrics record"):
+        repair_metrics(str(path))
