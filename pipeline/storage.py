@@ -16,6 +16,7 @@ environment (inherited from the driver on an embedded cluster; see ``pipeline.ra
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import glob as globlib
 import hashlib
@@ -25,6 +26,7 @@ import os
 import re
 import secrets
 import shutil
+import sys
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,6 +38,7 @@ from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
+    ConnectTimeoutError,
     IncompleteReadError,
     NoCredentialsError,
     ReadTimeoutError,
@@ -61,7 +64,10 @@ READ_BUFFER = 1024 * 1024
 READ_RETRIES = 3
 """Times a broken S3 read stream is reopened at its current offset before the read fails."""
 CONNECT_TIMEOUT_S = 5
-READ_TIMEOUT_S = 60
+READ_TIMEOUT_S = 10
+"""Seconds without a byte from the endpoint before a request is tried again: an endpoint that
+accepts connections and never answers fails in about DEFAULT_MAX_ATTEMPTS x this (and the
+first wait is said on stderr), while a transfer that keeps moving is never cut."""
 DEFAULT_MAX_ATTEMPTS = 4
 """Total tries per request (AWS_MAX_ATTEMPTS overrides): bounded so an unreachable endpoint fails within
 seconds (a refused connection: ~0.5 s here), while throttling still gets three jittered backoffs."""
@@ -212,6 +218,41 @@ def _out_of_space(path: str) -> OutOfSpace:
     )
 
 
+def _libc_sync_file_range():
+    try:
+        call = ctypes.CDLL("libc.so.6", use_errno=True).sync_file_range
+    except (OSError, AttributeError):  # not Linux with glibc
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    return call
+
+
+_SYNC_FILE_RANGE = _libc_sync_file_range()
+SYNC_FILE_RANGE_WRITE = 2
+WRITEBACK_BYTES = 32 * 1024 * 1024
+"""A local write asks the kernel to start writing each this many bytes back to the disk as soon as
+they are written (``sync_file_range``), so the sync at commit finds little left: measured on the
+2-core machine, a 268 MB shard's final fsync went from 90-130 ms to 5 ms."""
+
+
+class _WritebackFile(io.FileIO):
+    """A file written front to back whose bytes start going to the disk as they are written."""
+
+    def __init__(self, fd: int):
+        super().__init__(fd, "wb")
+        self._started = self._written = 0
+
+    def write(self, data) -> int:
+        count = super().write(data) or 0
+        self._written += count
+        if _SYNC_FILE_RANGE is not None and self._written - self._started >= WRITEBACK_BYTES:
+            _SYNC_FILE_RANGE(
+                self.fileno(), self._started, self._written - self._started, SYNC_FILE_RANGE_WRITE
+            )
+            self._started = self._written
+        return count
+
+
 class _LocalWrite:
     """A temp file next to the target, renamed onto it by :meth:`commit`."""
 
@@ -225,7 +266,7 @@ class _LocalWrite:
             os.makedirs(parent, exist_ok=True)
             # os.open (not tempfile) so the final file gets the usual umask-derived mode
             fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        self.file = os.fdopen(fd, "wb")
+        self.file = io.BufferedWriter(_WritebackFile(fd))
 
     def commit(self) -> None:
         try:
@@ -351,7 +392,29 @@ def _new_client(endpoint: str | None):
         # custom endpoints (SeaweedFS, MinIO, an IP) rarely resolve bucket subdomains
         s3={"addressing_style": "path"} if endpoint else None,
     )
-    return boto3.session.Session().client("s3", endpoint_url=endpoint, config=config)
+    client = boto3.session.Session().client("s3", endpoint_url=endpoint, config=config)
+    client.meta.events.register("needs-retry.s3", _say_waiting)
+    return client
+
+
+_said_waiting: set[str] = set()
+
+
+def _say_waiting(attempts: int = 0, caught_exception: BaseException | None = None, **_) -> None:
+    """botocore's retry hook (no say in the decision): the first time in this process that an
+    endpoint does not answer, one line on stderr, so a wait of up to a minute is not silent."""
+    if not isinstance(caught_exception, (ReadTimeoutError, ConnectTimeoutError)):
+        return
+    label = _endpoint_label()
+    if label in _said_waiting:
+        return
+    _said_waiting.add(label)
+    print(
+        f"storage: S3 endpoint {label} did not answer within {READ_TIMEOUT_S} s; trying again "
+        f"(attempt {attempts + 1} of {_retry_config()['total_max_attempts']})",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def s3_client():
@@ -402,6 +465,11 @@ def _s3_errors(path: str) -> Iterator[None]:
     except NoCredentialsError as exc:
         raise StorageError(
             f"{path}: no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile)"
+        ) from exc
+    except (ReadTimeoutError, ConnectTimeoutError) as exc:
+        raise StorageError(
+            f"{path}: S3 endpoint {_endpoint_label()} did not answer (no byte within {READ_TIMEOUT_S} s, "
+            f"{_retry_config()['total_max_attempts']} attempts)"
         ) from exc
     except BotoConnectionError as exc:
         raise StorageError(
@@ -768,6 +836,22 @@ def list_prefix(prefix: str | os.PathLike) -> list[str]:
     return sorted(list_sizes(prefix))
 
 
+def version(path: str | os.PathLike) -> dict:
+    """What tells this version of a file from an edited one without reading it: its size and
+    modification time (local, nanoseconds) or its size and ETag (S3). A rerun compares versions to
+    find an input edited under a half-finished output (an edit that keeps the size and the time
+    passes: only the content's hash, which means reading it, would tell)."""
+    path = _path(path)
+    if is_s3(path):
+        bucket, key = _object(path)
+        with _s3_errors(path):
+            head = s3_client().head_object(Bucket=bucket, Key=key)
+        return {"bytes": int(head["ContentLength"]), "etag": str(head.get("ETag", ""))}
+    with _local_errors(path):
+        info = os.stat(path)
+    return {"bytes": info.st_size, "modified_ns": info.st_mtime_ns}
+
+
 def list_sizes(prefix: str | os.PathLike) -> dict[str, int]:
     """Full path -> size in bytes of every file/object :func:`list_prefix` lists (one listing: the
     sizes come with it on S3)."""
@@ -799,6 +883,10 @@ def _expand_one(item: str) -> list[str]:
     backend = _backend(item)
     if not has_glob(item):
         if not backend.is_object(item):
+            if not is_s3(item) and os.path.isdir(item):
+                raise StorageError(
+                    f"{item}: a folder, not a file; name its files or a glob ({join(item, '*.txt')})"
+                )
             raise StorageError(f"{item}: no such file or object")
         return [item]
     hits = backend.glob(item)

@@ -6,6 +6,7 @@ The embed stage takes no preset: the model size comes from the model's own optio
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 from omegaconf import MISSING
@@ -175,6 +176,12 @@ class EmbedConfig:
                     "in (0, 1] or a whole number",
                 ),
                 ("cpus_per_worker", self.cpus_per_worker, self.cpus_per_worker > 0, "> 0"),
+                (
+                    "resources_timeout_s",
+                    self.resources_timeout_s,
+                    math.isfinite(self.resources_timeout_s) and self.resources_timeout_s > 0,
+                    "a number of seconds > 0",
+                ),
                 (
                     "batch_tokens",
                     self.batch_tokens,

@@ -31,13 +31,18 @@ from pipeline.embed.hdf5_shard import write_shard
 from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.shard_vectors import ShardVectors
 from pipeline.output_dirs import missing_dirs, remove_empty_dirs
+from pipeline.output_owner import OwnFiles, check_owned, withdraw_claim
 
 ENTRY_RE = re.compile(r"embeddings-(\d{6,})\.json$")
-OWN_FILES = re.compile(
-    rf"(embeddings-\d{{6,}}\.hdf5|{re.escape(manifest.MANIFEST_FILE)}"
-    rf"|{re.escape(manifest.PROGRESS_DIR)}/({re.escape(manifest.RUN_FILE)}|embeddings-\d{{6,}}\.json|\.write-probe))"
+OWN_FILES = OwnFiles(
+    "embed",
+    f"{manifest.PROGRESS_DIR}/{manifest.RUN_FILE}",
+    re.compile(
+        rf"(embeddings-\d{{6,}}\.hdf5|{re.escape(manifest.MANIFEST_FILE)}"
+        rf"|{re.escape(manifest.PROGRESS_DIR)}/({re.escape(manifest.RUN_FILE)}|embeddings-\d{{6,}}\.json|\.write-probe))"
+    ),
 )
-"""Paths (relative to the output, ``/``-separated) of the files this stage writes into an output."""
+"""The files this stage writes into an output (``pipeline/output_owner.py``)."""
 
 
 def check_output(output: str, folder: str, single: bool, overwrite: bool) -> None:
@@ -68,24 +73,11 @@ def check_single_file(output: str, overwrite: bool) -> None:
 
 def check_own_folder(output: str) -> None:
     """Refuse a folder/prefix that holds files this stage did not write, or its files without the
-    ``_progress/run.json`` that makes them a resumable run. New or empty: fine."""
-    names = storage.list_names(output)
-    if not names:
-        return
-    if manifest.MANIFEST_FILE in names:
+    ``_progress/run.json`` that makes them a resumable run (``output_owner.check_owned``); a shard
+    directory is named as such. New or empty: fine."""
+    if manifest.MANIFEST_FILE in storage.list_names(output):
         _check_own_manifest(output)
-    foreign = [name for name in names if not OWN_FILES.fullmatch(name)]
-    if foreign:
-        raise EmbedError(
-            f"output {output} holds {foreign[0]}, which elmo embed did not write; "
-            "choose an empty or new output folder"
-        )
-    run_file = f"{manifest.PROGRESS_DIR}/{manifest.RUN_FILE}"
-    if run_file not in names:
-        raise EmbedError(
-            f"output {output} holds {names[0]} but no {run_file}: not a resumable embed run; "
-            "choose an empty or new output folder, or delete it"
-        )
+    check_owned(output, OWN_FILES, EmbedError)
 
 
 def _check_own_manifest(output: str) -> None:
@@ -131,17 +123,9 @@ def taken_back_on_failure(output: str) -> Iterator[ClaimGuard]:
         yield guard
     except BaseException:
         if guard.claimed:
-            _withdraw_claim(output)
+            withdraw_claim(output, OWN_FILES)
         remove_empty_dirs(created)
         raise
-
-
-def _withdraw_claim(output: str) -> None:
-    try:
-        if storage.list_names(output) == [f"{manifest.PROGRESS_DIR}/{manifest.RUN_FILE}"]:
-            storage.delete(manifest.run_path(output))
-    except storage.StorageError:
-        pass  # the run's own error matters more; the claim only stays behind
 
 
 def check_writable(output: str) -> None:

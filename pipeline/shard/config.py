@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 
 from omegaconf import MISSING
@@ -19,6 +20,15 @@ class TokenizerName(enum.Enum):
     """The input is already tokenized: split on whitespace."""
     moses = "moses"
     """Raw text: the Moses rules of ``moses_lang`` (sacremoses)."""
+
+
+@functools.cache
+def moses_languages() -> frozenset[str]:
+    """The language codes sacremoses has rules for (two letters; it silently falls back to none
+    for any other)."""
+    from sacremoses.corpus import NonbreakingPrefixes
+
+    return frozenset(code for code in NonbreakingPrefixes().available_langs if len(code) <= 3)
 
 
 @dataclass
@@ -64,6 +74,12 @@ class ShardConfig:
         check_rules(
             [
                 ("heldout_fraction", self.heldout_fraction, 0.0 <= self.heldout_fraction < 1.0, "in [0, 1)"),
+                (
+                    "moses_lang",
+                    self.moses_lang,
+                    self.tokenizer is not TokenizerName.moses or self.moses_lang in moses_languages(),
+                    f"a language the Moses rules know ({', '.join(sorted(moses_languages()))})",
+                ),
                 ("min_count", self.min_count, self.min_count >= 1, ">= 1"),
                 (
                     "max_size",

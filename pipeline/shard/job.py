@@ -44,12 +44,15 @@ from ray.exceptions import RayTaskError
 
 from pipeline import storage
 from pipeline.config import to_dict
+from pipeline.lease import Lease
 from pipeline.output_dirs import removed_on_failure
+from pipeline.output_owner import withdraw_claim
 from pipeline.ray_runtime import RaySession
 from pipeline.shard.config import ShardConfig
 from pipeline.shard.errors import ShardError
 from pipeline.shard.layout import SplitLayout, layout_split
 from pipeline.shard.manifest import (
+    OWN_FILES,
     PLAN_FILE,
     build_manifest,
     build_plan,
@@ -60,7 +63,14 @@ from pipeline.shard.manifest import (
 from pipeline.shard.passes import ChunkSummary, LineSettings, count_chunk, encode_chunk, retokenize
 from pipeline.shard.progress import Progress, summary
 from pipeline.shard.reader import iter_chunks, resolve_inputs
-from pipeline.shard.resume import chunk_sources, inspect_output, is_complete, output_prefix, read_vocabulary
+from pipeline.shard.resume import (
+    chunk_sources,
+    claim_output,
+    inspect_output,
+    is_complete,
+    output_prefix,
+    read_vocabulary,
+)
 from pipeline.shard.sentences import LineStats, Sentences
 from pipeline.shard.vocabulary import TokenCounts, Vocabulary, build_vocabulary
 from pipeline.shard.writer import ShardRecord, build_shard, describe_shard
@@ -395,7 +405,11 @@ def run_shard(cfg: ShardConfig, session: RaySession | None = None) -> StageResul
     folder it created; one that wrote something keeps it, for a rerun to complete."""
     config = to_dict(cfg)
     with removed_on_failure(config["output"]):
-        return _run_shard(config, session or RaySession.joined())
+        try:
+            return _run_shard(config, session or RaySession.joined())
+        except BaseException:
+            withdraw_claim(config["output"], OWN_FILES)
+            raise
 
 
 def _run_shard(config: dict, session: RaySession) -> StageResult:
@@ -407,58 +421,68 @@ def _run_shard(config: dict, session: RaySession) -> StageResult:
     if both:
         raise ShardError(f"{sorted(both)[0]} is both an input and a heldout_input")
     paths = inputs + heldout
-    identity = run_identity(config, inputs, heldout)
-    manifest, plan = inspect_output(output, identity)
+    try:
+        versions = {path: storage.version(path) for path in paths}
+    except storage.StorageError as err:
+        raise ShardError(f"cannot read input: {err}") from None
+    identity = run_identity(config, inputs, heldout, versions)
+    lease = Lease(output, ShardError, "output")
+    lease.check()  # a run still writing this folder: refused, whatever its files say so far
+    manifest, _ = inspect_output(output, identity)
     if manifest is not None and is_complete(output, manifest):
         print(f"shard: {output} is already complete ({storage.join(output, MANIFEST_FILE)}); nothing to do")
         return StageResult("shard", output, time.perf_counter() - started, 0, details={"manifest": manifest})
     _check_writable(output)
-    session.start()
-    run = _ShardRun(
-        paths, output, config, _settings(config, len(inputs)), 2 * _cluster_workers(config["workers"])
-    )
-    chunks = plan_chunks(plan, identity, config["chunk_bytes"]) if plan else None
-    vocab = read_vocabulary(output, plan["vocab_sha256"]) if chunks is not None else None
-    distinct = plan.get("distinct_train_tokens", 0) if vocab is not None else 0
-    kept: dict = {}  # chunk index -> ObjectRef of its tokenized chunk (none on a rerun from the plan)
-    if vocab is None:
-        progress = Progress("shard: counting", config["progress"])
-        chunks, counts, kept = _count(run, progress)
-        progress.close()
-        total = LineStats()
-        for chunk in chunks:
-            total.add(chunk.stats)
-        _check_counts(total, config)
-        vocab = build_vocabulary(counts, total.train_sentences, config["min_count"], config["max_size"])
-        distinct = len(counts)
-        del counts
-        storage.write_bytes(storage.join(output, VOCAB_FILE), vocab.vocab_bytes)
-        storage.write_bytes(storage.join(output, COUNTS_FILE), vocab.counts_bytes)
-        plan = {
-            **build_plan(identity, config["chunk_bytes"], chunks, vocab),
-            "distinct_train_tokens": distinct,
-        }
-        storage.write_bytes(storage.join(output, PLAN_FILE), encode_json(plan))
-    layouts = _layouts(chunks, config["shard_tokens"])
-    out = _ShardOutput(
-        output, config["seed"], config["block_tokens"], UNK_ID, [ray.put(_unigram(chunks, vocab))]
-    )
-    done = _reusable_shards(run, layouts, manifest, out)
-    total_tokens = sum(layouts[s].total_tokens for s in SPLITS)
-    progress = Progress("shard: writing", config["progress"])
-    written = _write(run, out, chunks, vocab, layouts, done, kept, progress)
-    progress.close()
-    records = {**done, **written}
-    shards = {split: [records[(split, s)] for s in range(layouts[split].num_shards)] for split in SPLITS}
-    manifest = build_manifest(identity, paths, len(inputs), chunks, vocab, distinct, shards)
-    if sum(manifest["totals"][s]["tokens"] for s in SPLITS) != total_tokens:
-        raise ShardError(
-            f"shards in {output} do not add up to the counted tokens; delete the output and rerun"
+    # one run writes a folder at a time; what it finds is looked at again once it holds the lease
+    with lease:
+        claim_output(output, identity)  # unless a run claimed it first: then its identity is checked
+        manifest, plan = inspect_output(output, identity)
+        session.start()
+        run = _ShardRun(
+            paths, output, config, _settings(config, len(inputs)), 2 * _cluster_workers(config["workers"])
         )
-    storage.write_bytes(storage.join(output, MANIFEST_FILE), encode_json(manifest))
-    seconds = time.perf_counter() - started
-    print(summary(manifest, seconds, output, reused=len(done)))
-    return StageResult("shard", output, seconds, total_tokens, details={"manifest": manifest})
+        chunks = plan_chunks(plan, identity, config["chunk_bytes"]) if plan else None
+        vocab = read_vocabulary(output, plan["vocab_sha256"]) if chunks is not None else None
+        distinct = plan.get("distinct_train_tokens", 0) if vocab is not None else 0
+        kept: dict = {}  # chunk index -> ObjectRef of its tokenized chunk (none on a rerun from the plan)
+        if vocab is None:
+            progress = Progress("shard: counting", config["progress"])
+            chunks, counts, kept = _count(run, progress)
+            progress.close()
+            total = LineStats()
+            for chunk in chunks:
+                total.add(chunk.stats)
+            _check_counts(total, config)
+            vocab = build_vocabulary(counts, total.train_sentences, config["min_count"], config["max_size"])
+            distinct = len(counts)
+            del counts
+            storage.write_bytes(storage.join(output, VOCAB_FILE), vocab.vocab_bytes)
+            storage.write_bytes(storage.join(output, COUNTS_FILE), vocab.counts_bytes)
+            plan = {
+                **build_plan(identity, config["chunk_bytes"], chunks, vocab),
+                "distinct_train_tokens": distinct,
+            }
+            storage.write_bytes(storage.join(output, PLAN_FILE), encode_json(plan))
+        layouts = _layouts(chunks, config["shard_tokens"])
+        out = _ShardOutput(
+            output, config["seed"], config["block_tokens"], UNK_ID, [ray.put(_unigram(chunks, vocab))]
+        )
+        done = _reusable_shards(run, layouts, manifest, out)
+        total_tokens = sum(layouts[s].total_tokens for s in SPLITS)
+        progress = Progress("shard: writing", config["progress"])
+        written = _write(run, out, chunks, vocab, layouts, done, kept, progress)
+        progress.close()
+        records = {**done, **written}
+        shards = {split: [records[(split, s)] for s in range(layouts[split].num_shards)] for split in SPLITS}
+        manifest = build_manifest(identity, paths, len(inputs), chunks, vocab, distinct, shards)
+        if sum(manifest["totals"][s]["tokens"] for s in SPLITS) != total_tokens:
+            raise ShardError(
+                f"shards in {output} do not add up to the counted tokens; delete the output and rerun"
+            )
+        storage.write_bytes(storage.join(output, MANIFEST_FILE), encode_json(manifest))
+        seconds = time.perf_counter() - started
+        print(summary(manifest, seconds, output, reused=len(done)))
+        return StageResult("shard", output, seconds, total_tokens, details={"manifest": manifest})
 
 
 def _unigram(chunks: Sequence[ChunkSummary], vocab: Vocabulary) -> np.ndarray:

@@ -2,7 +2,8 @@
 manifest (written last).
 
 A run is identified by its *identity*: the content-relevant config (everything except
-:data:`pipeline.shard.config.RUNTIME_KEYS`) and the input paths. Reruns compare identities:
+:data:`pipeline.shard.config.RUNTIME_KEYS`), the input paths and their versions (size and
+modification time, or ETag on S3). Reruns compare identities:
 
 - ``manifest.json`` present with the same identity: the output is complete; nothing to do.
 - ``shard_plan.json`` present with the same identity (a killed run): the counting pass and the
@@ -16,35 +17,69 @@ JSON is written with sorted keys and fixed indentation, so equal content gives e
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pipeline.lease import LEASE_FILE
+from pipeline.output_owner import OwnFiles
 from pipeline.shard.config import RUNTIME_KEYS
 from pipeline.shard.passes import ChunkSummary
 from pipeline.shard.sentences import LineStats
 from pipeline.shard.vocabulary import Vocabulary
 from pipeline.shard.writer import ShardRecord
-from pipeline.shard_format import COUNTS_FILE, SPLITS, VOCAB_FILE
+from pipeline.shard_format import COUNTS_FILE, MANIFEST_FILE, SPLITS, VOCAB_FILE
 
 FORMAT_VERSION = 1
+RUN_FILE = "shard_run.json"
+"""The run's identity, written before anything else: it makes the folder this stage's
+(``pipeline/output_owner.py``), and a rerun with another identity is refused."""
 PLAN_FILE = "shard_plan.json"
 """Record of the counting pass (identity, chunk summaries, vocabulary hash), written before any
 shard and kept after the manifest; unlike the shards and manifest it depends on ``chunk_bytes``."""
+
+
+OWN_FILES = OwnFiles(
+    "shard",
+    RUN_FILE,
+    re.compile(
+        "|".join(
+            re.escape(n) for n in (RUN_FILE, PLAN_FILE, MANIFEST_FILE, VOCAB_FILE, COUNTS_FILE, LEASE_FILE)
+        )
+        + rf"|({'|'.join(SPLITS)})-\d{{6,}}\.tar|\.write-probe"
+    ),
+)
+"""What the stage writes into its output; a folder with anything else is refused."""
 
 
 def encode_json(obj: Any) -> bytes:
     return (json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def run_identity(config: Mapping[str, Any], inputs: Sequence[str], heldout_inputs: Sequence[str]) -> dict:
-    """The part of a run that determines its output bytes."""
+IDENTITY_KEYS = ("config", "inputs", "heldout_inputs", "input_versions")
+
+
+def run_identity(
+    config: Mapping[str, Any],
+    inputs: Sequence[str],
+    heldout_inputs: Sequence[str],
+    versions: Mapping[str, dict],
+) -> dict:
+    """The part of a run that determines its output bytes: the content-relevant config, the input
+    paths and each input's version (``versions``: path -> ``storage.version``; an edited corpus is
+    another run's)."""
     content = {k: v for k, v in config.items() if k not in RUNTIME_KEYS}
-    return {"config": content, "inputs": list(inputs), "heldout_inputs": list(heldout_inputs)}
+    return {
+        "config": content,
+        "inputs": list(inputs),
+        "heldout_inputs": list(heldout_inputs),
+        "input_versions": {path: dict(versions[path]) for path in [*inputs, *heldout_inputs]},
+    }
 
 
 def identity_of(record: Mapping[str, Any]) -> dict:
     """The identity stored in a plan or manifest."""
-    return {k: record.get(k) for k in ("config", "inputs", "heldout_inputs")}
+    return {k: record.get(k) for k in IDENTITY_KEYS}
 
 
 def build_plan(identity: dict, chunk_bytes: int, chunks: Sequence[ChunkSummary], vocab: Vocabulary) -> dict:

@@ -1,11 +1,13 @@
 """What a shard run finds in its output and reuses: the manifest and plan of a run with the same
 identity, the vocabulary it wrote, and the counting pass's kept chunks.
 
-A rerun with the same inputs and settings (its *identity*) is safe everywhere: a complete output is
-left alone, a plan (the counting pass's result, written before any shard) spares the counting pass,
-a vocabulary that matches the plan spares rebuilding it, and shards already written under their
-final names are described and kept (``job._reusable_shards``). An output that holds another run's
-files, or stray shard files without a manifest or plan, is refused, never overwritten.
+A rerun with the same inputs and settings (its *identity*, recorded first in ``shard_run.json``) is
+safe everywhere: a complete output is left alone, a plan (the counting pass's result, written
+before any shard) spares the counting pass, a vocabulary that matches the plan spares rebuilding
+it, and shards already written under their final names are described and kept
+(``job._reusable_shards``). An output that holds another run's files, anyone else's files, or this
+stage's file names without ``shard_run.json``, is refused, never overwritten
+(``pipeline/output_owner.py``).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pipeline import storage
+from pipeline.output_owner import check_owned
 from pipeline.shard.errors import ShardError
-from pipeline.shard.manifest import PLAN_FILE, identity_of
+from pipeline.shard.manifest import OWN_FILES, PLAN_FILE, RUN_FILE, encode_json, identity_of
 from pipeline.shard.passes import ChunkSummary
 from pipeline.shard.reader import iter_chunks
 from pipeline.shard.vocabulary import Vocabulary
@@ -37,8 +40,18 @@ def output_prefix(output: str) -> str:
 
 
 def inspect_output(output: str, identity: dict) -> tuple[dict | None, dict | None]:
-    """``(manifest, plan)`` already in ``output`` for this run; ShardError when the output holds
-    another run's shards."""
+    """``(manifest, plan)`` already in ``output`` for this run; ShardError when the output is not
+    this stage's (``OWN_FILES``) or holds another run's shards."""
+    if not check_owned(output, OWN_FILES, ShardError):
+        return None, None
+    run_path = storage.join(output, RUN_FILE)
+    try:
+        claimed = json.loads(storage.read_bytes(run_path))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        claimed = None
+    if not isinstance(claimed, dict):
+        raise ShardError(f"{run_path} is damaged (not a JSON object); delete the output {output} and rerun")
+    check_identity(identity_of(claimed), identity, run_path)
     manifest_path, plan_path = storage.join(output, MANIFEST_FILE), storage.join(output, PLAN_FILE)
     manifest = plan = None
     if storage.exists(manifest_path):
@@ -53,15 +66,14 @@ def inspect_output(output: str, identity: dict) -> tuple[dict | None, dict | Non
             plan = None  # a plan is only a cache of the counting pass: an unreadable one means recount
         else:
             check_identity(identity_of(plan), identity, plan_path)
-    if manifest is None and plan is None:
-        names = [p.rsplit("/", 1)[-1] for p in storage.list_prefix(output_prefix(output))]
-        strays = [n for n in names if n.endswith(".tar") and n.startswith(SPLITS) or n == VOCAB_FILE]
-        if strays:
-            raise ShardError(
-                f"output {output} holds {strays[0]} but no readable {MANIFEST_FILE} or {PLAN_FILE}: "
-                "not from this stage; choose an empty output or delete them"
-            )
     return manifest, plan
+
+
+def claim_output(output: str, identity: dict) -> None:
+    """Write the run's marker (``RUN_FILE``) unless the output holds it: before anything else."""
+    path = storage.join(output, RUN_FILE)
+    if not storage.exists(path):
+        storage.write_bytes(path, encode_json(identity))
 
 
 def check_identity(found: dict, wanted: dict, path: str) -> None:
@@ -75,8 +87,19 @@ def check_identity(found: dict, wanted: dict, path: str) -> None:
         ]
         + [k for k in ("inputs", "heldout_inputs") if found[k] != wanted[k]]
     )
+    if not differing:  # the same paths and settings: an input was edited since (or an older run's record)
+        edited = [
+            p
+            for p in wanted["input_versions"]
+            if (found["input_versions"] or {}).get(p) != wanted["input_versions"][p]
+        ]
+        raise ShardError(
+            f"{path} belongs to a run of other input versions ({edited[0] if edited else 'unrecorded'} "
+            "changed since: size, modification time or ETag); use another output, or delete the old one "
+            "to shard the corpus as it is now"
+        )
     raise ShardError(
-        f"{path} belongs to a run with different {', '.join(differing) or 'settings'}; "
+        f"{path} belongs to a run with different {', '.join(differing)}; "
         "use another output or delete the old one"
     )
 

@@ -10,6 +10,8 @@ once, in ``TrainConfig.__post_init__``.
 from __future__ import annotations
 
 import enum
+import math
+import re
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -219,12 +221,48 @@ class TrainConfig:
                 (
                     "softmax.offset_penalty",
                     self.softmax.offset_penalty,
-                    self.softmax.offset_penalty >= 0,
-                    ">= 0",
+                    _finite(self.softmax.offset_penalty) and self.softmax.offset_penalty >= 0,
+                    "a number >= 0",
                 ),
-                ("optimizer.lr", self.optimizer.lr, self.optimizer.lr > 0, "> 0"),
+                (
+                    "optimizer.lr",
+                    self.optimizer.lr,
+                    _finite(self.optimizer.lr) and self.optimizer.lr > 0,
+                    "a number > 0",
+                ),
+                (
+                    "optimizer.initial_accumulator",
+                    self.optimizer.initial_accumulator,
+                    _finite(self.optimizer.initial_accumulator) and self.optimizer.initial_accumulator > 0,
+                    "a number > 0",
+                ),
+                (
+                    "optimizer.adam_eps",
+                    self.optimizer.adam_eps,
+                    _finite(self.optimizer.adam_eps) and self.optimizer.adam_eps > 0,
+                    "a number > 0",
+                ),
+                (
+                    "optimizer.final_lr_fraction",
+                    self.optimizer.final_lr_fraction,
+                    0 <= self.optimizer.final_lr_fraction <= 1,
+                    "in [0, 1]",
+                ),
+                ("clip_norm", self.clip_norm, _finite(self.clip_norm) and self.clip_norm > 0, "a number > 0"),
+                (
+                    "resources_timeout_s",
+                    self.resources_timeout_s,
+                    _finite(self.resources_timeout_s) and self.resources_timeout_s > 0,
+                    "a number of seconds > 0",
+                ),
+                ("name", self.name, run_name_ok(self.name), NAME_RULE),
                 ("guard.batches", self.guard.batches, self.guard.batches >= 1, ">= 1"),
-                ("guard.factor", self.guard.factor, self.guard.factor > 1, "> 1"),
+                (
+                    "guard.factor",
+                    self.guard.factor,
+                    _finite(self.guard.factor) and self.guard.factor > 1,
+                    "a number > 1",
+                ),
                 ("guard.lr_factor", self.guard.lr_factor, 0 < self.guard.lr_factor < 1, "in (0, 1)"),
                 ("guard.max_rollbacks", self.guard.max_rollbacks, self.guard.max_rollbacks >= 0, ">= 0"),
                 (
@@ -236,11 +274,26 @@ class TrainConfig:
                 (
                     "optimizer.adam_betas",
                     list(self.optimizer.adam_betas),
-                    len(self.optimizer.adam_betas) == 2,
-                    "two numbers",
+                    len(self.optimizer.adam_betas) == 2
+                    and all(0 <= b < 1 for b in self.optimizer.adam_betas),
+                    "two numbers in [0, 1)",
                 ),
             ]
         )
+
+
+def _finite(value: float) -> bool:
+    return math.isfinite(value)
+
+
+NAME_RULE = "at most 100 letters, digits, spaces and . _ - (empty: the output folder's name)"
+
+
+def run_name_ok(name: str) -> bool:
+    """A run name Ray, wandb and a file system all take."""
+    return not name or (
+        len(name) <= 100 and re.fullmatch(r"[\w .-]+", name) is not None and name.strip() == name
+    )
 
 
 _AT_LEAST_ONE = (

@@ -1,13 +1,17 @@
 """Export a trained biLM in the original format: options.json + weights.hdf5 (bilm-tf / AllenNLP
 readable, via ``BiLM.save_files``), the softmax in its own HDF5, and the vocabulary.
 
-Layout of ``OUT/``: ``options.json``, ``weights.hdf5``, ``softmax.hdf5`` (datasets ``softmax/W``
-(V, P) and ``softmax/b`` (V,), bilm-tf's ``lm/softmax/{W,b}``), ``vocab.txt``.
+Layout of ``OUT/``: ``export.json`` (what was exported: the run and step, or the checkpoint; written
+first, it makes the folder an export's, ``pipeline/output_owner.py``), ``options.json``,
+``weights.hdf5``, ``softmax.hdf5`` (datasets ``softmax/W`` (V, P) and ``softmax/b`` (V,), bilm-tf's
+``lm/softmax/{W,b}``), ``vocab.txt``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import tempfile
 
 import h5py
@@ -17,6 +21,7 @@ import torch
 from elmo_model import BiLM, OptionsError
 from elmo_model.weights import require_stored_here
 from pipeline import storage
+from pipeline.output_owner import OwnFiles, check_owned
 from pipeline.train import checkpoint as ckpt
 from pipeline.train.errors import TrainError
 from pipeline.train.objective import SharedSoftmax
@@ -26,6 +31,10 @@ WEIGHTS_FILE = "weights.hdf5"
 SOFTMAX_FILE = "softmax.hdf5"
 VOCAB_FILE = "vocab.txt"
 EXPORT_FILES = (OPTIONS_FILE, WEIGHTS_FILE, SOFTMAX_FILE, VOCAB_FILE)
+MARKER_FILE = "export.json"
+OWN_FILES = OwnFiles(
+    "export", MARKER_FILE, re.compile("|".join(re.escape(n) for n in (MARKER_FILE, *EXPORT_FILES)))
+)
 
 
 def write_softmax(softmax: SharedSoftmax, path: str) -> None:
@@ -51,8 +60,10 @@ def read_softmax(path: str) -> tuple[np.ndarray, np.ndarray]:
         return weight[...].astype(np.float32), bias[...].astype(np.float32)
 
 
-def export_model(bilm: BiLM, softmax: SharedSoftmax, vocab: bytes, out_dir: str) -> list[str]:
-    """Write the four export files to ``out_dir`` (local or ``s3://``); returns their paths."""
+def export_model(bilm: BiLM, softmax: SharedSoftmax, vocab: bytes, out_dir: str, source: dict) -> list[str]:
+    """Write the export to ``out_dir`` (local or ``s3://``): ``export.json`` (``source``: what was
+    exported) first, then the four model files; returns their paths."""
+    storage.write_bytes(storage.join(out_dir, MARKER_FILE), json.dumps(source, sort_keys=True).encode())
     written = []
     with tempfile.TemporaryDirectory(prefix="elmo-export-") as tmp:
         local = {name: os.path.join(tmp, name) for name in EXPORT_FILES}
@@ -118,16 +129,12 @@ def load_pretrained(source: str, bilm: BiLM, softmax: SharedSoftmax, vocab: byte
 
 
 def check_export_folder(out_dir: str, overwrite: bool) -> None:
-    """Refuse (TrainError, one line) an ``out_dir`` holding files other than an export's own four
-    unless ``overwrite``: ``elmo export`` must not replace a user's ``options.json`` in a folder of
-    other files. A new or empty folder, or an earlier export, is fine."""
-    foreign = [name for name in storage.list_names(out_dir) if name not in EXPORT_FILES]
-    if foreign and not overwrite:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise TrainError(
-            f"output {out_dir} holds files an export did not write ({shown}); choose an empty folder, "
-            "or pass --overwrite to replace its export files and keep the rest"
-        )
+    """Refuse (TrainError, one line) an ``out_dir`` that is not new, empty or an earlier export
+    (``export.json`` and the export's files, nothing else) unless ``overwrite``: ``elmo export``
+    must not replace a user's ``options.json`` and ``weights.hdf5`` (released ELMo files, say)."""
+    if not overwrite:
+        hint = ", or pass --overwrite to replace its export files and keep the rest"
+        check_owned(out_dir, OWN_FILES, TrainError, overwrite_hint=hint)
 
 
 def export_checkpoint(path: str, out_dir: str, overwrite: bool = False) -> list[str]:
@@ -141,4 +148,4 @@ def export_checkpoint(path: str, out_dir: str, overwrite: bool = False) -> list[
     check_export_folder(out_dir, overwrite)
     bilm, softmax, payload = model_from_checkpoint(path)
     with torch.no_grad():
-        return export_model(bilm, softmax, payload["vocab"], out_dir)
+        return export_model(bilm, softmax, payload["vocab"], out_dir, {"checkpoint": path})

@@ -28,20 +28,20 @@ from elmo_model import BiLMOptions, OptionsError
 from pipeline import cluster_capacity, ray_runtime, shard_format, storage
 from pipeline.config import UseGPU
 from pipeline.errors import PipelineError, Terminated
+from pipeline.lease import Lease
 from pipeline.model_config import to_options
+from pipeline.output_owner import check_owned, withdraw_claim
 from pipeline.ray_runtime import RaySession
 from pipeline.stage_result import StageResult
-from pipeline.train import checkpoint as ckpt
 from pipeline.train import export as export_mod
-from pipeline.train.config import TrainConfig, WandbMode
+from pipeline.train.config import NAME_RULE, TrainConfig, WandbMode, run_name_ok
 from pipeline.train.data import steps_per_epoch
 from pipeline.train.errors import TrainError
 from pipeline.train.evaluate import check_heldout_split
 from pipeline.train.metrics import read_metrics, repair_metrics
 from pipeline.train.plan import RunPlan
 from pipeline.train.progress import RelayFollower, relay_actor
-from pipeline.train.run_dir import RUN_FILE, RunDir
-from pipeline.train.run_lease import RunLease
+from pipeline.train.run_dir import OWN_FILES, RunDir
 from pipeline.train.trainer import train_loop_per_worker
 from pipeline.train.wandb_run import new_wandb_id, sync_command
 from pipeline.unigram import heldout_unigram_perplexity
@@ -110,13 +110,41 @@ def _check_same_data(run_dir: str, recorded: dict, data: dict) -> None:
     )
 
 
+GPU_MEMORY_BOUND = 256 * 2**30
+"""More memory than any one GPU has: a step that needs more cannot run on a GPU either."""
+
+
+def check_step_fits(cfg: TrainConfig, options: dict) -> None:
+    """Refuse, before Ray starts, a step no worker can hold: its LSTM gates alone (kept for the
+    backward pass: N layers x 2 directions x 4C per position, in bfloat16 at best) against this
+    machine's memory (CPU workers share it) or, for GPUs, more than any GPU has."""
+    lstm = options["lstm"]
+    positions = cfg.batch_size * cfg.unroll_steps
+    per_position = lstm["n_layers"] * 2 * 4 * lstm["dim"] * 2
+    need = positions * per_position * (1 if cfg.use_gpu is UseGPU.true else cfg.workers)
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    bound = host if cfg.use_gpu is UseGPU.false else max(host, GPU_MEMORY_BOUND)
+    if need > bound:
+        raise TrainError(
+            f"batch_size x unroll_steps = {positions:,} positions a step need at least {need / 2**30:,.0f} GiB "
+            f"(the LSTM gates a step keeps, {per_position:,} bytes a position"
+            f"{'' if cfg.use_gpu is UseGPU.true else f', {cfg.workers} workers'}); the most a worker here can "
+            f"have is {bound / 2**30:,.0f} GiB: lower batch_size or unroll_steps"
+        )
+
+
+def run_lease(run_dir: str) -> Lease:
+    """The lease a driver holds on its run directory while it trains there."""
+    return Lease(run_dir, TrainError, "run directory")
+
+
 def _claim_run_dir(run_dir: str, name: str, data: dict) -> str:
     """Claim ``run_dir`` for run ``name`` trained on ``data`` (``run.json``), or check that it is
     this run's, on the same data; returns the run's wandb id, made at the first claim (a run
     claimed before ids or data were recorded gets them now)."""
     path = RunDir(run_dir).run_file
     claim = {}
-    if storage.exists(path):
+    if check_owned(run_dir, OWN_FILES, TrainError):
         try:
             claim = json.loads(storage.read_bytes(path))
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -135,10 +163,6 @@ def _claim_run_dir(run_dir: str, name: str, data: dict) -> str:
             _check_same_data(run_dir, claim["data"], data)
         if claim.get("wandb_id") and claim.get("data"):
             return claim["wandb_id"]
-    elif ckpt.list_checkpoints(run_dir):
-        raise TrainError(
-            f"run directory {run_dir} holds checkpoints but no {RUN_FILE}; choose another output"
-        )
     claim = {"name": name, "wandb_id": claim.get("wandb_id") or new_wandb_id(), "data": data}
     storage.write_bytes(path, json.dumps(claim).encode())
     return claim["wandb_id"]
@@ -172,8 +196,11 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
             "use fewer or softmax.sampled=false"
         )
     options = _model_options(cfg)
+    check_step_fits(cfg, options)
     name = cfg.name or run_dir.rstrip("/").rsplit("/", 1)[-1]
-    RunLease(run_dir).check()  # another live run in this directory: refused before anything is written
+    if not run_name_ok(name):
+        raise TrainError(f"run name {name!r} (the output folder's name) is not {NAME_RULE}: set name=...")
+    run_lease(run_dir).check()  # another live run in this directory: refused before anything is written
     wandb_id = _claim_run_dir(run_dir, name, data_identity(shards, manifest))
     return RunPlan(
         run_dir=run_dir,
@@ -234,17 +261,21 @@ def run_training(
     result's ``details`` are the final status row (end-of-run held-out perplexities); its tokens
     are this run's positions of one direction (a resumed run counts only the steps it ran)."""
     plan = prepare_run(cfg) if plan is None else plan
-    (session or RaySession.joined()).start()
-    plan = dataclasses.replace(plan, use_gpu=_cluster_check(cfg))
-    started = time.perf_counter()
-    relay = relay_actor()
     try:
-        with RunLease(plan.run_dir):
-            steps_before = _logged_steps(plan.run_dir)
-            with RelayFollower(relay, plan.total_steps, from_step=steps_before) as follower:
-                _fit_with_restarts(cfg, plan, relay)
-    finally:
-        ray.kill(relay)
+        (session or RaySession.joined()).start()
+        plan = dataclasses.replace(plan, use_gpu=_cluster_check(cfg))
+        started = time.perf_counter()
+        relay = relay_actor()
+        try:
+            with run_lease(plan.run_dir):
+                steps_before = _logged_steps(plan.run_dir)
+                with RelayFollower(relay, plan.total_steps, from_step=steps_before) as follower:
+                    _fit_with_restarts(cfg, plan, relay)
+        finally:
+            ray.kill(relay)
+    except BaseException:
+        withdraw_claim(plan.run_dir, OWN_FILES)  # a run that wrote nothing does not hold the folder
+        raise
     final = final_status(follower.status)
     if cfg.wandb.mode is WandbMode.offline:
         final["wandb_sync"] = sync_command(plan.run_dir, plan.wandb_id, cfg.wandb.project, cfg.wandb.entity)
@@ -333,8 +364,27 @@ def _quiet_train_logging() -> dict:
     return {"logging_config": logging_config(log_level="WARNING")} if logging_config else {}
 
 
-DETERMINISTIC_ERRORS = (ValueError, TypeError, LookupError, AttributeError, AssertionError, ArithmeticError)
-"""Built-in errors that a bad input or a bug raises the same way on every attempt."""
+DETERMINISTIC_ERRORS = (
+    ValueError,
+    TypeError,
+    LookupError,
+    AttributeError,
+    AssertionError,
+    ArithmeticError,
+    MemoryError,
+)
+"""Built-in errors that a bad input or a bug raises the same way on every attempt; an allocation
+that failed (MemoryError, or torch's own, :func:`_allocation_failed`) fails again at the same size."""
+
+
+def _allocation_failed(failure: BaseException) -> bool:
+    """torch's out-of-memory errors: CUDA's ``OutOfMemoryError``, the CPU allocator's RuntimeError."""
+    import torch
+
+    oom = getattr(torch, "OutOfMemoryError", ())
+    return isinstance(failure, oom) or (
+        isinstance(failure, RuntimeError) and "can't allocate memory" in str(failure)
+    )
 
 
 def _worth_retrying(err: BaseException) -> bool:
@@ -351,7 +401,7 @@ def _worth_retrying(err: BaseException) -> bool:
 def _deterministic(failure: BaseException) -> bool:
     if isinstance(failure, storage.StorageError) and not isinstance(failure, storage.OutOfSpace):
         return False
-    return isinstance(failure, (PipelineError, *DETERMINISTIC_ERRORS))
+    return isinstance(failure, (PipelineError, *DETERMINISTIC_ERRORS)) or _allocation_failed(failure)
 
 
 def _logged_steps(run_dir: str) -> int:

@@ -2,7 +2,7 @@
 
 Layout of ``RUN/``:
 - ``run.json``: the run's name, wandb id and the data it trains on (``launch``);
-- ``lease.json``: the heartbeat of the driver running it (``run_lease``);
+- ``lease.json``: the heartbeat of the driver running it (``pipeline/lease.py``);
 - ``metrics.jsonl``: one JSON row per line, the run's record (``metrics``);
 - ``checkpoints/step-NNNNNNNNN/``: checkpoints (``checkpoint``);
 - ``wandb/attempt-NNN/``: each attempt's offline wandb files (``wandb_run``);
@@ -19,18 +19,29 @@ loses at most one interval there.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pipeline import storage
 from pipeline.background import WriteQueue
+from pipeline.lease import LEASE_FILE
+from pipeline.output_owner import OwnFiles
 
 RUN_FILE = "run.json"
-LEASE_FILE = "lease.json"
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "perplexity.png"
 CHECKPOINTS = "checkpoints"
 WANDB_DIR = "wandb"
 EXPORT_DIR = "export"
+OWN_FILES = OwnFiles(
+    "train",
+    RUN_FILE,
+    re.compile(
+        rf"{RUN_FILE}|{LEASE_FILE}|{re.escape(METRICS_FILE)}|{re.escape(PLOT_FILE)}"
+        rf"|({CHECKPOINTS}|{WANDB_DIR}|{EXPORT_DIR})/.+"
+    ),
+)
+"""What a run writes into its directory (``pipeline/output_owner.py``): another folder is refused."""
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,11 @@ class Trainer:
             if self.rank == 0:
                 with torch.no_grad():
                     export_mod.export_model(
-                        self.runner.bilm, self.runner.softmax, self.vocab_bytes, self.run_dir.export
+                        self.runner.bilm,
+                        self.runner.softmax,
+                        self.vocab_bytes,
+                        self.run_dir.export,
+                        {"run": self.plan.run_dir, "name": self.plan.name, "step": self.step},
                     )
                 plot_perplexity(self.log.rows, self.run_dir.plot)
             status.update({k: v for k, v in final.items() if k != "kind"})

@@ -174,6 +174,21 @@ def test_expand_nothing_is_an_error(root):
     one_line_error(excinfo, join(root, "x/s-999.tar"), "no such")
 
 
+def test_a_local_folder_named_as_a_file_says_so(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    with pytest.raises(
+        StorageError, match=r"corpus: a folder, not a file; name its files or a glob \(.*corpus/\*.txt\)"
+    ):
+        storage.expand(str(tmp_path / "corpus"))
+
+
+def test_listed_sizes_are_the_files_sizes(root):
+    put_tree(root, ["s/a.bin", "s/sub/b.bin"])
+    sizes = storage.list_sizes(join(root, "s") + "/")
+    assert sorted(sizes) == storage.list_prefix(join(root, "s") + "/")
+    assert sizes == {path: len(storage.read_bytes(path)) for path in sizes}
+
+
 def test_sha256_streams_the_file(root):
     data = payload(3 * storage.HASH_CHUNK // 2 + 7)  # more than one read
     path = storage.join(root, "hashed.bin")
@@ -560,3 +575,48 @@ def test_a_full_disk_is_named_and_leaves_nothing(small_filesystem):
                 write(out)
         one_line_error(excinfo, path, f"no space left on the filesystem mounted at {small_filesystem} (")
         assert os.listdir(small_filesystem / "run") == []
+
+
+@pytest.mark.timeout(60)
+def test_an_endpoint_that_never_answers_fails_in_one_line_and_says_so_while_waiting(
+    fresh_clients, monkeypatch, capsys
+):
+    """It accepts connections and sends nothing: each try ends after READ_TIMEOUT_S without a
+    byte (here 0.5 s), the first wait is said once on stderr, the last one fails in one line."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKSILENT")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "silent-secret")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
+    monkeypatch.setattr(storage, "READ_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(storage, "_said_waiting", set())
+    held = []
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        stop = threading.Event()
+
+        def accept() -> None:
+            server.settimeout(0.1)
+            while not stop.is_set():
+                try:
+                    held.append(server.accept()[0])  # held open, never answered
+                except TimeoutError:
+                    continue
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+        storage.configure(endpoint_url=endpoint)
+        try:
+            with pytest.raises(StorageError) as excinfo:
+                storage.read_bytes("s3://bkt/key.bin")
+        finally:
+            stop.set()
+            thread.join()
+            for conn in held:
+                conn.close()
+    one_line_error(excinfo, "s3://bkt/key.bin", f"S3 endpoint {endpoint} did not answer", "3 attempts")
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("storage:")]
+    assert said == [
+        f"storage: S3 endpoint {endpoint} did not answer within 0.5 s; trying again (attempt 2 of 3)"
+    ]
+    assert len(held) == 3  # every attempt reached it

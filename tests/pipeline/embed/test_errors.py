@@ -191,8 +191,8 @@ def test_an_output_that_is_not_this_stages_is_refused_and_left_as_it_was(tmp_pat
     cases = {
         shards: "is a shard directory (its manifest.json is the shard stage's); write the embeddings to another folder",
         notes: "holds notes.txt, which elmo embed did not write; choose an empty or new output folder",
-        stray: "holds embeddings-000000.hdf5 but no _progress/run.json: not a resumable embed run; "
-        "choose an empty or new output folder, or delete it",
+        stray: "holds embeddings-000000.hdf5 but no _progress/run.json: not an elmo embed output "
+        "(or one from before _progress/run.json was written); choose an empty or new output folder",
         other_manifest: "holds a manifest.json that elmo embed did not write; choose an empty or new output folder",
         existing: "already exists; pass --overwrite (overwrite=true) to replace it, or choose another path",
         folder_hdf5: "is a folder, not a file; name a new .hdf5 file, or the folder without the suffix",

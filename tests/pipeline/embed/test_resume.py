@@ -95,7 +95,7 @@ def test_only_this_stages_files_make_an_output_its_own(tmp_path):
     out.mkdir()
     resume.check_own_folder(str(out))  # empty
     commit(str(out), specs(1)[0])
-    with pytest.raises(EmbedError, match="but no _progress/run.json: not a resumable embed run"):
+    with pytest.raises(EmbedError, match="but no _progress/run.json: not an elmo embed output"):
         resume.check_own_folder(str(out))
     resume.claim_output(str(out), RUN)
     resume.check_own_folder(str(out))

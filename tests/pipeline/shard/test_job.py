@@ -165,7 +165,8 @@ def test_rerun_does_nothing_and_a_partial_output_is_completed(baseline, corpus, 
     kept = (out / "train-000000.tar").stat().st_mtime_ns
     capsys.readouterr()
     run([corpus[0]], out, workers=1, chunk_bytes=50000)
-    assert f"reused {len(before) - 4} shards" in capsys.readouterr().out
+    tars = [name for name in before if name.endswith(".tar")]
+    assert f"reused {len(tars) - 1} shards" in capsys.readouterr().out
     assert snapshot(out) == before
     assert (out / "train-000000.tar").stat().st_mtime_ns == kept
     # a shard that is not a readable tar is rewritten
@@ -173,11 +174,16 @@ def test_rerun_does_nothing_and_a_partial_output_is_completed(baseline, corpus, 
     (out / "train-000002.tar").write_bytes(b"garbage")
     run([corpus[0]], out, workers=2, chunk_bytes=50000)
     assert snapshot(out) == before
-    # without a readable plan or manifest, nothing vouches for the shards there: refused
+    # without a readable plan or manifest, shard_run.json still says whose shards these are:
+    # counted again, and the same bytes
     (out / "manifest.json").unlink()
     storage.write_bytes(str(out / "shard_plan.json"), b"{}")
+    run([corpus[0]], out, workers=2, chunk_bytes=50000)
+    assert snapshot(out) == before
+    # without shard_run.json, nothing vouches for the files there: refused, not written over
+    (out / "shard_run.json").unlink()
     with pytest.raises(
-        ShardError, match="holds heldout-000000.tar but no readable manifest.json or shard_plan.json"
+        ShardError, match=r"holds heldout-000000.tar but no shard_run.json: not an elmo shard output"
     ):
         run([corpus[0]], out, workers=2, chunk_bytes=50000)
 
@@ -206,18 +212,26 @@ def test_writing_pass_reads_again_only_inputs_whose_chunks_were_not_kept(
     assert snapshot(tmp_path / "reread") == snapshot(tmp_path / "mixed")
 
 
-def test_rerun_refuses_an_input_that_changed_since_the_counting_pass(ray_local, corpus, tmp_path):
+def test_rerun_refuses_an_input_edited_since_complete_or_partial(ray_local, corpus, tmp_path):
+    """An edit that keeps the lines and tokens (one word for another) is another corpus: neither
+    "already complete" nor a partial output completed from the new text beside the old shards."""
     source = tmp_path / "in.txt"
     lines = corpus[1][:800]
     source.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
     run([source], out, chunk_bytes=20000)
+    edited = lines[0].split(" ")
+    edited[0] = "X" * len(edited[0])
+    source.write_text("\n".join([" ".join(edited), *lines[1:]]) + "\n")
+    with pytest.raises(
+        ShardError, match=r"belongs to a run of other input versions \(.*in.txt changed since"
+    ):
+        run([source], out, chunk_bytes=20000)
     (out / "manifest.json").unlink()
     (out / "train-000000.tar").unlink()
-    source.write_text("\n".join([lines[0] + " more words", *lines[1:]]) + "\n")
-    with pytest.raises(ShardError, match="changed between the counting and writing passes"):
+    with pytest.raises(ShardError, match=r"shard_run.json belongs to a run of other input versions"):
         run([source], out, chunk_bytes=20000)
-    assert (out / "vocab.txt").exists() and (out / "shard_plan.json").exists()  # kept, for a rerun
+    assert (out / "vocab.txt").exists() and (out / "shard_plan.json").exists()  # kept, not mixed
 
 
 def test_bad_input_lines_are_replaced_skipped_and_counted(ray_local, tmp_path):
@@ -260,14 +274,34 @@ def test_a_run_that_fails_before_writing_leaves_no_folder_it_created(ray_local, 
     with pytest.raises(ShardError, match="empty corpus"):
         run([blank], existing / "out")
     assert sorted(p.name for p in existing.iterdir()) == ["notes.txt"]
-    with pytest.raises(ShardError, match="empty corpus"):
-        run([blank], existing)  # a folder that was there before stays, with what it held
+    with pytest.raises(ShardError, match="holds notes.txt, which elmo shard did not write"):
+        run([blank], existing)  # a folder of someone else's files is not written into at all
     assert sorted(p.name for p in existing.iterdir()) == ["notes.txt"]
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ShardError, match="empty corpus"):
         run([blank], empty)
     assert empty.is_dir()
+
+
+@pytest.mark.parametrize("name", ["vocab_counts.tsv", "shard_plan.json", "notes.txt"])
+def test_a_users_files_are_never_written_over(ray_local, corpus, tmp_path, name):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_text("the user's")
+    with pytest.raises(ShardError, match=rf"holds {name}"):
+        run([corpus[0]], out)
+    assert [(p.name, p.read_text()) for p in out.iterdir()] == [(name, "the user's")]
+
+
+def test_a_second_run_into_a_folder_being_written_is_refused(ray_local, corpus, tmp_path):
+    from pipeline.lease import Lease
+
+    out = tmp_path / "out"
+    with Lease(str(out), ShardError, "output"):  # another run, still writing
+        with pytest.raises(ShardError, match=rf"output {out} is in use by another run \(host "):
+            run([corpus[0]], out)
+    assert sorted(p.name for p in out.iterdir()) == []  # nothing of the refused run's
 
 
 def test_explicit_heldout_input_and_moses(ray_local, tmp_path):

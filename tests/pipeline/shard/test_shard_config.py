@@ -36,3 +36,13 @@ def test_the_tokenizer_is_a_choice_and_the_defaults_pass():
     assert cfg.tokenizer is TokenizerName.moses and cfg.max_size == 3
     with pytest.raises(ConfigError, match="tokenizer"):
         load_config(ShardConfig, overrides=[*BASE, "tokenizer=spacy"])
+
+
+def test_a_language_the_moses_rules_do_not_know_is_refused_not_silently_ignored():
+    assert load_config(ShardConfig, overrides=[*BASE, "tokenizer=moses", "moses_lang=de"]).moses_lang == "de"
+    with pytest.raises(
+        ConfigError,
+        match=r"config key 'moses_lang' must be a language the Moses rules know \(.*en.*\), got 'zz'",
+    ):
+        load_config(ShardConfig, overrides=[*BASE, "tokenizer=moses", "moses_lang=zz"])
+    load_config(ShardConfig, overrides=[*BASE, "moses_lang=zz"])  # whitespace tokenizer: not used

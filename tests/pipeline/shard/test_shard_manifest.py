@@ -41,29 +41,35 @@ CHUNKS = [
 ]  # fmt: skip
 
 
+VERSIONS = {"a.txt": {"bytes": 10, "modified_ns": 5}, "h.txt": {"bytes": 3, "etag": '"e"'}}
+
+
 def test_the_identity_leaves_out_how_the_run_was_run():
-    identity = run_identity(CONFIG, ["a.txt"], ["h.txt"])
+    identity = run_identity(CONFIG, ["a.txt"], ["h.txt"], VERSIONS)
     assert identity == {
         "config": {"tokenizer": "moses", "seed": 3},
         "inputs": ["a.txt"],
         "heldout_inputs": ["h.txt"],
+        "input_versions": VERSIONS,
     }
-    other_runtime = run_identity({**CONFIG, "workers": 1, "output": "s3://b/x"}, ["a.txt"], ["h.txt"])
+    other_runtime = run_identity(
+        {**CONFIG, "workers": 1, "output": "s3://b/x"}, ["a.txt"], ["h.txt"], VERSIONS
+    )
     assert other_runtime == identity
 
 
 def test_a_plan_is_reused_only_by_the_same_run_with_the_same_chunking():
-    identity = run_identity(CONFIG, ["a.txt"], [])
+    identity = run_identity(CONFIG, ["a.txt"], [], VERSIONS)
     plan = json.loads(encode_json(build_plan(identity, 1024, CHUNKS, VOCAB)))  # as read back from disk
     assert plan["vocab_sha256"] == VOCAB.sha256
     assert plan_chunks(plan, identity, 1024) == CHUNKS
     assert plan_chunks(plan, identity, 2048) is None
-    assert plan_chunks(plan, run_identity({**CONFIG, "seed": 4}, ["a.txt"], []), 1024) is None
+    assert plan_chunks(plan, run_identity({**CONFIG, "seed": 4}, ["a.txt"], [], VERSIONS), 1024) is None
     assert plan_chunks({**plan, "format_version": FORMAT_VERSION + 1}, identity, 1024) is None
 
 
 def test_the_manifest_accounts_for_every_line_and_sums_the_shards():
-    identity = run_identity(CONFIG, ["a.txt"], ["h.txt"])
+    identity = run_identity(CONFIG, ["a.txt"], ["h.txt"], VERSIONS)
     shards = {
         "train": [ShardRecord("train-000000.tar", 12, 60, 2, 1000, "s0", 3)],
         "heldout": [

@@ -6,38 +6,57 @@ from __future__ import annotations
 import pytest
 
 from pipeline.shard.errors import ShardError
-from pipeline.shard.manifest import PLAN_FILE, build_plan, encode_json, run_identity
-from pipeline.shard.resume import inspect_output, is_complete, read_vocabulary
+from pipeline.shard.manifest import PLAN_FILE, RUN_FILE, build_plan, encode_json, run_identity
+from pipeline.shard.resume import claim_output, inspect_output, is_complete, read_vocabulary
 from pipeline.shard.vocabulary import build_vocabulary
 from pipeline.shard_format import COUNTS_FILE, VOCAB_FILE
 
-IDENTITY = run_identity({"tokenizer": "moses", "seed": 3}, ["a.txt"], [])
+A_TXT = {"a.txt": {"bytes": 100, "modified_ns": 1}}
+IDENTITY = run_identity({"tokenizer": "moses", "seed": 3}, ["a.txt"], [], A_TXT)
 VOCAB = build_vocabulary({"the": 5, "cat": 2}, num_sentences=3)
 
 
 def test_a_new_output_has_nothing_and_a_killed_runs_plan_is_found(tmp_path):
     assert inspect_output(str(tmp_path / "new"), IDENTITY) == (None, None)
+    claim_output(str(tmp_path), IDENTITY)
+    assert (tmp_path / RUN_FILE).read_bytes() == encode_json(IDENTITY)
     (tmp_path / PLAN_FILE).write_bytes(encode_json(build_plan(IDENTITY, 1024, [], VOCAB)))
     manifest, plan = inspect_output(str(tmp_path), IDENTITY)
     assert manifest is None and plan["vocab_sha256"] == VOCAB.sha256
 
 
-def test_another_runs_plan_is_refused_naming_what_differs(tmp_path):
-    other = run_identity({"tokenizer": "whitespace", "seed": 4}, ["b.txt"], [])
-    (tmp_path / PLAN_FILE).write_bytes(encode_json(build_plan(other, 1024, [], VOCAB)))
+def test_another_runs_output_is_refused_naming_what_differs(tmp_path):
+    other = run_identity({"tokenizer": "whitespace", "seed": 4}, ["b.txt"], [], {"b.txt": {}})
+    claim_output(str(tmp_path), other)
+    claim_output(str(tmp_path), IDENTITY)  # the first claim stands
     with pytest.raises(
-        ShardError, match="belongs to a run with different inputs, seed, tokenizer; use another"
+        ShardError,
+        match="shard_run.json belongs to a run with different inputs, seed, tokenizer; use another",
     ):
         inspect_output(str(tmp_path), IDENTITY)
 
 
-def test_an_unreadable_plan_means_counting_again_but_stray_shards_are_refused(tmp_path):
+def test_an_output_of_an_edited_input_is_refused_naming_the_input(tmp_path):
+    before = run_identity(
+        {"tokenizer": "moses", "seed": 3}, ["a.txt"], [], {"a.txt": {"bytes": 100, "modified_ns": 0}}
+    )
+    claim_output(str(tmp_path), before)
+    with pytest.raises(ShardError, match=r"belongs to a run of other input versions \(a.txt changed since"):
+        inspect_output(str(tmp_path), IDENTITY)
+
+
+def test_an_unreadable_plan_means_counting_again_but_files_without_the_claim_are_refused(tmp_path):
+    claim_output(str(tmp_path), IDENTITY)
     (tmp_path / PLAN_FILE).write_text("{cut off")
     assert inspect_output(str(tmp_path), IDENTITY) == (None, None)
+    (tmp_path / RUN_FILE).unlink()
     (tmp_path / "train-000000.tar").write_bytes(b"someone's")
     with pytest.raises(
-        ShardError, match="holds train-000000.tar but no readable manifest.json or shard_plan.json"
+        ShardError, match="holds shard_plan.json but no shard_run.json: not an elmo shard output"
     ):
+        inspect_output(str(tmp_path), IDENTITY)
+    (tmp_path / RUN_FILE).write_text("{cut")
+    with pytest.raises(ShardError, match="shard_run.json is damaged"):
         inspect_output(str(tmp_path), IDENTITY)
 
 

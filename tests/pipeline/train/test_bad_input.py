@@ -141,6 +141,13 @@ def test_more_workers_than_the_cluster_has(shards, tmp_path, ray_local, monkeypa
     monkeypatch.setattr(cluster_capacity, "PROBE_S", 3.0)
     with pytest.raises(TrainError, match=message + r".*no node was on its way 3 s after asking"):
         _cluster_check(cfg, embedded=False)
+    # the whole run: claimed by prepare_run, refused by the cluster, and its claim taken back, so a
+    # rerun with other settings (another name, say) is not refused as another run's
+    from pipeline.train.launch import run_training
+
+    with pytest.raises(TrainError, match=message):
+        run_training(cfg, prepare_run(cfg))
+    assert os.listdir(tmp_path / "run") == []
 
 
 def test_cli_reports_one_line(shards, tmp_path, capsys):
@@ -270,6 +277,55 @@ def test_a_vocabulary_its_manifest_does_not_record_is_refused_fresh_and_on_resum
     assert not os.path.exists(tmp_path / "fresh")
 
 
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"perplexity.png": b"my plot"},
+        {"export/options.json": b"{}"},
+        {"metrics.jsonl": b"my notes\n"},
+        {"notes.txt": b"x"},
+    ],
+    ids=["plot", "export", "metrics", "other"],
+)
+def test_a_folder_of_someone_elses_files_is_refused_before_anything_is_written(shards, tmp_path, files):
+    run = tmp_path / "mine"
+    for name, data in files.items():
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_bytes(data)
+    (name,) = files
+    with pytest.raises(TrainError, match=rf"output {run} holds {name}") as err:
+        prepare_run(cfg_for(shards, str(run), SMALL))
+    assert "elmo train" in str(err.value) and "\n" not in str(err.value)
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()) == [name]
+
+
+@pytest.mark.parametrize("override", ["batch_size=100000000", "unroll_steps=100000000"])
+def test_a_step_no_machine_holds_is_refused_before_ray_starts(shards, tmp_path, override):
+    with pytest.raises(
+        TrainError, match=r"positions a step need at least [\d,]+ GiB .*lower batch_size or unroll_steps"
+    ):
+        prepare_run(cfg_for(shards, str(tmp_path / "run"), override, "use_gpu=false", SMALL))
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_allocation_that_failed_is_not_retried():
+    import torch
+
+    from pipeline import storage
+    from pipeline.train.launch import _worth_retrying
+
+    class Failed(Exception):
+        def __init__(self, *failures):
+            self.worker_failures = dict(enumerate(failures))
+
+    cpu = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried 400 GB"
+    )
+    for failure in (MemoryError(), cpu, torch.OutOfMemoryError("CUDA out of memory")):
+        assert not _worth_retrying(Failed(failure, ConnectionError("lost"))), failure
+    assert _worth_retrying(Failed(ConnectionError("lost"), storage.StorageError("s3: timed out")))
+
+
 def test_a_damaged_run_json_is_named_in_one_line(shards, tmp_path):
     run = tmp_path / "run"
     prepare_run(cfg_for(shards, str(run), SMALL))
@@ -290,10 +346,10 @@ def test_the_same_shards_copied_elsewhere_resume(shards, tmp_path):
 
 
 def test_a_second_run_into_the_same_output_is_refused_while_the_first_holds_it(shards, tmp_path):
-    from pipeline.train.run_lease import RunLease
+    from pipeline.train.launch import run_lease
 
     run_dir = str(tmp_path / "run")
-    with RunLease(run_dir):  # the first run, still going
+    with run_lease(run_dir):  # the first run, still going
         with pytest.raises(TrainError, match=f"run directory {run_dir} is in use by another run"):
             prepare_run(cfg_for(shards, run_dir, "softmax.negatives=100"))
         assert not os.path.exists(os.path.join(run_dir, "run.json"))

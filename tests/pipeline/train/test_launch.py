@@ -183,8 +183,8 @@ def test_export_refuses_a_folder_of_other_files_unless_overwrite(trained, tmp_pa
     assert export_main([run_dir, str(mine)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        f"error: output {mine} holds files an export did not write (notes.txt); choose an empty folder, "
-        "or pass --overwrite to replace its export files and keep the rest"
+        f"error: output {mine} holds notes.txt, which elmo export did not write; choose an empty or new output "
+        "folder, or pass --overwrite to replace its export files and keep the rest"
     )
     assert (mine / "options.json").read_text() == '{"mine": true}' and sorted(os.listdir(mine)) == [
         "notes.txt",
@@ -195,9 +195,18 @@ def test_export_refuses_a_folder_of_other_files_unless_overwrite(trained, tmp_pa
         json.loads((mine / "options.json").read_text())["lstm"]
         and (mine / "notes.txt").read_text() == "keep me"
     )
-    # an earlier export is this command's own: exported again without --overwrite
+    # an earlier export is this command's own (its export.json says so): exported again without --overwrite
     assert export_main([run_dir, str(tmp_path / "again")]) == 0
+    assert json.loads((tmp_path / "again" / "export.json").read_text())["checkpoint"].startswith(run_dir)
     assert export_main([run_dir, str(tmp_path / "again")]) == 0
+    # released ELMo files (only an export's names, no export.json) are not an export: refused
+    released = tmp_path / "released"
+    released.mkdir()
+    (released / "options.json").write_text('{"released": true}')
+    (released / "weights.hdf5").write_bytes(b"released weights")
+    assert export_main([run_dir, str(released)]) == 2
+    assert "holds options.json but no export.json: not an elmo export output" in capsys.readouterr().err
+    assert (released / "weights.hdf5").read_bytes() == b"released weights"
 
 
 def test_continue_pretraining_from_exported_weights(trained, shards, tmp_path):

@@ -24,8 +24,22 @@ BASE = ["shards=s", "output=o"]
         ("seed=-1", "config key 'seed' must be in [0, 2**63 - 1]"),
         ("dropout=1.0", "config key 'dropout' must be in [0, 1)"),
         ("softmax.negatives=0", "config key 'softmax.negatives' must be >= 1"),
-        ("optimizer.lr=0", "config key 'optimizer.lr' must be > 0"),
-        ("guard.factor=1", "config key 'guard.factor' must be > 1"),
+        ("optimizer.lr=0", "config key 'optimizer.lr' must be a number > 0"),
+        ("optimizer.lr=inf", "config key 'optimizer.lr' must be a number > 0, got inf"),
+        (
+            "optimizer.initial_accumulator=-1",
+            "config key 'optimizer.initial_accumulator' must be a number > 0",
+        ),
+        ("optimizer.adam_eps=0", "config key 'optimizer.adam_eps' must be a number > 0"),
+        ("optimizer.final_lr_fraction=-3", "config key 'optimizer.final_lr_fraction' must be in [0, 1]"),
+        ("optimizer.adam_betas=[2,-1]", "config key 'optimizer.adam_betas' must be two numbers in [0, 1)"),
+        ("clip_norm=nan", "config key 'clip_norm' must be a number > 0, got nan"),
+        ("softmax.offset_penalty=nan", "config key 'softmax.offset_penalty' must be a number >= 0"),
+        ("resources_timeout_s=-1", "config key 'resources_timeout_s' must be a number of seconds > 0"),
+        ("guard.factor=1", "config key 'guard.factor' must be a number > 1"),
+        ("guard.factor=inf", "config key 'guard.factor' must be a number > 1, got inf"),
+        ("name=" + "x" * 300, "config key 'name' must be at most 100 letters, digits, spaces and . _ -"),
+        ("name=a/b", "config key 'name' must be at most 100 letters"),
         ("guard.lr_factor=1", "config key 'guard.lr_factor' must be in (0, 1)"),
         ("optimizer.warmup_steps=-3", "config key 'optimizer.warmup_steps' must be >= 0"),
         ("optimizer.adam_betas=[0.9]", "config key 'optimizer.adam_betas' must be two numbers"),
@@ -34,6 +48,14 @@ BASE = ["shards=s", "output=o"]
 def test_each_range_rule_names_its_key(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(TrainConfig, overrides=[*BASE, override])
+
+
+def test_config_prints_only_what_the_stage_accepts(capsys):
+    """``elmo config train`` runs the same rules as the stage: one validation for both."""
+    from jobs.config import main as config_main
+
+    assert config_main(["train", "--preset", "tiny", "optimizer.lr=inf"]) == 2
+    assert "config key 'optimizer.lr' must be a number > 0, got inf" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("preset", preset_names())

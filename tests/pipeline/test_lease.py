@@ -1,4 +1,4 @@
-"""pipeline.train.run_lease: one run at a time per run directory, and a crashed run's lease expires."""
+"""pipeline.lease: one run at a time per output folder, and a crashed run's lease expires."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ import time
 import pytest
 
 from pipeline import storage
+from pipeline.lease import LEASE_FILE, Lease
 from pipeline.train.errors import TrainError
-from pipeline.train.run_dir import LEASE_FILE
-from pipeline.train.run_lease import RunLease
+
+
+def RunLease(folder: str, **timing) -> Lease:  # noqa: N802 (as train names its lease)
+    return Lease(folder, TrainError, "run directory", **timing)
 
 
 def test_a_live_lease_refuses_another_run_and_is_given_back(tmp_path):
