@@ -21,6 +21,7 @@ import torch
 
 from pipeline import shard_format, storage
 from pipeline.config import to_dict
+from pipeline.errors import PipelineError
 from pipeline.train import export as export_mod
 from pipeline.train.char_cache import CharCache
 from pipeline.train.checkpoint import Checkpointer, RNGStates, latest_checkpoint
@@ -268,4 +269,12 @@ def train_loop_per_worker(loop_config: dict) -> None:
     plan: RunPlan = loop_config["plan"]
     torch.set_num_threads(cfg.threads_per_worker)
     device = ray.train.torch.get_device() if plan.use_gpu else torch.device("cpu")
-    Trainer(cfg, plan, device, relay=loop_config["relay"]).run()
+    try:
+        Trainer(cfg, plan, device, relay=loop_config["relay"]).run()
+    except PipelineError as err:
+        # The driver says this in one line (and decides whether to restart). What Ray prints of a
+        # worker's failure stays as short: without the chained internals of, say, the storage
+        # client (a 30 s S3 pause put 145 lines of urllib3 and botocore on the console).
+        err.__cause__ = err.__context__ = None
+        err.__suppress_context__ = True
+        raise

@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import traceback
+import types
 
+import pytest
 import ray
 import torch
 from shard_builder import sample_sentences, write_sample_shards
@@ -28,15 +31,18 @@ class HeldRelay:
     """A driver's side that takes nothing until released: each ``put`` waits for ``release``."""
 
     def __init__(self):
-        self.open = asyncio.Event()
+        self.released = asyncio.Event()
         self.taken = 0
 
-    async def put(self, row):
-        await self.open.wait()
+    async def open(self) -> int:
+        return 1
+
+    async def put(self, stream, seq, row):
+        await self.released.wait()
         self.taken += 1
 
     async def release(self):
-        self.open.set()
+        self.released.set()
 
     async def count(self):
         return self.taken
@@ -99,3 +105,28 @@ def test_no_step_waits_for_the_storage_or_the_driver(tmp_path, ray_local, monkey
         time.sleep(0.05)
     assert ray.get(relay.count.remote(), timeout=60) == handed
     ray.kill(relay)
+
+
+def test_a_workers_pipeline_error_leaves_without_its_chained_internals(monkeypatch):
+    """What Ray prints of a worker's failure is the one line the driver says, not the storage
+    client's chain of urllib3 and botocore frames."""
+    from pipeline.train import trainer as trainer_mod
+
+    class Failing:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def run(self):
+            try:
+                raise ConnectionError("urllib3: read timed out")
+            except ConnectionError as exc:
+                raise storage.StorageError("s3://b/run/checkpoints: cannot reach S3 endpoint") from exc
+
+    monkeypatch.setattr(trainer_mod, "Trainer", Failing)
+    cfg = types.SimpleNamespace(threads_per_worker=torch.get_num_threads())
+    with pytest.raises(storage.StorageError) as err:
+        trainer_mod.train_loop_per_worker(
+            {"config": cfg, "plan": types.SimpleNamespace(use_gpu=False), "relay": None}
+        )
+    assert err.value.__cause__ is None and err.value.__context__ is None
+    assert "".join(traceback.format_exception(err.value)).count("urllib3") == 0
