@@ -398,6 +398,7 @@ def _new_client(endpoint: str | None):
 
 
 _said_waiting: set[str] = set()
+_said_lock = threading.Lock()
 
 
 def _say_waiting(attempts: int = 0, caught_exception: BaseException | None = None, **_) -> None:
@@ -406,9 +407,10 @@ def _say_waiting(attempts: int = 0, caught_exception: BaseException | None = Non
     if not isinstance(caught_exception, (ReadTimeoutError, ConnectTimeoutError)):
         return
     label = _endpoint_label()
-    if label in _said_waiting:
-        return
-    _said_waiting.add(label)
+    with _said_lock:  # several threads time out at once (a checkpoint's parts, the records)
+        if label in _said_waiting:
+            return
+        _said_waiting.add(label)
     print(
         f"storage: S3 endpoint {label} did not answer within {READ_TIMEOUT_S} s; trying again "
         f"(attempt {attempts + 1} of {_retry_config()['total_max_attempts']})",
