@@ -10,10 +10,11 @@
 #      pinned buffers against the CPU's vectors) and both fixture sets (raw_forward's first lines)
 #   2. raw bf16 forward (model only) of original at 32,768 and 131,072 tokens a pass: does a pass stay
 #      bound by its sequential steps when it has 4x and 16x the rows of the last GPU run?
-#   3. the host side alone on this node's cores (benchmarks/embed_host.py, 1 to 8 threads)
-#   4. end to end, one actor with 8 CPUs (7 of its threads write shards), the other cores preparing,
+#   3. end to end, one actor with 8 CPUs (7 of its threads write shards), the other cores preparing,
 #      local disk, 1x and 4x, the pass size the stage chooses for the GPU (batch_tokens=0):
-#      original bf16, packed top float16, then pool=mean; each with the command-to-first-shard time
+#      original bf16, packed top float16 (then, 5., pool=mean); each with the command-to-first-shard time
+#   4. the host side alone on this node's cores (benchmarks/embed_host.py, 1 to 8 threads)
+# The steps' limits add up to the 480 s budget: a short lease loses the last ones first.
 set -u
 out=${1:?usage: gpu_embed_session.sh OUTDIR}
 mkdir -p "$out"
@@ -38,10 +39,10 @@ else
     e2e=(--device cpu --preset small --workers 1 --sentences 300 --raw-sentences 200 --scales 1 --storage local --lines-per-shard 150)
 fi
 [ "$device" = cuda ] && step cuda_tests 75 $py -m pytest -q -m cuda -p no:cacheprovider tests/elmo_model tests/pipeline/embed/test_embedder.py tests/pipeline/train/test_snapshot.py
-step raw_bf16_32k 70 $py benchmarks/static_forward.py "${raw[@]}" --batch-tokens 32768 --max-rows 2048
-step raw_bf16_128k 70 $py benchmarks/static_forward.py "${raw[@]}" --batch-tokens 131072 --max-rows 8192
-step host_side 45 $py benchmarks/embed_host.py "${host[@]}" --cases "packed top float16" "pooled top float16"
+step raw_bf16_32k 60 $py benchmarks/static_forward.py "${raw[@]}" --batch-tokens 32768 --max-rows 2048
+step raw_bf16_128k 60 $py benchmarks/static_forward.py "${raw[@]}" --batch-tokens 131072 --max-rows 8192
 step e2e_top_f16_packed_bf16 150 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout packed
-step e2e_top_pooled_bf16 120 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout packed --pool mean
+step host_side 40 $py benchmarks/embed_host.py "${host[@]}" --cases "packed top float16" "pooled top float16"
+step e2e_top_pooled_bf16 95 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout packed --pool mean
 rm -rf "$work"
 echo "summary: $out/summary.txt"
