@@ -122,18 +122,16 @@ class SentenceEncoder:
     def run(self, work: ShardWork, assembler: ShardAssembler) -> None:
         """Embed ``work``'s pieces (prepared for this encoder's device) into ``assembler``."""
         if self.static is None:
-            for piece, value in enumerate(self._stateful(work.pieces)):
-                assembler.place_piece(piece, value)
-            return
-        self.run_passes(work.passes, assembler)
+            self._stateful(work.pieces, assembler)
+        else:
+            self.run_passes(work.passes, assembler)
 
     def embed(self, pieces: Sequence[Sequence[str]], buffers: BufferPool | None = None) -> ShardVectors:
         """Plan, build and run ``pieces`` (non-empty token lists) in one go, each its own line
         (benchmarks; the stage prepares its passes in a CPU operator instead)."""
         assembler = self.assembler(0, len(pieces), range(len(pieces)), [len(p) for p in pieces], buffers)
         if self.static is None:
-            for piece, value in enumerate(self._stateful(pieces)):
-                assembler.place_piece(piece, value)
+            self._stateful(pieces, assembler)
         else:
             self.run_passes(build_passes(pieces, bucket_plan(self.settings, self.device.type)), assembler)
         return assembler.finish()
@@ -149,9 +147,13 @@ class SentenceEncoder:
         while pending:
             self._collect(pending.popleft(), assembler)
 
-    def _stateful(self, pieces: Sequence[Sequence[str]]) -> list[np.ndarray]:
+    def _stateful(self, pieces: Sequence[Sequence[str]], assembler: ShardAssembler) -> None:
+        """``BiLM.forward`` in input-order batches (a piece at a time into the assembler: this path
+        exists to reproduce the original order-dependent vectors, not for speed)."""
         batches = batching.in_order(len(pieces), self.settings.stateful_batch_size)
-        return embed_pieces(self.bilm, pieces, batches, self.settings.layers.value, self.device, self.pool)
+        values = embed_pieces(self.bilm, pieces, batches, self.settings.layers.value, self.device, self.pool)
+        for piece, value in enumerate(values):
+            assembler.place_piece(piece, value)
 
     def _to_host(self, out: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.cuda.Event | None]:
         """The pass's ``rows`` real output rows on their way to the host. On CUDA: a device copy of
