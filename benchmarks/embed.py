@@ -163,7 +163,7 @@ def embed_shard(encoder: SentenceEncoder, work, buffers: BufferPool) -> None:
     """One prepared shard through the encoder into its (pooled) vectors, as the actor does it."""
     assembler = encoder.assembler(work.spec.first_line, work.num_lines, work.owner, work.sizes, buffers)
     encoder.run(work, assembler)
-    assembler.release(assembler.finish())
+    buffers.release(assembler.finish())
 
 
 def raw_forward(args, model_dir: Path, threads: int) -> dict:

@@ -82,7 +82,7 @@ def commit_one(
     try:
         entry = commit_shard(output, {"index": index}, vectors, layout)
     finally:
-        assembler.release(vectors)
+        pool.release(vectors)
     if not keep:
         os.remove(os.path.join(output, entry["name"]))
 

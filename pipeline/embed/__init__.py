@@ -10,6 +10,29 @@ Modules, in the order a run uses them:
   pool of ``ShardEmbedder`` (``embedder``);
 - ``sentences`` / ``shard_work`` / ``embedder``: lines -> tokens -> static forward passes (or, stateful,
   input-order batches: ``batching``) -> values;
-- ``hdf5_shard``: AllenNLP's HDF5 layout and the packed one; ``manifest``: output names and manifest.json;
+- ``shard_vectors``: a shard's vectors assembled from the passes; ``hdf5_shard``: AllenNLP's HDF5 layout
+  and the packed one; ``parquet_shard``: the Parquet form; ``manifest``: output names and manifest.json;
 - ``single_file``: one AllenNLP-style file with ``sentence_to_index``; ``runner``: all of it, in order.
+
+Public, for users: ``read_embeddings(output)`` (``reader``: any output, in line order) and
+``ElmoEmbedder`` (``data_embedder``: a step of one's own Ray Data pipeline). They are imported on
+first use, so ``import pipeline.embed.config`` stays light.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ElmoEmbedder", "read_embeddings"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "read_embeddings":
+        from pipeline.embed.reader import read_embeddings
+
+        return read_embeddings
+    if name == "ElmoEmbedder":
+        from pipeline.embed.data_embedder import ElmoEmbedder
+
+        return ElmoEmbedder
+    raise AttributeError(f"module 'pipeline.embed' has no attribute {name!r}")

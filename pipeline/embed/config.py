@@ -51,6 +51,13 @@ class Layout(enum.Enum):
     """Per shard, ``vectors`` (every token, in line order), ``offsets`` and ``lines``: for large corpora."""
 
 
+class FileFormat(enum.Enum):
+    hdf5 = "hdf5"
+    """HDF5 shards, in ``layout`` (AllenNLP's, or packed)."""
+    parquet = "parquet"
+    """Parquet shards: a row per line, the vectors as Arrow lists (pandas, Polars, DuckDB, Spark, Ray Data)."""
+
+
 class LongSentences(enum.Enum):
     split = "split"
     """Embed consecutive pieces independently and concatenate them."""
@@ -102,8 +109,11 @@ class EmbedConfig:
     """``mean``: one vector per sentence (the mean over its tokens, boundaries excluded), (N+1, 2P)
     for ``all`` or (2P,) otherwise; an empty line gets zeros."""
     layout: Layout = Layout.allennlp
-    """Shard layout: ``allennlp`` (a dataset per sentence) or ``packed`` (three datasets per shard,
+    """HDF5 shard layout: ``allennlp`` (a dataset per sentence) or ``packed`` (three datasets per shard,
     for large corpora; docs/outputs.md#embeddings). A single-file output is always ``allennlp``."""
+    format: FileFormat = FileFormat.hdf5
+    """Shard files: ``hdf5`` (``embeddings-NNNNNN.hdf5`` in ``layout``) or ``parquet``
+    (``embeddings-NNNNNN.parquet``: columns ``line``, ``tokens``, ``vectors``; docs/outputs.md#embeddings)."""
     workers: int = 1
     """Embedding actors in the pool; each loads the model once. Ignored (1) in stateful mode."""
     stateful: bool = False
@@ -210,6 +220,11 @@ class EmbedConfig:
                 ),
             ]
         )
+        if self.format is FileFormat.parquet and self.output != "???" and is_single_file(self.output):
+            raise ConfigError(
+                f"format=parquet writes shards into a folder; output {self.output} is a single .hdf5 file: "
+                "use a folder output, or format=hdf5"
+            )
         if self.layout is Layout.packed and self.output != "???" and is_single_file(self.output):
             raise ConfigError(
                 f"layout=packed writes shards into a folder; output {self.output} is a single .hdf5 file "

@@ -22,7 +22,16 @@ from elmo_model import BiLM, batch_to_ids
 from elmo_model.static_batches import BucketPlan, StaticBatch, build_passes
 from elmo_model.static_inference import OutputSpec, StaticInference
 from pipeline.embed import batching
-from pipeline.embed.config import InvalidUTF8, LayerMode, Layout, LongSentences, Pool, Precision, StoredDType
+from pipeline.embed.config import (
+    FileFormat,
+    InvalidUTF8,
+    LayerMode,
+    Layout,
+    LongSentences,
+    Pool,
+    Precision,
+    StoredDType,
+)
 from pipeline.embed.errors import WORKER_ERRORS, EmbedError
 from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.model_files import ModelSource, load_bilm
@@ -52,6 +61,7 @@ class EmbedSettings:
     precision: Precision = Precision.float32
     pool: Pool = Pool.none
     layout: Layout = Layout.allennlp
+    file_format: FileFormat = FileFormat.hdf5
 
     def __post_init__(self) -> None:
         for name, kind in _CHOICES.items():
@@ -70,6 +80,7 @@ _CHOICES = {
     "precision": Precision,
     "pool": Pool,
     "layout": Layout,
+    "file_format": FileFormat,
 }
 
 
@@ -276,6 +287,38 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+class LoadedModel:
+    """The model part of an embedding actor, one implementation for the stage's ``ShardEmbedder``
+    and users' ``ElmoEmbedder`` (``data_embedder.py``): the biLM loaded once on the actor's device
+    (float32 exact: no TF32 shortcuts on CUDA), its ``SentenceEncoder``, a lock that keeps one
+    shard's CUDA work together (a graph capture allows no other thread's), and the pooled host
+    buffers shards are assembled in. ``embed(work)`` -> the shard's vectors; ``buffers.release``
+    them once used."""
+
+    def __init__(self, source: ModelSource, settings: EmbedSettings):
+        self.source, self.settings = source, settings
+        torch.set_num_threads(max(1, settings.threads))
+        self.device = pick_device(settings.device)
+        if self.device.type == "cuda":
+            # fp32 vectors must equal a CPU float32 run (docs/model.md#reference-outputs): no TF32 shortcuts
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        self.bilm = load_bilm(source).to(self.device)
+        self.bilm.stateful = settings.stateful
+        self.encoder = SentenceEncoder(self.bilm, settings, self.device)
+        self.lock = threading.Lock()
+        self.buffers = BufferPool()
+
+    def embed(self, work: ShardWork) -> ShardVectors:
+        """The vectors of ``work``'s lines (on a pooled buffer: ``buffers.release`` them once used)."""
+        with self.lock:
+            assembler = self.encoder.assembler(
+                work.spec.first_line, work.num_lines, work.owner, work.sizes, self.buffers
+            )
+            self.encoder.run(work, assembler)
+        return assembler.finish()
+
+
 class ShardEmbedder:
     """Ray Data actor: loads the model once, then embeds and commits one prepared shard per input row.
 
@@ -286,36 +329,20 @@ class ShardEmbedder:
 
     Stateless, Ray runs ``concurrent_calls(settings)`` calls at once, each on a thread of its own:
     the model lock lets one shard's passes run while the other threads write the shards before it
-    (HDF5, sha256, upload: bulk work on whole arrays that releases the GIL), so the host side
-    scales with the CPUs given to the actor and the device does not wait for it. Each shard's
+    (HDF5 or Parquet, sha256, upload: bulk work on whole arrays that releases the GIL), so the host
+    side scales with the CPUs given to the actor and the device does not wait for it. Each shard's
     vectors are assembled in a pooled buffer (``shard_vectors.BufferPool``).
     """
 
     def __init__(self, source: ModelSource, settings: EmbedSettings, output: str):
-        self.source, self.settings = source, settings
-        self.output = output
-        torch.set_num_threads(max(1, self.settings.threads))
-        self.device = pick_device(self.settings.device)
-        if self.device.type == "cuda":
-            # fp32 vectors must equal a CPU float32 run (docs/model.md#reference-outputs): no TF32 shortcuts
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
-        self.bilm = load_bilm(self.source).to(self.device)
-        self.bilm.stateful = self.settings.stateful
-        self.encoder = SentenceEncoder(self.bilm, self.settings, self.device)
-        self.model_lock = threading.Lock()
-        self.buffers = BufferPool()
+        self.source, self.settings, self.output = source, settings, output
+        self.model = LoadedModel(source, settings)
 
     def process(self, work: ShardWork) -> dict:
         """Embed one prepared shard and, when ``work.write``, commit it; the manifest entry (or the stats)."""
         if work.error:
             raise EmbedError(work.error)
-        with self.model_lock:  # CUDA work only under it: a graph capture allows no other thread's
-            assembler = self.encoder.assembler(
-                work.spec.first_line, work.num_lines, work.owner, work.sizes, self.buffers
-            )
-            self.encoder.run(work, assembler)
-        shard = assembler.finish()
+        shard = self.model.embed(work)
         try:
             stats = dict(work.stats)
             if not work.write:
@@ -327,11 +354,12 @@ class ShardEmbedder:
                 dtype=s.dtype.value,
                 model_sha256=self.source.sha256,
                 layout=s.layout.value,
+                file_format=s.file_format.value,
                 pool=s.pool.value,
             )
-            return commit_shard(self.output, stats, shard, s.layout.value)
+            return commit_shard(self.output, stats, shard, s.layout.value, s.file_format.value)
         finally:
-            assembler.release(shard)
+            self.model.buffers.release(shard)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         entries, written = [], []

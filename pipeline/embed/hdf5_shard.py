@@ -28,6 +28,7 @@ from typing import BinaryIO
 import h5py
 import numpy as np
 
+from elmo_model.weights import require_stored_here
 from pipeline import storage
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.shard_vectors import ShardVectors
@@ -109,20 +110,39 @@ def iter_shard(path: str) -> Iterator[tuple[int, np.ndarray]]:
         data = storage.read_bytes(path)
     except storage.StorageError as err:
         raise EmbedError(str(err)) from None
-    with _open(data, path) as shard:
+    yield from iter_hdf5(data, path)
+
+
+def iter_hdf5(data: bytes, where: str) -> Iterator[tuple[int, np.ndarray]]:
+    """``(line, value)`` pairs of a shard's bytes (either layout), in line order, in AllenNLP's
+    shapes; every dataset checked before it is read (stored in the file itself, floats)."""
+    with _open(data, where) as shard:
         if shard.attrs.get("layout") == "packed":
-            yield from _iter_packed(shard, path)
+            yield from _iter_packed(shard, where)
             return
-        keys = sorted(int(k) for k in shard.keys() if k != SENTENCE_TO_INDEX)
+        try:
+            keys = sorted(int(k) for k in shard.keys() if k != SENTENCE_TO_INDEX)
+        except ValueError:
+            raise EmbedError(f"{where}: holds a dataset that is not named by a line number") from None
         for key in keys:
-            yield key, shard[str(key)][()]
+            yield key, checked_dataset(shard, str(key), where)[()]
+
+
+def checked_dataset(shard: h5py.File, key: str, where: str) -> h5py.Dataset:
+    """Dataset ``key``, stored in the file itself (no link, external storage or virtual dataset
+    takes values from elsewhere) and holding floats."""
+    require_stored_here(shard, key, where, EmbedError)
+    dataset = shard.get(key)
+    if not isinstance(dataset, h5py.Dataset) or dataset.dtype.kind not in "fi":
+        raise EmbedError(f"{where}: '{key}' is not a dataset of numbers")
+    return dataset
 
 
 def _iter_packed(shard: h5py.File, path: str) -> Iterator[tuple[int, np.ndarray]]:
     """A packed shard's sentences in the AllenNLP shapes, its datasets checked before use."""
     if not all(isinstance(shard.get(name, getlink=True), h5py.HardLink) for name in PACKED):
         raise EmbedError(f"{path}: a packed shard needs the datasets {', '.join(PACKED)} in the file itself")
-    vectors, offsets, lines = (shard[name] for name in PACKED)
+    vectors, offsets, lines = (checked_dataset(shard, name, path) for name in PACKED)
     offsets, lines = offsets[()], lines[()]
     if (
         offsets.dtype.kind != "i"

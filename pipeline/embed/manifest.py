@@ -2,15 +2,15 @@
 
 Layout of a sharded output (local folder or s3 prefix)::
 
-    embeddings-000000.hdf5 ...   one shard per ``lines_per_shard`` input lines (AllenNLP layout)
+    embeddings-000000.hdf5 ...   one shard per ``lines_per_shard`` input lines (``.parquet`` with format=parquet)
     manifest.json                written last: every shard, totals, model, settings
     _progress/run.json           the settings of the run that owns this output
     _progress/embeddings-000000.json ...   one entry per complete shard (written after its shard)
 
 A shard entry: ``name``, ``index``, ``first_line``, ``end_line`` (exclusive), ``sentences``, ``tokens``,
 ``empty_sentences``, ``invalid_utf8_lines``, ``control_char_lines``, ``split_sentences``, ``layers``,
-``dtype``, ``layout`` (``allennlp`` or ``packed``), ``pool``, ``model_sha256``, ``bytes``, ``sha256`` (of the HDF5 file) and ``input_sha256`` (of the
-input lines it holds).
+``dtype``, ``layout`` (``allennlp`` or ``packed``), ``file_format`` (``hdf5`` or ``parquet``), ``pool``,
+``model_sha256``, ``bytes``, ``sha256`` (of the shard file) and ``input_sha256`` (of the input lines it holds).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ COUNTED = (
 version of the stage, counts 0)."""
 
 
-RUN_DEFAULTS = {"precision": "float32", "pool": "none", "layout": "allennlp"}
+RUN_DEFAULTS = {"precision": "float32", "pool": "none", "layout": "allennlp", "file_format": "hdf5"}
 """Run settings added after ``run.json`` was first written: an older run had these values."""
 
 
@@ -45,12 +45,16 @@ def with_defaults(run: dict) -> dict:
     return {**RUN_DEFAULTS, **run}
 
 
-def shard_name(index: int) -> str:
-    return f"embeddings-{index:06d}.hdf5"
+FILE_FORMATS = ("hdf5", "parquet")
+"""Shard file formats; a shard's name ends in its format."""
 
 
-def shard_path(output: str, index: int) -> str:
-    return storage.join(output, shard_name(index))
+def shard_name(index: int, file_format: str = "hdf5") -> str:
+    return f"embeddings-{index:06d}.{file_format}"
+
+
+def shard_path(output: str, index: int, file_format: str = "hdf5") -> str:
+    return storage.join(output, shard_name(index, file_format))
 
 
 def progress_dir(output: str) -> str:
@@ -85,6 +89,7 @@ def build_manifest(run: dict, model: dict, entries: list[dict], config: dict) ->
         "layers": run["layers"],
         "dtype": run["dtype"],
         "layout": run["layout"],
+        "file_format": run["file_format"],
         "pool": run["pool"],
         "precision": run["precision"],
         "stateful": run["stateful"],

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pipeline import shard_format, storage
-from pipeline.embed import manifest
+from pipeline.embed import manifest, parquet_shard
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.hdf5_shard import write_shard
 from pipeline.embed.inputs import ShardSpec
@@ -38,7 +38,7 @@ OWN_FILES = OwnFiles(
     "embed",
     f"{manifest.PROGRESS_DIR}/{manifest.RUN_FILE}",
     re.compile(
-        rf"(embeddings-\d{{6,}}\.hdf5|{re.escape(manifest.MANIFEST_FILE)}"
+        rf"(embeddings-\d{{6,}}\.({'|'.join(manifest.FILE_FORMATS)})|{re.escape(manifest.MANIFEST_FILE)}"
         rf"|{re.escape(manifest.PROGRESS_DIR)}/({re.escape(manifest.RUN_FILE)}|embeddings-\d{{6,}}\.json|\.write-probe))"
     ),
 )
@@ -160,14 +160,16 @@ def claim_output(output: str, run: dict) -> bool:
     return False
 
 
-def _entry_ok(output: str, entry: dict, verify: bool) -> bool:
-    path = manifest.shard_path(output, entry["index"])
+def _entry_ok(output: str, entry: dict, verify: bool, file_format: str) -> bool:
+    path = manifest.shard_path(output, entry["index"], file_format)
     if not storage.exists(path):
         return False
     return not verify or storage.sha256(path) == entry["sha256"]
 
 
-def complete_shards(output: str, specs: list[ShardSpec], verify: bool) -> dict[int, dict]:
+def complete_shards(
+    output: str, specs: list[ShardSpec], verify: bool, file_format: str = "hdf5"
+) -> dict[int, dict]:
     """Entries of the shards a previous run finished (index -> entry), checked against ``specs``."""
     found: dict[int, dict] = {}
     for path in storage.list_prefix(manifest.progress_dir(output) + "/"):
@@ -190,18 +192,23 @@ def complete_shards(output: str, specs: list[ShardSpec], verify: bool) -> dict[i
                 f"output {output}: input lines {spec.first_line}-{spec.first_line + spec.num_lines - 1} changed "
                 "since the previous run; use another output or delete it"
             )
-        if _entry_ok(output, entry, verify):
+        if _entry_ok(output, entry, verify, file_format):
             found[index] = entry
     return found
 
 
-def commit_shard(output: str, stats: dict, shard: ShardVectors, layout: str) -> dict:
-    """Write a shard (hashed as it is written, ``hdf5_shard.write_shard``), then its entry (both
-    atomic); returns the entry."""
+def commit_shard(
+    output: str, stats: dict, shard: ShardVectors, layout: str, file_format: str = "hdf5"
+) -> dict:
+    """Write a shard in ``file_format`` (hashed as it is written: ``hdf5_shard.write_shard`` in
+    ``layout``, or ``parquet_shard.write_shard``), then its entry (both atomic); returns the entry."""
     index = stats["index"]
-    with storage.open_write(manifest.shard_path(output, index)) as out:
-        digest = write_shard(shard, layout, out)
+    with storage.open_write(manifest.shard_path(output, index, file_format)) as out:
+        if file_format == "parquet":
+            digest = parquet_shard.write_shard(shard, out)
+        else:
+            digest = write_shard(shard, layout, out)
         size = out.tell()
-    entry = {"name": manifest.shard_name(index), **stats, "bytes": size, "sha256": digest}
+    entry = {"name": manifest.shard_name(index, file_format), **stats, "bytes": size, "sha256": digest}
     manifest.write_json(manifest.entry_path(output, index), entry)
     return entry

@@ -53,6 +53,7 @@ def run_settings(cfg, kind: str, paths: list[str], model_sha256: str) -> dict:
         "precision": cfg.precision.value,
         "pool": cfg.pool.value,
         "layout": cfg.layout.value,
+        "file_format": cfg.format.value,
         "stateful": cfg.stateful,
         "stateful_batch_size": cfg.stateful_batch_size if cfg.stateful else 0,
         "lines_per_shard": cfg.lines_per_shard,
@@ -126,6 +127,7 @@ def settings_for(cfg, device: str, size: PassSize | None = None) -> EmbedSetting
         precision=cfg.precision,
         pool=cfg.pool,
         layout=cfg.layout,
+        file_format=cfg.format,
     )
 
 
@@ -188,7 +190,7 @@ def _run(job: _EmbedJob, guard: ClaimGuard) -> StageResult:
     run = run_settings(cfg, kind, paths, source.sha256)
     resumed = claim_output(target, run)
     guard.claimed = not resumed
-    done = complete_shards(target, specs, cfg.verify_resume) if resumed else {}
+    done = complete_shards(target, specs, cfg.verify_resume, cfg.format.value) if resumed else {}
     if cfg.stateful and len(done) < len(specs):
         todo = [(spec, spec.index not in done) for spec in specs]  # done shards still carry the state
     else:

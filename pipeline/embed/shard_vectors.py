@@ -33,6 +33,8 @@ class ShardVectors:
     vectors: np.ndarray
     offsets: np.ndarray
     pooled: bool
+    tokens: np.ndarray
+    """(S,) int64: each line's tokens (boundaries excluded; a split line's pieces summed)."""
 
     @property
     def num_lines(self) -> int:
@@ -73,6 +75,12 @@ class BufferPool:
             buffer = np.empty(max(nbytes, 1), dtype=np.uint8)
         return buffer[:nbytes].view(dtype).reshape(shape)
 
+    def release(self, shard: ShardVectors) -> None:
+        """Take back the buffer of a shard assembled on this pool, once the shard is written (a
+        pooled shard's own small array was never the pool's)."""
+        if not shard.pooled:
+            self.give(shard.vectors)
+
     def give(self, array: np.ndarray) -> None:
         base = array
         while base.base is not None:
@@ -105,8 +113,8 @@ class ShardAssembler:
         self.owner = np.asarray(owner, dtype=np.int64)
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.starts = np.cumsum(self.sizes) - self.sizes  # a piece's first token in the shard
-        line_tokens = np.bincount(self.owner, weights=self.sizes, minlength=num_lines).astype(np.int64)
-        self.offsets = np.concatenate([[0], np.cumsum(line_tokens)]).astype(np.int64)
+        self.line_tokens = np.bincount(self.owner, weights=self.sizes, minlength=num_lines).astype(np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.line_tokens)]).astype(np.int64)
         self.num_lines, self.row_shape = num_lines, tuple(row_shape)
         self.pool = pool
         rows = len(self.sizes) if pooled else int(self.sizes.sum())
@@ -135,10 +143,12 @@ class ShardAssembler:
         self.rows[start : start + self.sizes[piece]] = value.swapaxes(0, 1) if value.ndim == 3 else value
 
     def finish(self) -> ShardVectors:
-        """The shard's vectors (on the pooled buffer when there is a pool: ``release`` it after)."""
+        """The shard's vectors (on the pooled buffer when there is a pool: ``BufferPool.release`` it
+        after)."""
         if not self.pooled:
-            return ShardVectors(self.first_line, self.rows, self.offsets, False)
-        return ShardVectors(self.first_line, self._pooled_lines(), np.arange(self.num_lines + 1), True)
+            return ShardVectors(self.first_line, self.rows, self.offsets, False, self.line_tokens)
+        lines = self._pooled_lines()
+        return ShardVectors(self.first_line, lines, np.arange(self.num_lines + 1), True, self.line_tokens)
 
     def _pooled_lines(self) -> np.ndarray:
         lines = np.zeros((self.num_lines, *self.row_shape), dtype=self.dtype)
@@ -148,8 +158,7 @@ class ShardAssembler:
         if not single.all():  # split lines: the token-weighted mean of their pieces, in float32
             split = ~single
             owner = self.owner[split]
-            line_tokens = np.bincount(self.owner, weights=self.sizes, minlength=self.num_lines)
-            weights = (self.sizes[split] / line_tokens[owner]).astype(np.float32)
+            weights = (self.sizes[split] / self.line_tokens[owner]).astype(np.float32)
             joined = np.zeros((self.num_lines, *self.row_shape), dtype=np.float32)
             weighted = self.rows[split].astype(np.float32) * weights.reshape(-1, *([1] * len(self.row_shape)))
             np.add.at(joined, owner, weighted)
@@ -157,8 +166,3 @@ class ShardAssembler:
         if self.pool is not None:
             self.pool.give(self.rows)
         return lines
-
-    def release(self, shard: ShardVectors) -> None:
-        """Hand the shard's buffer back to the pool once it is written."""
-        if self.pool is not None and not shard.pooled:
-            self.pool.give(shard.vectors)

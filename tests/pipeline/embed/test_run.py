@@ -214,3 +214,61 @@ def test_stateful_run_reproduces_the_original_fixture(ray_local, tmp_path):
     expected = fixture_expected()  # E[row][batch]; line i = batch i // 3, row i % 3
     worst = max(float(np.abs(values[i] - expected[i % 3][i // 3]).max()) for i in range(30))
     assert worst < 1e-5
+
+
+def test_parquet_holds_what_hdf5_holds_bit_for_bit(ray_local, tmp_path):
+    """The same run in both formats: the same vectors, float16 and float32 alike, per token, with
+    every layer, and pooled."""
+    from pipeline.embed import read_embeddings
+
+    lines = sample_lines(50, start=300)
+    lines[3] = b""
+    corpus = tmp_path / "in.txt"
+    corpus.write_bytes(b"\n".join(lines) + b"\n")
+    args = {
+        "options_file": str(OPTIONS),
+        "weights_file": str(WEIGHTS),
+        "input": [str(corpus)],
+        "lines_per_shard": 20,
+    }
+    for layers, pool, dtype in [
+        ("top", "none", "float16"),
+        ("all", "none", "float16"),
+        ("top", "mean", "float16"),
+        ("top", "none", "float32"),
+    ]:
+        settings = {**args, "layers": layers, "pool": pool, "dtype": dtype}
+        hdf5, parquet = tmp_path / f"h5-{layers}-{pool}-{dtype}", tmp_path / f"pq-{layers}-{pool}-{dtype}"
+        run_embed(_config(**settings, output=str(hdf5), layout="packed"))
+        run_embed(_config(**settings, output=str(parquet), format="parquet"))
+        assert sorted(p.name for p in parquet.glob("embeddings-*")) == [
+            f"embeddings-00000{i}.parquet" for i in range(3)
+        ]
+        document = json.loads((parquet / "manifest.json").read_text())
+        assert document["file_format"] == "parquet" and {e["file_format"] for e in document["shards"]} == {
+            "parquet"
+        }
+        got, want = list(read_embeddings(str(parquet))), list(read_embeddings(str(hdf5)))
+        assert [line for line, _ in got] == [line for line, _ in want] == list(range(len(lines)))
+        for (line, a), (_, b) in zip(got, want, strict=True):
+            assert a.dtype == b.dtype == np.dtype(dtype) and a.shape == b.shape, line
+            assert np.array_equal(a, b), (layers, pool, dtype, line)
+
+
+def test_a_killed_parquet_run_resumed_writes_each_line_once(ray_local, tmp_path):
+    from pipeline.embed import read_embeddings
+
+    lines = sample_lines(90, start=400)
+    corpus = tmp_path / "in.txt"
+    corpus.write_bytes(b"\n".join(lines) + b"\n")
+    args = {"options_file": str(OPTIONS), "weights_file": str(WEIGHTS), "input": [str(corpus)]}
+    out = str(tmp_path / "out")
+    first = run_embed(_config(**args, output=out, format="parquet", lines_per_shard=20, stop_after_shards=1))
+    assert not first.complete and not (tmp_path / "out" / "manifest.json").exists()
+    second = run_embed(_config(**args, output=out, format="parquet", lines_per_shard=20))
+    assert second.complete and second.details["new_shards"] <= 4
+    assert [line for line, _ in read_embeddings(out)] == list(range(len(lines)))
+    with pytest.raises(EmbedError, match=r"other settings \(file_format: 'parquet', now 'hdf5'\)"):
+        run_embed(_config(**args, output=out, lines_per_shard=20))
+    with pytest.raises(Exception, match="format=parquet writes shards into a folder"):
+        _config(**args, output=str(tmp_path / "one.hdf5"), format="parquet")

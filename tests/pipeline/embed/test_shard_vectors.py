@@ -89,5 +89,5 @@ def test_a_pool_hands_out_its_buffers_again_and_a_larger_one_when_needed():
     assembler.place([0], np.ones((3, 4), np.float32))
     shard = assembler.finish()
     assert np.shares_memory(shard.vectors, larger)  # the one that fits (the other is 16 bytes)
-    assembler.release(shard)
+    pool.release(shard)
     assert len(pool._free) == 2

@@ -1,0 +1,172 @@
+"""``ElmoEmbedder``: ELMo vectors as one step of a user's own Ray Data pipeline.
+
+    import ray
+    from pipeline.embed import ElmoEmbedder
+
+    ds = ray.data.read_parquet("texts/")                      # a column "text", one sentence a row
+    ds = ds.map_batches(
+        ElmoEmbedder,
+        fn_constructor_kwargs={"model_dir": "runs/demo/train/export", "layers": "top", "pool": "mean"},
+        batch_size=256,
+        concurrency=2,        # actors; each loads the model once
+        num_gpus=0,           # 1: an actor per GPU
+    )
+    ds.write_parquet("vectors/")                               # Ray Data's own writer
+
+Each row's text is tokenized as ``elmo embed`` tokenizes a line (invalid UTF-8 replaced, control
+characters as spaces, whitespace-split; sentences longer than ``max_sentence_tokens`` embedded in
+pieces) and run through the same model code as the stage's actors (``embedder.LoadedModel``:
+static-shape passes, CUDA graphs on a GPU), so a sentence gets the stage's vectors. The batch comes
+back as an Arrow table with the vectors added as ``output_column``, typed as in the stage's Parquet
+shards (``parquet_shard``): per token a list of vectors, pooled one vector a row, float16 or float32
+as ``dtype`` says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.embed.config import LayerMode, Pool, StoredDType
+from pipeline.embed.embedder import EmbedSettings, LoadedModel, pick_device, work_settings
+from pipeline.embed.errors import EmbedError
+from pipeline.embed.inputs import ShardSpec
+from pipeline.embed.model_files import resolve_model
+from pipeline.embed.parquet_shard import vectors_column
+from pipeline.embed.pass_size import pass_size, per_position
+from pipeline.embed.sentences import prepare_lines
+from pipeline.embed.shard_work import work_from_lines
+
+
+class ElmoEmbedder:
+    """A callable class for ``Dataset.map_batches`` (or any batch of texts).
+
+    ``model_dir``: a folder with ``options.json`` + ``weights.hdf5`` (what ``elmo train`` exports),
+    local or ``s3://``; or ``options_file`` + ``weights_file``. ``layers`` (``top``, ``all``,
+    ``average``), ``pool`` (``none``, ``mean``), ``dtype`` (``float32``, ``float16``) and
+    ``precision`` (``float32``, ``tf32``, ``bf16``) mean what they mean for ``elmo embed``.
+    ``text_column``: the column of sentences (strings); or ``tokens_column``: a column of token
+    lists. ``output_column``: where the vectors go. ``device``: ``auto`` (a GPU when the actor has
+    one), ``cuda`` or ``cpu``; ``batch_tokens`` / ``max_batch_sentences``: the pass size (0: chosen
+    for the device, as the stage chooses it). ``threads``: torch threads on a CPU.
+
+    A batch is a pandas DataFrame, a pyarrow Table or a dict of numpy arrays (Ray Data's batch
+    formats); the result is a pyarrow Table holding the batch's columns and ``output_column``.
+    """
+
+    def __init__(
+        self,
+        model_dir: str = "",
+        *,
+        options_file: str = "",
+        weights_file: str = "",
+        layers: str = "top",
+        pool: str = "none",
+        dtype: str = "float32",
+        precision: str = "float32",
+        text_column: str = "text",
+        tokens_column: str = "",
+        output_column: str = "vectors",
+        device: str = "auto",
+        batch_tokens: int = 0,
+        max_batch_sentences: int = 0,
+        max_sentence_tokens: int = 1000,
+        threads: int = 1,
+    ):
+        source = resolve_model(model_dir, options_file, weights_file)
+        kind = pick_device(device).type
+        output = _output_spec(layers, pool, dtype)
+        free = _free_memory() if kind == "cuda" and not batch_tokens else 0
+        size = pass_size(
+            batch_tokens, max_batch_sentences, kind, free, per_position(source, precision, output)
+        )
+        self.settings = EmbedSettings(
+            layers=layers,
+            dtype=dtype,
+            stateful=False,
+            batch_tokens=size.tokens,
+            max_batch_sentences=size.rows,
+            stateful_batch_size=1,
+            max_sentence_tokens=max_sentence_tokens,
+            long_sentences="split",
+            invalid_utf8="replace",
+            threads=threads,
+            device=kind,
+            precision=precision,
+            pool=pool,
+        )
+        self.text_column, self.tokens_column, self.output_column = text_column, tokens_column, output_column
+        self.model = LoadedModel(source, self.settings)
+        self.work = work_settings(self.settings)
+
+    def __call__(self, batch: Any) -> pa.Table:
+        table = _as_table(batch)
+        lines = self._lines(table)
+        prepared = prepare_lines(
+            lines, 0, max_tokens=self.settings.max_sentence_tokens, long_sentences="split",
+            invalid_utf8="replace", where="batch",
+        )  # fmt: skip
+        spec = ShardSpec(0, 0, len(lines), segments=(), input_sha256="")
+        shard = self.model.embed(work_from_lines(spec, True, prepared, self.work))
+        try:  # the column must not view the model's pooled buffer, which the next batch reuses
+            own = dataclasses.replace(shard, vectors=np.array(shard.vectors))
+        finally:
+            self.model.buffers.release(shard)
+        return table.append_column(self.output_column, vectors_column(own))
+
+    def _lines(self, table: pa.Table) -> list[bytes]:
+        """The batch's sentences as raw lines, as the stage reads them from a file."""
+        if self.tokens_column:
+            if self.tokens_column not in table.column_names:
+                raise EmbedError(f"ElmoEmbedder: the batch has no column {self.tokens_column!r}")
+            rows = table.column(self.tokens_column).to_pylist()
+            return [" ".join(tokens or ()).encode("utf-8") for tokens in rows]
+        if self.text_column not in table.column_names:
+            raise EmbedError(
+                f"ElmoEmbedder: the batch has no column {self.text_column!r} (its columns: "
+                f"{', '.join(table.column_names)}); set text_column= or tokens_column="
+            )
+        return [(text or "").encode("utf-8") for text in table.column(self.text_column).to_pylist()]
+
+
+def _output_spec(layers: str, pool: str, dtype: str):
+    """The pass output for ``layers``/``pool``/``dtype`` (checked by the config's own choices)."""
+    import torch
+
+    from elmo_model.static_inference import OutputSpec
+
+    layers, pool, dtype = LayerMode(layers), Pool(pool), StoredDType(dtype)
+    torch_dtype = torch.float16 if dtype is StoredDType.float16 else torch.float32
+    return OutputSpec(layers.value, pool=pool is Pool.mean, dtype=torch_dtype)
+
+
+def _free_memory() -> int:
+    import torch
+
+    return int(torch.cuda.mem_get_info()[0])
+
+
+def _as_table(batch: Any) -> pa.Table:
+    if isinstance(batch, pa.Table):
+        return batch
+    if isinstance(batch, dict):
+        return pa.table({name: _column(values) for name, values in batch.items()})
+    try:
+        import pandas as pd
+    except ImportError:  # pandas comes with Ray Data; without it, a batch is never a DataFrame
+        pd = None
+    if pd is not None and isinstance(batch, pd.DataFrame):
+        return pa.Table.from_pandas(batch, preserve_index=False).replace_schema_metadata(None)
+    raise EmbedError(
+        f"ElmoEmbedder: a batch is a pandas DataFrame, a pyarrow Table or a dict, not {type(batch).__name__}"
+    )
+
+
+def _column(values: Any) -> pa.Array:
+    """A numpy column (Ray Data's ``numpy`` format: strings and token lists as object arrays)."""
+    if isinstance(values, np.ndarray) and values.dtype == object:
+        return pa.array([v.tolist() if isinstance(v, np.ndarray) else v for v in values])
+    return pa.array(values)

@@ -1,0 +1,135 @@
+"""The Parquet form of an embedding shard (``format=parquet``; docs/outputs.md#embeddings).
+
+``embeddings-NNNNNN.parquet``, one row per input line, in line order:
+
+- ``line`` int64: the line's 0-based number in the input;
+- ``tokens`` int32: its tokens (boundaries excluded; 0 for an empty line);
+- ``vectors``: per token, in order, the token's vector (``list<fixed_size_list<float, 2P>>``: n x 2P),
+  or with ``layers=all`` its N+1 layers' vectors (``list<fixed_size_list<fixed_size_list<float,
+  2P>, N+1>>``: n x (N+1) x 2P, tokens first, as the packed HDF5 layout); pooled (``pool=mean``) the
+  one vector of the line (``fixed_size_list<float, 2P>``, or ``(N+1) x 2P`` for ``all``). ``float``
+  is float16 or float32 as ``dtype`` says.
+
+The columns are Arrow views of the shard's one array (no copy); the file is written uncompressed
+(embedding values do not compress) and hashed as it is written. The same vectors give the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterator
+from typing import BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.embed.errors import EmbedError
+from pipeline.embed.shard_vectors import ShardVectors
+
+COLUMNS = ("line", "tokens", "vectors")
+ARROW_FLOATS = {np.dtype(np.float16): pa.float16(), np.dtype(np.float32): pa.float32()}
+
+
+class _HashingWriter(io.RawIOBase):
+    """``out`` with every byte written also fed to ``digest``."""
+
+    def __init__(self, out: BinaryIO, digest) -> None:
+        self.out, self.digest, self.written = out, digest, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.out.write(data)
+        self.digest.update(data)
+        size = memoryview(data).nbytes
+        self.written += size
+        return size
+
+    def tell(self) -> int:
+        return self.written
+
+
+def vectors_column(shard: ShardVectors) -> pa.Array:
+    """The ``vectors`` column: Arrow arrays over ``shard.vectors``'s own memory."""
+    vectors = np.ascontiguousarray(shard.vectors)
+    floats = pa.Array.from_buffers(ARROW_FLOATS[vectors.dtype], vectors.size, [None, pa.py_buffer(vectors)])
+    column: pa.Array = floats
+    for size in reversed(vectors.shape[1:]):  # innermost first: 2P, then N+1 for ``all``
+        column = pa.FixedSizeListArray.from_arrays(column, size)
+    if shard.pooled:
+        return column
+    return pa.ListArray.from_arrays(pa.array(shard.offsets, pa.int32()), column)
+
+
+def shard_table(shard: ShardVectors) -> pa.Table:
+    lines = np.arange(shard.first_line, shard.first_line + shard.num_lines, dtype=np.int64)
+    return pa.table(
+        {
+            "line": pa.array(lines, pa.int64()),
+            "tokens": pa.array(np.asarray(shard.tokens, dtype=np.int32), pa.int32()),
+            "vectors": vectors_column(shard),
+        }
+    )
+
+
+def write_shard(shard: ShardVectors, out: BinaryIO) -> str:
+    """Write ``shard`` as a Parquet file to the stream ``out``; the sha256 (hex) of its bytes."""
+    digest = hashlib.sha256()
+    sink = _HashingWriter(out, digest)
+    pq.write_table(shard_table(shard), sink, compression="none", use_dictionary=False, write_statistics=False)
+    return digest.hexdigest()
+
+
+def _leaf(kind: pa.DataType) -> tuple[pa.DataType, tuple[int, ...]]:
+    """The float type under nested fixed-size lists and their sizes, outermost first."""
+    sizes = []
+    while pa.types.is_fixed_size_list(kind):
+        sizes.append(kind.list_size)
+        kind = kind.value_type
+    return kind, tuple(sizes)
+
+
+def iter_shard(data: bytes, where: str, pooled: bool) -> Iterator[tuple[int, np.ndarray]]:
+    """``(line, value)`` of a Parquet shard's bytes in line order, in AllenNLP's shapes ((n, 2P),
+    (N+1, n, 2P); pooled (2P,) or (N+1, 2P)), its schema and counts checked before use."""
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowInvalid, OSError) as err:
+        raise EmbedError(f"{where}: not a readable Parquet file ({str(err).splitlines()[0]})") from None
+    if table.column_names != list(COLUMNS):
+        raise EmbedError(
+            f"{where}: a Parquet shard has the columns {', '.join(COLUMNS)}, found {table.column_names}"
+        )
+    vectors = table.column("vectors").combine_chunks()
+    kind = vectors.type
+    if not pooled:
+        if not pa.types.is_list(kind):
+            raise EmbedError(f"{where}: vectors is {kind}, not a list of token vectors")
+        kind = kind.value_type
+    leaf, sizes = _leaf(kind)
+    if leaf not in ARROW_FLOATS.values() or len(sizes) not in (1, 2) or vectors.null_count:
+        raise EmbedError(
+            f"{where}: vectors is {vectors.type}, not float16/float32 vectors of the stage's shapes"
+        )
+    lines = table.column("line").to_numpy()
+    tokens = table.column("tokens").to_numpy()
+    if not pooled:
+        offsets = vectors.offsets.to_numpy()
+        if not np.array_equal(np.diff(offsets), tokens):
+            raise EmbedError(f"{where}: the tokens column and the vectors' lengths disagree")
+        flat = vectors.flatten()
+    else:
+        offsets, flat = np.arange(len(lines) + 1), vectors
+    values = flat.flatten()
+    while pa.types.is_fixed_size_list(values.type):
+        values = values.flatten()
+    array = values.to_numpy(zero_copy_only=False).reshape(-1, *sizes)
+    for i, line in enumerate(lines.tolist()):
+        rows = array[offsets[i] : offsets[i + 1]]
+        if pooled:
+            yield line, rows[0]
+        else:
+            yield line, rows.swapaxes(0, 1) if rows.ndim == 3 else rows

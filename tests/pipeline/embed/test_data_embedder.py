@@ -1,0 +1,82 @@
+"""ElmoEmbedder (pipeline/embed/data_embedder.py): ELMo vectors as a step of a user's own Ray Data
+pipeline, the stage's vectors for the same sentences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from embed_fixtures import OPTIONS, WEIGHTS, expected_value, load_model, sample_lines
+
+from pipeline.embed import ElmoEmbedder, read_embeddings
+from pipeline.embed.errors import EmbedError
+
+FILES = {"options_file": str(OPTIONS), "weights_file": str(WEIGHTS)}
+LINES = [*sample_lines(12, start=700), b"", b"God\x00created the heaven"]
+
+
+def test_a_batch_gets_the_stages_vectors_whatever_its_format():
+    model = load_model()
+    texts = [line.decode("utf-8") for line in LINES]
+    embed = ElmoEmbedder(**FILES, layers="all", threads=1)
+    for batch in (
+        pd.DataFrame({"text": texts, "id": range(len(texts))}),
+        {"text": np.array(texts, dtype=object)},
+        pa.table({"text": texts}),
+    ):
+        table = embed(batch)
+        assert table.column_names[-1] == "vectors" and table.num_rows == len(texts)
+        for line, row in zip(LINES, table.column("vectors").to_pylist(), strict=True):
+            value = (
+                np.array(row, dtype=np.float32).reshape(-1, 3, 32).swapaxes(0, 1)
+            )  # tokens first -> AllenNLP
+            np.testing.assert_allclose(value, expected_value(model, line, "all"), atol=1e-6, rtol=1e-5)
+    pooled = ElmoEmbedder(**FILES, layers="top", pool="mean", dtype="float16", threads=1)(
+        {"text": np.array(texts, dtype=object)}
+    )
+    assert pooled.schema.field("vectors").type == pa.list_(pa.float16(), 32)
+    tokens = ElmoEmbedder(**FILES, tokens_column="tokens", threads=1)(
+        pa.table({"tokens": [["In", "the", "beginning"]]})
+    )
+    np.testing.assert_allclose(
+        np.array(tokens.column("vectors")[0].as_py()),
+        expected_value(model, b"In the beginning", "top"),
+        atol=1e-6,
+    )
+    with pytest.raises(
+        EmbedError, match="the batch has no column 'text' .*set text_column= or tokens_column="
+    ):
+        embed(pa.table({"sentence": ["a b"]}))
+
+
+def test_inside_map_batches_on_the_cluster_it_gives_what_the_stage_wrote(ray_local, tmp_path):
+    import ray
+
+    from pipeline.config import load_config
+    from pipeline.embed.config import EmbedConfig
+    from pipeline.embed.runner import run_embed
+
+    corpus = tmp_path / "in.txt"
+    corpus.write_bytes(b"\n".join(LINES) + b"\n")
+    out = tmp_path / "out"
+    items = {
+        **FILES,
+        "input": f"[{corpus}]",
+        "output": str(out),
+        "layers": "top",
+        "progress": False,
+        "workers": 1,
+    }
+    run_embed(load_config(EmbedConfig, overrides=[f"{k}={v}" for k, v in items.items()]))
+    stage = dict(read_embeddings(str(out)))
+
+    ds = ray.data.from_items([{"line": i, "text": line.decode("utf-8")} for i, line in enumerate(LINES)])
+    ds = ds.map_batches(
+        ElmoEmbedder, fn_constructor_kwargs={**FILES, "layers": "top"}, batch_size=5, concurrency=1
+    )
+    rows = sorted(ds.take_all(), key=lambda row: row["line"])
+    assert [row["line"] for row in rows] == list(range(len(LINES)))
+    for row in rows:
+        value = np.array([np.asarray(v) for v in row["vectors"]], dtype=np.float32).reshape(-1, 32)
+        np.testing.assert_allclose(value, stage[row["line"]], atol=1e-6, rtol=1e-5)
