@@ -182,6 +182,19 @@ def reverse_positions(lengths: np.ndarray, steps: int) -> np.ndarray:
     return np.where(t < n, n - 1 - t, t)
 
 
+def token_destinations(
+    starts: np.ndarray, sizes: np.ndarray, pieces: Sequence[int] | np.ndarray
+) -> np.ndarray:
+    """Where a pass's compact output rows go in an array of every piece's tokens, piece after piece:
+    token j of the pass belongs to piece ``pieces[k]`` (the pass's rows in order, ``sizes`` tokens
+    each) and goes to ``starts[piece] + (j - the pass's first token of that piece)``. One vector of
+    indices for one fancy-indexed copy, whatever the pass's number of sentences."""
+    pieces = np.asarray(pieces, dtype=np.int64)
+    rows = sizes[pieces]
+    shift = starts[pieces] - (np.cumsum(rows) - rows)
+    return np.repeat(shift, rows) + np.arange(int(rows.sum()))
+
+
 def split_rows(values: np.ndarray, batch: StaticBatch, pooled: bool) -> list[np.ndarray]:
     """A pass's host output (``OutputSpec.shape``: the real tokens row after row, or a row per
     sentence when ``pooled``) -> one array per sentence in AllenNLP's shapes: (n, 2P) or, with a

@@ -16,6 +16,7 @@ COMMANDS = {
     "embed": ("jobs.embed", "embed a corpus in bulk with Ray Data and write HDF5 shards to storage"),
     "pipeline": ("jobs.pipeline", "run shard -> train -> evaluate -> export -> embed end to end"),
     "export": ("jobs.export", "export a training checkpoint as options.json + weights.hdf5"),
+    "probe": ("jobs.probe", "what each layer of a trained biLM knows: part of speech and word sense"),
     "config": ("jobs.config", "print the resolved config of a stage as YAML"),
 }
 

@@ -42,6 +42,7 @@ STAGES = {
     "train": "pipeline.train.config:TrainConfig",
     "embed": "pipeline.embed.config:EmbedConfig",
     "pipeline": "pipeline.pipeline_config:PipelineConfig",
+    "probe": "pipeline.probe.config:ProbeConfig",
 }
 """Stage name -> ``module:Class`` of its schema, imported lazily so that ``elmo config shard``
 does not import torch or Ray."""

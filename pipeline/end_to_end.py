@@ -1,4 +1,5 @@
-"""The whole pipeline in one Ray session: shard -> train (with held-out evaluation) -> export -> embed.
+"""The whole pipeline in one Ray session: shard -> train (with held-out evaluation) -> export -> embed,
+then (``run_probe``) ``elmo probe`` of the trained model beside a random control.
 
 Each stage is the same function its own job runs (``run_shard``, ``run_training``, ``run_embed``);
 this module only derives the paths that connect them and collects a closing summary. Every stage
@@ -50,6 +51,8 @@ def derive_stage_configs(cfg: DictConfig) -> DictConfig:
     _fill(cfg.embed, "model", RunDir(cfg.train.output).export)
     _fill(cfg.embed, "input", [cfg.shard.output])
     _fill(cfg.embed, "output", storage.join(root, "embeddings"))
+    _fill(cfg.probe, "model", RunDir(cfg.train.output).export)
+    _fill(cfg.probe, "output", storage.join(root, "probe"))
     cfg.embed.shard_splits = [cfg.embed_split.name]
     check_complete(cfg)
     return cfg
@@ -68,6 +71,10 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
         results["shard"] = run_shard(cfg.shard, session)
         results["train"] = run_training(cfg.train, session=session)
         results["embed"] = run_embed(cfg.embed, session)
+    if cfg.run_probe:  # one process, after Ray has given its cores back
+        from pipeline.probe.runner import run_probe
+
+        results["probe"] = run_probe(cfg.probe)
     return results
 
 
@@ -97,6 +104,15 @@ def summary(results: dict[str, Any]) -> str:
         *([f"wandb sync  {train['wandb_sync']}"] if train.get("wandb_sync") else []),
         f"plot        {run_dir.plot}",
         f"metrics     {run_dir.metrics}",
-        "=" * 72,
     ]
+    if "probe" in results:
+        from pipeline.probe.report import table
+
+        probe = results["probe"]
+        lines += [
+            "",
+            f"what the layers know ({probe['seconds']:.0f} s; {', '.join(probe['written'])}):",
+            table(probe),
+        ]
+    lines.append("=" * 72)
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from typing import ClassVar
 
 from pipeline.config import check_rules
 from pipeline.embed.config import EmbedConfig
+from pipeline.probe.config import ProbeConfig
 from pipeline.shard.config import ShardConfig, TokenizerName
 from pipeline.train.config import TrainConfig
 
@@ -55,6 +56,11 @@ class PipelineConfig:
     """Stage 2 settings (shards/output/name derived unless set); presets apply here."""
     embed: EmbedConfig = field(default_factory=lambda: EmbedConfig(workers=2))
     """Stage 3 settings (model/input/output derived unless set)."""
+    run_probe: bool = True
+    """End with ``elmo probe`` of the trained model beside a random one of its size: what each layer
+    learned of part of speech and word sense, and what pretraining bought."""
+    probe: ProbeConfig = field(default_factory=lambda: ProbeConfig(control=True))
+    """The probe's settings (model/output derived unless set)."""
 
     def __post_init__(self) -> None:
         name = self.name

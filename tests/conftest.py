@@ -102,6 +102,10 @@ def short_pipeline() -> ShortPipeline:
             "train.eval_max_batches=5",
             "embed.progress=false",
             "embed.lines_per_shard=100",
+            "probe.pos_train_sentences=200",
+            "probe.pos_test_sentences=100",
+            "probe.wsd_examples=300",
+            "probe.threads=1",
         ),
     )
 

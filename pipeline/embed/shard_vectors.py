@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from elmo_model.static_batches import token_destinations
+
 
 @dataclass(frozen=True)
 class ShardVectors:
@@ -128,11 +130,8 @@ class ShardAssembler:
         if self.pooled:
             self.rows[pieces] = values[: len(pieces)]
             return
-        sizes = self.sizes[pieces]
-        total = int(sizes.sum())
-        # token j of the pass belongs to piece k: its destination is starts[k] + (j - first j of k)
-        shift = self.starts[pieces] - (np.cumsum(sizes) - sizes)
-        self.rows[np.repeat(shift, sizes) + np.arange(total)] = values[:total]
+        destinations = token_destinations(self.starts, self.sizes, pieces)
+        self.rows[destinations] = values[: len(destinations)]
 
     def place_piece(self, piece: int, value: np.ndarray) -> None:
         """One piece's value in AllenNLP's shape ((L, n, 2P), (n, 2P); pooled ([L,] 2P))."""

@@ -180,6 +180,10 @@ class TrainConfig:
     of the split every time, so its cost stays fixed however large the corpus; 0 = as at the end."""
     log_every: int = 100
     """Training metrics every N steps."""
+    probe_every: int = 0
+    """Every N steps (and at the last), probe the model on rank 0 with a fixed sample of ``elmo
+    probe``'s set (part of speech and word sense per layer: ``probe/*`` in metrics.jsonl and wandb, a
+    panel of the plot); 0: never."""
     checkpoint_every: int = 1250
     """Checkpoint every N steps (and at the end)."""
     keep_checkpoints: int = 2
@@ -208,6 +212,7 @@ class TrainConfig:
             [
                 *((key, getattr(self, key), getattr(self, key) >= 1, ">= 1") for key in _AT_LEAST_ONE),
                 ("max_steps", self.max_steps, self.max_steps >= 0, ">= 0 (0: n_epochs epochs)"),
+                ("probe_every", self.probe_every, self.probe_every >= 0, ">= 0 (0: never)"),
                 ("eval_max_batches", self.eval_max_batches, self.eval_max_batches >= 0, ">= 0 (0: all)"),
                 (
                     "eval_interval_batches",

@@ -290,14 +290,36 @@ def perplexity_series(rows: list[dict]) -> list[tuple[str, list[int], list[float
     ]
 
 
+def _probe_panel(ax, probes: list[dict]) -> None:
+    """The ``probe`` rows' accuracies per layer against step: part of speech solid, word sense
+    dashed, one colour per layer."""
+    steps = [r["step"] for r in probes]
+    for name, style in (("pos", "o-"), ("wsd", "s--")):
+        for key in sorted(k for k in probes[-1] if k.startswith(f"probe/{name}_layer")):
+            layer = key.rsplit("layer", 1)[1]
+            label = f"{'part of speech' if name == 'pos' else 'word sense'}, layer {layer}"
+            ax.plot(steps, [100 * r[key] for r in probes], style, color=f"C{layer}", label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("probe accuracy (%)")
+    ax.set_title("what the layers know (elmo probe's fixed sample)", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def plot_perplexity(rows: list[dict], path: str) -> None:
-    """PNG of ``perplexity_series(rows)`` and the held-out unigram baseline vs step (log scale)."""
+    """PNG of ``perplexity_series(rows)`` and the held-out unigram baseline vs step (log scale);
+    beside it, when the run probed its layers (``probe_every``), their accuracies vs step."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    probes = [r for r in rows if r.get("kind") == "probe"]
+    if probes:
+        fig, (ax, panel) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
+        _probe_panel(panel, probes)
+    else:
+        fig, ax = plt.subplots(figsize=(8, 5))
     for label, steps, values, style, extra in perplexity_series(rows):
         ax.plot(steps, values, style, label=label, **extra)
     baselines = [

@@ -3,7 +3,7 @@
 Rank 0 writes its rows to ``metrics.jsonl`` (the record) and hands each to a :class:`ProgressRelay`
 actor that the driver started; the driver takes them from it (:class:`RelayFollower`, a thread
 long-polling the actor) and prints each new ``train`` / ``eval`` / ``guard`` row once as a line
-(:meth:`ProgressLines.lines`). The storage is never polled, and the loop never waits: rank 0's
+(:meth:`ProgressLines.lines`; a ``probe`` row too). The storage is never polled, and the loop never waits: rank 0's
 call to the relay is not awaited. Printing on the driver rather than on rank 0 keeps the lines free
 of Ray's per-process prefixes and the same on a laptop and under ``ray job submit``.
 
@@ -68,7 +68,21 @@ class ProgressLines:
             ]
         if row.get("kind") == "guard":
             return [f"guard step {row['step']}/{self.total_steps}: {row['message']} [{row['action']}]"]
+        if row.get("kind") == "probe":
+            return [self._probe(row)]
         return []
+
+    def _probe(self, row: dict) -> str:
+        def layers(name: str) -> str:
+            found = sorted(k for k in row if k.startswith(f"probe/{name}_layer"))
+            return " / ".join(f"{100 * row[k]:.1f}" for k in found)
+
+        return (
+            f"probe step {row['step']}/{self.total_steps}: part of speech by layer {layers('pos')}% "
+            f"(baseline {100 * row['probe/pos_baseline']:.1f}%), word sense {layers('wsd')}% "
+            f"(baseline {100 * row['probe/wsd_baseline']:.1f}%) [{row['probe/pos_test_tokens']:,} test tokens, "
+            f"{row['probe/wsd_examples']:,} examples, {row['probe/seconds']:.1f} s]"
+        )
 
     def _train(self, row: dict) -> list[str]:
         step, elapsed = int(row["step"]), float(row["time"])

@@ -22,6 +22,7 @@ import torch
 from pipeline import shard_format, storage
 from pipeline.config import to_dict
 from pipeline.errors import PipelineError
+from pipeline.probe.dashboard import DashboardProbe
 from pipeline.train import export as export_mod
 from pipeline.train.char_cache import CharCache
 from pipeline.train.checkpoint import Checkpointer, RNGStates, latest_checkpoint
@@ -86,6 +87,7 @@ class Trainer:
             self.world,
         )
         self.log = RunLog(cfg, plan, self.rank, self.resumed_from, self.writer, relay)
+        self.probe = DashboardProbe(cfg.probe_every if self.rank == 0 else 0)  # rank 0 probes alone
         self.flops_per_step = runner.flops_per_step(cfg.batch_size, cfg.unroll_steps)
         self.peak_flops = measure_matmul_peak(device, runner.autocast_dtype or torch.float32)
 
@@ -145,6 +147,17 @@ class Trainer:
         return status
 
     def _train(self) -> dict:
+        """The step loop, then the rows of the probes still running; returns the run's status row."""
+        try:
+            status = self._steps()
+        except BaseException:
+            self.probe.abandon()
+            raise
+        for row in self.probe.finish():
+            self.log.emit(row)
+        return status
+
+    def _steps(self) -> dict:
         """The step loop: steps until the run's last step, a non-finite step or a divergence that
         stops the run; returns the run's status row."""
         plan, runner, log = self.plan, self.runner, self.log
@@ -157,7 +170,7 @@ class Trainer:
             out = runner.train_step(next(self.batches), plan.total_steps)
             steps_timed += 1
             last = self.step == plan.total_steps
-            due = [c.due(self.step, last) for c in (log, self.evaluator, self.checkpointer)]
+            due = [c.due(self.step, last) for c in (log, self.evaluator, self.checkpointer, self.probe)]
             if not any(due):
                 continue
             skipped = runner.nonfinite_steps()  # waits for the device
@@ -182,6 +195,10 @@ class Trainer:
                     continue
             if due[1]:
                 log.emit({"kind": "eval", "step": self.step, **self.evaluate(final=False)})
+            if due[3]:
+                self.probe.start(runner.bilm, self.step, last)
+            for row in self.probe.ready():  # probes run beside the steps: their rows come when done
+                log.emit(row)
             if self.checkpointer.save(self.step, last):
                 log.save_tracking()  # the wandb history reaches an s3 run directory with each checkpoint
             window = time.perf_counter()  # evaluation and checkpoints are not training time

@@ -163,6 +163,7 @@ def _subset(part, whole) -> bool:
 
 
 README_SPEEDUPS = {
+    "probe": ("pos_train_sentences=300", "pos_test_sentences=100", "wsd_examples=500"),
     "train": (
         *("max_steps=4", "eval_every=0", "checkpoint_every=4", "log_every=2", "eval_max_batches=2"),
         *("eval_batch_size=4", "softmax.negatives=512"),
@@ -170,7 +171,8 @@ README_SPEEDUPS = {
 }
 """Keys appended to the README's commands so that they run in a minute and a half on a 1,200-line
 corpus: 4 training steps, not an epoch; evaluation rows that its 12 held-out sentences fill on 2
-workers; fewer sampled negatives than its 2,266-word vocabulary (``small`` samples 8,192)."""
+workers; fewer sampled negatives than its 2,266-word vocabulary (``small`` samples 8,192); a
+probe of a few hundred sentences and examples."""
 
 
 def _readme_blocks(language: str) -> list[str]:
@@ -205,7 +207,7 @@ def test_the_readmes_commands_run_from_the_installed_wheel(installed):
     (home / "corpus" / "kjv.txt").write_text("".join(lines[:300]), encoding="utf-8")
 
     commands = _readme_commands()
-    assert [c[1] for c in commands] == ["shard", "train", "embed", "embed", "embed"], commands
+    assert [c[1] for c in commands] == ["shard", "train", "embed", "embed", "embed", "probe"], commands
     noisy = re.compile(r"WARNING|Warning:|\bE \d+ \d+\]|\bW \d+ \d+\]|ERROR|Traceback")
     for argv in commands:
         argv = [venv / "bin" / "elmo", *argv[1:], *README_SPEEDUPS.get(argv[1], ())]
@@ -215,6 +217,8 @@ def test_the_readmes_commands_run_from_the_installed_wheel(installed):
         assert [line for line in output.splitlines() if noisy.search(line)] == [], argv
     for name in ("options.json", "weights.hdf5", "vocab.txt"):
         assert (home / "work" / "run" / "export" / name).is_file(), name
+    probe = json.loads((home / "work" / "probe" / "probe.json").read_text())  # the wheel ships the probe set
+    assert set(probe["probes"]) == set(probe["control"]) == {"pos", "wsd"}
     # the Python blocks read the demo's folders; here they read what the commands above wrote (a
     # block that reads the demo's embeddings reads each output of the commands, in each layout)
     # (a block that starts Ray itself, as a user's script does, keeps its socket paths short)

@@ -21,7 +21,7 @@ def _elmo(*args: str) -> subprocess.CompletedProcess:
 def test_help_lists_every_stage():
     result = _elmo("--help")
     assert result.returncode == 0
-    for stage in ("shard", "train", "embed", "pipeline", "config", "export"):
+    for stage in ("shard", "train", "embed", "pipeline", "config", "export", "probe"):
         assert f"\n  {stage} " in result.stdout
 
 

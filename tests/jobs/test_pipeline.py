@@ -48,7 +48,12 @@ def test_pipeline_end_to_end_on_s3(
         "eval  step 12/12: held-out perplexity " + progress[-1].split("perplexity ")[1].split(" (")[0],
     ], progress
     assert "held-out perplexity" in out and "unigram baseline" in out
+    # the probe of the trained model beside a random one, its report on the same storage
+    assert "part of speech (model)" in out and "part of speech (random control)" in out
     run = f"{root}/e2e"
+    probe = json.loads(storage.read_bytes(f"{run}/probe/probe.json"))
+    assert set(probe["probes"]) == set(probe["control"]) == {"pos", "wsd"}
+    assert storage.exists(f"{run}/probe/probe.png")
     manifest = json.loads(storage.read_bytes(f"{run}/shards/manifest.json"))
     heldout_sentences = manifest["totals"]["heldout"]["sentences"]
     for name in ("options.json", "weights.hdf5", "softmax.hdf5", "vocab.txt"):

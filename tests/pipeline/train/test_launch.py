@@ -57,10 +57,17 @@ def shards(tmp_path_factory, corpus):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, shards, ray_local):
-    """The one longer run: STEPS steps, evaluated every 50, checkpoints every 50 (keep 2)."""
+    """The one longer run: STEPS steps, evaluated every 50, checkpoints every 50 (keep 2), probed
+    every 75."""
     run_dir = str(tmp_path_factory.mktemp("run") / "kjv")
     cfg = tiny(
-        shards, run_dir, f"max_steps={STEPS}", "eval_every=50", "checkpoint_every=50", "eval_max_batches=60"
+        shards,
+        run_dir,
+        f"max_steps={STEPS}",
+        "eval_every=50",
+        "checkpoint_every=50",
+        "eval_max_batches=60",
+        "probe_every=75",
     )
     result = run_training(cfg)
     assert result.stage == "train" and result.output == run_dir and result.complete
@@ -130,6 +137,31 @@ def test_train_perplexity_falls_and_heldout_beats_half_the_unigram(trained):
     assert final["eval/perplexity"] <= 0.5 * final["eval/unigram_perplexity"]
     assert final["eval/perplexity_fwd"] > 1 and final["eval/perplexity_bwd"] > 1
     assert Path(run_dir, PLOT_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_layers_are_probed_on_the_dashboard_as_the_run_goes(trained):
+    from pipeline.probe.dashboard import SAMPLE
+
+    run_dir, _ = trained
+    probes = [r for r in read_metrics(os.path.join(run_dir, METRICS_FILE)) if r["kind"] == "probe"]
+    assert [r["step"] for r in probes] == [75, STEPS]
+    for row in probes:
+        for key in (
+            "pos_layer0",
+            "pos_layer1",
+            "pos_layer2",
+            "pos_mix",
+            "wsd_layer0",
+            "wsd_layer1",
+            "wsd_layer2",
+        ):
+            assert 0 <= row[f"probe/{key}"] <= 1, key
+        assert row["probe/seconds"] > 0 and row["probe/wsd_examples"] <= SAMPLE["wsd_examples"] * 2
+        assert row["probe/pos_test_tokens"] > 1000
+    # the same fixed sample each time: the baselines do not move
+    assert probes[0]["probe/pos_baseline"] == probes[1]["probe/pos_baseline"]
+    history = wandb_history(run_dir)
+    assert {"probe/pos_layer1", "probe/wsd_layer2"} <= {k for row in history for k in row}
 
 
 def test_wandb_offline_run_holds_the_logged_perplexities(trained):

@@ -168,6 +168,13 @@ def test_the_plot_shows_the_models_perplexities_and_marks_the_sampled_loss(tmp_p
     plot_perplexity(rows, path)
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    # probe rows (probe_every) add a panel beside the perplexities: a wider picture
+    probed = str(tmp_path / "probed.png")
+    layers = {f"probe/{n}_layer{k}": 0.1 * k for n in ("pos", "wsd") for k in range(3)}
+    plot_perplexity([*rows, {"kind": "probe", "step": 3, **layers}], probed)
+    import matplotlib.image
+
+    assert matplotlib.image.imread(probed).shape[1] > matplotlib.image.imread(path).shape[1]
 
 
 def test_a_torn_last_record_is_dropped_once_and_a_damaged_one_is_named(tmp_path):

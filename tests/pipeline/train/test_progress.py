@@ -142,3 +142,16 @@ def test_an_evaluation_says_how_much_it_scored_and_how_long_it_took():
     assert ProgressLines(total_steps=400).lines(row) == [
         "eval  step 20/400: held-out perplexity 120.5 (fwd 119.0, bwd 122.0; unigram 346.1) [7 batches, 12.3 s]"
     ]
+
+
+def test_a_probe_row_is_one_line_with_its_sample_and_seconds():
+    row = {
+        "kind": "probe", "step": 75, "probe/pos_layer0": 0.812, "probe/pos_layer1": 0.9034, "probe/pos_layer2": 0.88,
+        "probe/pos_mix": 0.91, "probe/wsd_layer0": 0.41, "probe/wsd_layer1": 0.45, "probe/wsd_layer2": 0.47,
+        "probe/pos_baseline": 0.85, "probe/wsd_baseline": 0.5, "probe/pos_test_tokens": 6123, "probe/wsd_examples": 1980,
+        "probe/seconds": 7.25,
+    }  # fmt: skip
+    assert ProgressLines(total_steps=150).lines(row) == [
+        "probe step 75/150: part of speech by layer 81.2 / 90.3 / 88.0% (baseline 85.0%), word sense "
+        "41.0 / 45.0 / 47.0% (baseline 50.0%) [6,123 test tokens, 1,980 examples, 7.2 s]"
+    ]

@@ -1,0 +1,141 @@
+"""``elmo probe``: a model's layers against part of speech and word sense, from a config to a report.
+
+Order, so that nothing is computed for a run that cannot finish: the output (new, empty or an
+earlier probe's), the model files and the probe set are checked first; then the sentences are
+embedded once per model (every layer, float32), the classifiers trained, the report written. The
+same model gives the same numbers: the sample is fixed, the classifiers start from zeros, the
+random control's initialisation is seeded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from elmo_model import BiLM, BiLMOptions, OptionsError
+from pipeline import storage
+from pipeline.output_owner import OwnFiles, check_owned
+from pipeline.probe import report
+from pipeline.probe.config import ProbeConfig
+from pipeline.probe.features import token_features
+from pipeline.probe.pos_probe import probe_pos
+from pipeline.probe.probe_set import ProbeError, ProbeSet, load_probe_set
+from pipeline.probe.wsd_probe import probe_wsd
+
+OWN_FILES = OwnFiles(
+    "probe", report.JSON_FILE, re.compile(rf"{re.escape(report.JSON_FILE)}|{re.escape(report.PLOT_FILE)}")
+)
+
+
+def model_paths(cfg: ProbeConfig) -> tuple[str, str]:
+    if cfg.model and (cfg.options_file or cfg.weights_file):
+        raise ProbeError("give either model=DIR or options_file + weights_file, not both")
+    if cfg.model:
+        return storage.join(cfg.model, "options.json"), storage.join(cfg.model, "weights.hdf5")
+    if not (cfg.options_file and cfg.weights_file):
+        raise ProbeError(
+            "no model given: pass --model DIR (with options.json + weights.hdf5) or --options F --weights F"
+        )
+    return cfg.options_file, cfg.weights_file
+
+
+def load_model(options_file: str, weights_file: str) -> BiLM:
+    """The biLM (eval, float32, stateless) from its two files, local or s3://; ProbeError, one line."""
+    with tempfile.TemporaryDirectory(prefix="elmo-probe-model-") as tmp:
+        local = []
+        for path, name in ((options_file, "options.json"), (weights_file, "weights.hdf5")):
+            try:
+                if not storage.exists(path):
+                    raise ProbeError(f"model file {path} does not exist")
+                if storage.is_s3(path):
+                    storage.download_file(path, os.path.join(tmp, name))
+                    path = os.path.join(tmp, name)
+            except storage.StorageError as err:
+                raise ProbeError(f"model: {err}") from None
+            local.append(path)
+        try:
+            return BiLM.from_files(*local)
+        except OptionsError as err:
+            raise ProbeError(f"model options {options_file}: {err}") from None
+        except Exception as err:  # h5py, shapes, JSON: the file named, one line
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ProbeError(f"model {weights_file}: cannot load ({first})") from None
+
+
+def random_control(bilm: BiLM, seed: int) -> BiLM:
+    """A model of ``bilm``'s size with the bilm-tf random initialisation (seeded), eval, stateless."""
+    torch.manual_seed(seed)
+    control = BiLM.from_options(BiLMOptions.from_dict(bilm.options).to_dict())
+    return control.to(next(bilm.parameters()).device).eval()
+
+
+def probe_model(
+    bilm: BiLM, probe_set: ProbeSet, precision: str = "float32", graphs: bool | None = None
+) -> dict:
+    """Both probes of one model: ``{"pos": ..., "wsd": ...}`` (``report.probes``)."""
+    pos = probe_set.train, probe_set.test
+    features = [token_features(bilm, split.sentences, precision, graphs) for split in pos]
+    words = [[w for s in split.sentences for w in s] for split in pos]
+    tags = [[t for s in split.tags for t in s] for split in pos]
+    pos_result = probe_pos(features[0], tags[0], features[1], tags[1], words[0], words[1])
+    wsd = probe_set.wsd
+    all_tokens = token_features(bilm, wsd.sentences, precision, graphs)
+    starts = np.cumsum([0, *map(len, wsd.sentences)])[:-1]
+    targets = all_tokens[starts + np.array(wsd.targets, dtype=np.int64)]
+    wsd_result = probe_wsd(targets, wsd.lemmas, wsd.senses, wsd.ranks)
+    return report.probes(pos_result, wsd_result)
+
+
+def run_probe(cfg: ProbeConfig) -> dict:
+    """Probe ``cfg``'s model (and, with ``control``, a random one of its size); write the report to
+    ``cfg.output`` and return it (``report``'s ``probe.json`` document)."""
+    started = time.perf_counter()
+    output = cfg.output.rstrip("/")
+    try:
+        check_owned(output, OWN_FILES, ProbeError)
+    except storage.StorageError as err:
+        raise ProbeError(f"output {output}: {err}") from None
+    options_file, weights_file = model_paths(cfg)
+    probe_set = load_probe_set(
+        cfg.probe_set, cfg.pos_train_sentences, cfg.pos_test_sentences, cfg.wsd_examples
+    )
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = torch.device(
+        "cuda"
+        if cfg.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if cfg.device == "auto" else cfg.device)
+    )
+    bilm = load_model(options_file, weights_file).to(device)
+    result = {
+        "model": {
+            "options_file": options_file,
+            "weights_file": weights_file,
+            "device": device.type,
+            "precision": cfg.precision,
+        },
+        "probes": probe_model(bilm, probe_set, cfg.precision),
+    }
+    if cfg.control:
+        result["control"] = probe_model(random_control(bilm, cfg.seed), probe_set, cfg.precision)
+    result["set"] = {
+        "where": probe_set.where,
+        "pos_train_sentences": len(probe_set.train.sentences),
+        "pos_test_sentences": len(probe_set.test.sentences),
+        "wsd_examples": len(probe_set.wsd.sentences),
+    }
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    json_path, png_path = report.write(output, result)
+    result["written"] = [json_path, png_path]
+    return result
+
+
+def summary(result: dict) -> str:
+    return "\n".join(
+        [report.table(result), f"probe done in {result['seconds']:.0f} s: {', '.join(result['written'])}"]
+    )
