@@ -120,12 +120,18 @@ def iter_hdf5(data: bytes, where: str) -> Iterator[tuple[int, np.ndarray]]:
         if shard.attrs.get("layout") == "packed":
             yield from _iter_packed(shard, where)
             return
-        try:
-            keys = sorted(int(k) for k in shard.keys() if k != SENTENCE_TO_INDEX)
-        except ValueError:
-            raise EmbedError(f"{where}: holds a dataset that is not named by a line number") from None
-        for key in keys:
-            yield key, checked_dataset(shard, str(key), where)[()]
+        yield from iter_line_datasets(shard, where)
+
+
+def iter_line_datasets(handle: h5py.File, where: str) -> Iterator[tuple[int, np.ndarray]]:
+    """The AllenNLP layout's ``(line, value)`` pairs of an open file (a shard or a single file), in
+    line order, one dataset read at a time, each checked first (``checked_dataset``)."""
+    try:
+        keys = sorted(int(k) for k in handle.keys() if k != SENTENCE_TO_INDEX)
+    except ValueError:
+        raise EmbedError(f"{where}: holds a dataset that is not named by a line number") from None
+    for key in keys:
+        yield key, checked_dataset(handle, str(key), where)[()]
 
 
 def checked_dataset(shard: h5py.File, key: str, where: str) -> h5py.Dataset:

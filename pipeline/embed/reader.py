@@ -28,7 +28,7 @@ from pipeline import storage
 from pipeline.embed import manifest, parquet_shard
 from pipeline.embed.config import is_single_file
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.hdf5_shard import SENTENCE_TO_INDEX, checked_dataset, iter_hdf5
+from pipeline.embed.hdf5_shard import iter_hdf5, iter_line_datasets
 
 SHARD_NAME = re.compile(rf"embeddings-\d{{6,}}\.({'|'.join(manifest.FILE_FORMATS)})")
 
@@ -99,9 +99,4 @@ def _single_file(output: str) -> Iterator[tuple[int, np.ndarray]]:
         except OSError as err:
             raise EmbedError(f"{output}: not a readable HDF5 file ({str(err).splitlines()[0]})") from None
         with handle:
-            try:
-                keys = sorted(int(k) for k in handle.keys() if k != SENTENCE_TO_INDEX)
-            except ValueError:
-                raise EmbedError(f"{output}: holds a dataset that is not named by a line number") from None
-            for key in keys:
-                yield key, checked_dataset(handle, str(key), output)[()]
+            yield from iter_line_datasets(handle, output)
