@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from jobs.stage_args import parse_stage_args, resolve, run_main, stage_parser
 from pipeline.config import preset_names
+from pipeline.train.progress import baselines_text
 
 FLAGS = {
     "shards": "shards",
@@ -49,7 +50,7 @@ def summary(final: dict, run_dir: str) -> str:
     line = (
         f"trained to step {final.get('step')}: held-out perplexity {final['eval/perplexity']:.2f} "
         f"(fwd {final['eval/perplexity_fwd']:.2f}, bwd {final['eval/perplexity_bwd']:.2f}; "
-        f"unigram {final['eval/unigram_perplexity']:.2f}); run directory {run_dir}"
+        f"{baselines_text(final)}); run directory {run_dir}"
     )
     if final.get("wandb_sync"):
         line += f"\nwandb (offline) uploads with: {final['wandb_sync']}"

@@ -78,6 +78,16 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
     return results
 
 
+def _kneser_ney_line(final: dict, ppl: float) -> list[str]:
+    if "eval/kneser_ney_perplexity" not in final:
+        return []
+    kn = final["eval/kneser_ney_perplexity"]
+    label = f"Kneser-Ney {final['eval/kneser_ney_order']}-gram"
+    return [
+        f"{label:<20} {kn:.2f}  -> the biLM is at {ppl / kn:.1%} of it (the paper's biLM: 59% of a 5-gram's)"
+    ]
+
+
 def summary(results: dict[str, Any]) -> str:
     """The closing summary ``elmo pipeline`` prints."""
     cfg, train = results["config"], results["train"].details
@@ -90,6 +100,7 @@ def summary(results: dict[str, Any]) -> str:
         f"held-out perplexity  average {ppl:.2f}  (forward {train['eval/perplexity_fwd']:.2f}, "
         f"backward {train['eval/perplexity_bwd']:.2f})",
         f"unigram baseline     {unigram:.2f}  -> the biLM is at {ppl / unigram:.1%} of the baseline",
+        *_kneser_ney_line(train, ppl),
         "",
         "stage   seconds   tokens/s   (train: tokens per direction, startup and evaluation included)",
     ]

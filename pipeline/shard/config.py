@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from pipeline.config import check_rules, seed_rule
+from pipeline.kneser_ney import MAX_ORDER
 
 RUNTIME_KEYS = ("output", "workers", "ray_address", "progress", "chunk_bytes")
 """Keys that change how the stage runs but not what it writes; the manifest leaves them out so
@@ -61,6 +62,8 @@ class ShardConfig:
     """Lines longer than this many bytes (UTF-8, newline excluded) are dropped and counted; 0 means no limit."""
     seed: int = 0
     """Seed of the within-shard shuffle."""
+    kneser_ney_order: int = 3
+    """Order of the held-out Kneser-Ney baseline written into the manifest (2..5; 0 turns it off): an interpolated modified Kneser-Ney model counted on the training split, scored on the held-out targets the biLM is scored on. Its pass reads the training shards once more and its largest task holds all their n-grams: see docs/training.md#baselines for its time and memory per token."""
     chunk_bytes: int = 4 * 1024 * 1024
     """Input bytes per Ray task (4 MiB keeps Ray's per-task cost, about 10 ms of driver and raylet CPU, small next to the task's work); changing it does not change the output."""
     workers: int = 0
@@ -89,6 +92,12 @@ class ShardConfig:
                 ),
                 ("shard_tokens", self.shard_tokens, self.shard_tokens >= 1, ">= 1"),
                 ("block_tokens", self.block_tokens, self.block_tokens >= 1, ">= 1"),
+                (
+                    "kneser_ney_order",
+                    self.kneser_ney_order,
+                    self.kneser_ney_order == 0 or 2 <= self.kneser_ney_order <= MAX_ORDER,
+                    f"0 (off) or 2..{MAX_ORDER}",
+                ),
                 ("max_line_bytes", self.max_line_bytes, self.max_line_bytes >= 0, ">= 0"),
                 ("chunk_bytes", self.chunk_bytes, self.chunk_bytes >= 1, ">= 1"),
                 ("workers", self.workers, self.workers >= 0, ">= 0"),

@@ -48,6 +48,7 @@ from pipeline.lease import Lease
 from pipeline.output_dirs import removed_on_failure
 from pipeline.output_owner import withdraw_claim
 from pipeline.ray_runtime import RaySession
+from pipeline.shard.baseline import kneser_ney_baseline
 from pipeline.shard.config import ShardConfig
 from pipeline.shard.errors import ShardError
 from pipeline.shard.layout import SplitLayout, layout_split
@@ -474,15 +475,29 @@ def _run_shard(config: dict, session: RaySession) -> StageResult:
         progress.close()
         records = {**done, **written}
         shards = {split: [records[(split, s)] for s in range(layouts[split].num_shards)] for split in SPLITS}
-        manifest = build_manifest(identity, paths, len(inputs), chunks, vocab, distinct, shards)
+        baselines, baseline_seconds = _baselines(run, shards, vocab)
+        manifest = build_manifest(identity, paths, len(inputs), chunks, vocab, distinct, shards, baselines)
         if sum(manifest["totals"][s]["tokens"] for s in SPLITS) != total_tokens:
             raise ShardError(
                 f"shards in {output} do not add up to the counted tokens; delete the output and rerun"
             )
         storage.write_bytes(storage.join(output, MANIFEST_FILE), encode_json(manifest))
         seconds = time.perf_counter() - started
-        print(summary(manifest, seconds, output, reused=len(done)))
+        print(summary(manifest, seconds, output, reused=len(done), baseline_seconds=baseline_seconds))
         return StageResult("shard", output, seconds, total_tokens, details={"manifest": manifest})
+
+
+def _baselines(run: _ShardRun, shards, vocab: Vocabulary) -> tuple[dict, float]:
+    """The manifest's ``baselines`` (the Kneser-Ney model of ``kneser_ney_order``, unless 0 or
+    nothing is held out) and the seconds its pass took."""
+    order = run.config["kneser_ney_order"]
+    if not order:
+        return {}, 0.0
+    started = time.perf_counter()
+    progress = Progress(f"shard: {order}-gram baseline", run.config["progress"])
+    record = kneser_ney_baseline(run.output, shards, vocab.size, order, run.window, progress.update, _get)
+    progress.close()
+    return ({"kneser_ney": record} if record else {}), time.perf_counter() - started
 
 
 def _unigram(chunks: Sequence[ChunkSummary], vocab: Vocabulary) -> np.ndarray:

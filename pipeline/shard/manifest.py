@@ -130,8 +130,10 @@ def build_manifest(
     vocab: Vocabulary,
     distinct_train_tokens: int,
     shards: Mapping[str, Sequence[ShardRecord]],
+    baselines: Mapping[str, Any],
 ) -> dict:
     """The manifest of a finished run (see docs/architecture.md for the fields other stages use).
+    ``baselines``: the held-out baselines beyond the shard records' unigram (pipeline.kneser_ney).
 
     ``lines.read == lines.sentences.train + lines.sentences.heldout + sum(lines.skipped)``.
     """
@@ -166,4 +168,5 @@ def build_manifest(
         },
         "shards": {split: [r.to_dict() for r in shards[split]] for split in SPLITS},
         "totals": totals,
+        "baselines": dict(baselines),
     }

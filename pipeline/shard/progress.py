@@ -7,6 +7,8 @@ import time
 
 from tqdm import tqdm
 
+from pipeline.unigram import manifest_unigram_perplexity
+
 
 class Progress:
     """A bar counting lines, with the token rate as its postfix; silent when disabled."""
@@ -43,8 +45,11 @@ def format_rate(count: float, seconds: float) -> str:
     return f"{rate:.0f}"
 
 
-def summary(manifest: dict, seconds: float, output: str, reused: int = 0) -> str:
-    """A few lines describing a finished run, for stdout."""
+def summary(
+    manifest: dict, seconds: float, output: str, reused: int = 0, baseline_seconds: float = 0.0
+) -> str:
+    """A few lines describing a finished run, for stdout (``baseline_seconds``: the Kneser-Ney
+    pass's share of ``seconds``)."""
     lines = manifest["lines"]
     totals = manifest["totals"]
     tokens = totals["train"]["tokens"] + totals["heldout"]["tokens"]
@@ -62,6 +67,18 @@ def summary(manifest: dict, seconds: float, output: str, reused: int = 0) -> str
     parts.append(
         f"  vocabulary: {manifest['vocab']['size']} entries ({manifest['vocab']['distinct_train_tokens']} distinct training tokens)"
     )
+    parts.append(_baseline_line(manifest, baseline_seconds))
     if reused:
         parts.append(f"  reused {reused} shards already written by an earlier run")
     return "\n".join(parts)
+
+
+def _baseline_line(manifest: dict, seconds: float) -> str:
+    unigram = manifest_unigram_perplexity(manifest)
+    if unigram is None:
+        return "  held-out baselines: none (nothing held out)"
+    line = f"  held-out baselines: unigram perplexity {unigram:,.1f}"
+    kn = manifest["baselines"].get("kneser_ney")
+    if kn is not None:
+        line += f", Kneser-Ney {kn['order']}-gram {kn['perplexity']:,.1f} (its pass {seconds:.1f}s)"
+    return line

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -123,9 +123,9 @@ class Evaluator:
     """
 
     def __init__(
-        self, cfg: Any, batches: Callable[[], Iterable[LMBatch]], unigram_perplexity: float, world: int
+        self, cfg: Any, batches: Callable[[], Iterable[LMBatch]], baselines: Mapping[str, float], world: int
     ):
-        self.cfg, self.batches, self.unigram, self.world = cfg, batches, unigram_perplexity, world
+        self.cfg, self.batches, self.baselines, self.world = cfg, batches, dict(baselines), world
 
     def due(self, step: int, last_step: bool) -> bool:
         """An evaluation inside the run (the end-of-run one is `run`'s caller's)."""
@@ -134,14 +134,14 @@ class Evaluator:
     def run(
         self, lm: TrainingLM, softmax: SharedSoftmax, device: torch.device, autocast_dtype, final: bool = True
     ) -> dict:
-        """``eval/perplexity{,_fwd,_bwd}``, ``eval/unigram_perplexity``, ``eval/batches`` and
+        """``eval/perplexity{,_fwd,_bwd}``, the ``baselines`` (RunPlan.baselines), ``eval/batches`` and
         ``eval/seconds`` (all ranks). ``final``: the end-of-run evaluation (``eval_max_batches``);
         otherwise one during the run (``eval_interval_batches``, a fixed sample)."""
         started = time.perf_counter()
         limit = eval_batches(self.cfg, final)
         max_batches = -(-limit // self.world) if limit else 0
         result = heldout_perplexities(lm, softmax, self.batches(), device, autocast_dtype, max_batches)
-        result["eval/unigram_perplexity"] = self.unigram
+        result.update(self.baselines)
         result["eval/seconds"] = time.perf_counter() - started
         return result
 

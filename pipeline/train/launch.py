@@ -28,6 +28,7 @@ from elmo_model import BiLMOptions, OptionsError
 from pipeline import cluster_capacity, ray_runtime, shard_format, storage
 from pipeline.config import UseGPU
 from pipeline.errors import PipelineError, Terminated
+from pipeline.kneser_ney import manifest_kneser_ney
 from pipeline.lease import Lease
 from pipeline.model_config import to_options
 from pipeline.output_owner import check_owned, withdraw_claim
@@ -181,6 +182,7 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
             f"shard directory {shards}: vocab.txt has {len(vocab)} tokens, the manifest says {manifest['vocab']['size']}"
         )
     _check_shards(shards, manifest)
+    baselines = _baselines(shards, manifest)
     workers, batch, unroll = cfg.workers, cfg.batch_size, cfg.unroll_steps
     per_epoch = steps_per_epoch(manifest, batch, unroll, workers)
     total = cfg.max_steps or cfg.n_epochs * per_epoch
@@ -210,12 +212,22 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
         vocab_size=len(vocab),
         total_steps=total,
         steps_per_epoch=per_epoch,
-        unigram_perplexity=float(heldout_unigram_perplexity(shards, manifest)),
+        baselines=baselines,
         options=options,
         init_from=storage.absolute(cfg.init_from),
         storage_endpoint=cfg.storage_endpoint,
         wandb_id=wandb_id,
     )
+
+
+def _baselines(shards: str, manifest: dict) -> dict:
+    """RunPlan.baselines: the unigram's, and the shard stage's Kneser-Ney model where it counted one."""
+    baselines = {"eval/unigram_perplexity": float(heldout_unigram_perplexity(shards, manifest))}
+    kneser_ney = manifest_kneser_ney(manifest, shard_format.manifest_path(shards))
+    if kneser_ney is not None:
+        baselines["eval/kneser_ney_perplexity"] = float(kneser_ney["perplexity"])
+        baselines["eval/kneser_ney_order"] = kneser_ney["order"]
+    return baselines
 
 
 def _cluster_check(cfg: TrainConfig, embedded: bool | None = None) -> bool:

@@ -307,7 +307,7 @@ def _probe_panel(ax, probes: list[dict]) -> None:
 
 
 def plot_perplexity(rows: list[dict], path: str) -> None:
-    """PNG of ``perplexity_series(rows)`` and the held-out unigram baseline vs step (log scale);
+    """PNG of ``perplexity_series(rows)`` and the held-out baselines (unigram, Kneser-Ney) vs step (log scale);
     beside it, when the run probed its layers (``probe_every``), their accuracies vs step."""
     import matplotlib
 
@@ -322,13 +322,21 @@ def plot_perplexity(rows: list[dict], path: str) -> None:
         fig, ax = plt.subplots(figsize=(8, 5))
     for label, steps, values, style, extra in perplexity_series(rows):
         ax.plot(steps, values, style, label=label, **extra)
-    baselines = [
-        r["eval/unigram_perplexity"]
-        for r in rows
-        if r.get("kind") == "eval" and "eval/unigram_perplexity" in r
-    ]
-    if baselines:
-        ax.axhline(baselines[-1], color="gray", linestyle="-.", label="held-out unigram baseline")
+    evals = [r for r in rows if r.get("kind") == "eval" and "eval/unigram_perplexity" in r]
+    if evals:
+        ax.axhline(
+            evals[-1]["eval/unigram_perplexity"],
+            color="gray",
+            linestyle="-.",
+            label="held-out unigram baseline",
+        )
+    if evals and "eval/kneser_ney_perplexity" in evals[-1]:
+        ax.axhline(
+            evals[-1]["eval/kneser_ney_perplexity"],
+            color="black",
+            linestyle=":",
+            label=f"held-out Kneser-Ney {evals[-1]['eval/kneser_ney_order']}-gram baseline",
+        )
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("perplexity")

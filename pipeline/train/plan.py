@@ -11,7 +11,9 @@ class RunPlan:
     changes them).
 
     ``options``: the model's inference options.json dict; ``total_steps``: steps of the whole run
-    (a resumed run continues up to it); ``unigram_perplexity``: the held-out baseline;
+    (a resumed run continues up to it); ``baselines``: the held-out baselines as entries of an
+    eval row (``eval/unigram_perplexity``; ``eval/kneser_ney_perplexity`` and
+    ``eval/kneser_ney_order`` when the shard stage counted that model);
     ``wandb_id``: the run's wandb id (``run.json``); ``use_gpu``: from the cluster, set (``dataclasses.replace``) just before launch."""
 
     run_dir: str
@@ -21,7 +23,7 @@ class RunPlan:
     vocab_size: int
     total_steps: int
     steps_per_epoch: int
-    unigram_perplexity: float
+    baselines: dict
     options: dict
     init_from: str
     storage_endpoint: str

@@ -37,6 +37,16 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
+def baselines_text(row: dict, number: Callable[[float], str] = "{:,.2f}".format) -> str:
+    """The held-out baselines of an eval row: ``unigram 812.40, Kneser-Ney 3-gram 190.15``."""
+    text = f"unigram {number(row['eval/unigram_perplexity'])}"
+    if "eval/kneser_ney_perplexity" in row:
+        text += (
+            f", Kneser-Ney {row['eval/kneser_ney_order']}-gram {number(row['eval/kneser_ney_perplexity'])}"
+        )
+    return text
+
+
 def _ppl(value: float) -> str:
     return f"{value:,.1f}" if math.isfinite(value) else "inf"
 
@@ -64,7 +74,7 @@ class ProgressLines:
             return [
                 f"eval  step {row['step']}/{self.total_steps}: held-out perplexity "
                 f"{_ppl(row['eval/perplexity'])} (fwd {_ppl(row['eval/perplexity_fwd'])}, "
-                f"bwd {_ppl(row['eval/perplexity_bwd'])}; unigram {_ppl(row['eval/unigram_perplexity'])}){scope}"
+                f"bwd {_ppl(row['eval/perplexity_bwd'])}; {baselines_text(row, _ppl)}){scope}"
             ]
         if row.get("kind") == "guard":
             return [f"guard step {row['step']}/{self.total_steps}: {row['message']} [{row['action']}]"]

@@ -83,7 +83,7 @@ class Trainer:
             lambda: self._batches(
                 "heldout", cfg.eval_batch_size, EVAL_UNROLL_STEPS, test=True, prefetch=ReadAhead.thread
             ),
-            plan.unigram_perplexity,
+            plan.baselines,
             self.world,
         )
         self.log = RunLog(cfg, plan, self.rank, self.resumed_from, self.writer, relay)

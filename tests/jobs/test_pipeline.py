@@ -48,6 +48,8 @@ def test_pipeline_end_to_end_on_s3(
         "eval  step 12/12: held-out perplexity " + progress[-1].split("perplexity ")[1].split(" (")[0],
     ], progress
     assert "held-out perplexity" in out and "unigram baseline" in out
+    # the shard stage's Kneser-Ney baseline, through the eval rows to the summary
+    assert "Kneser-Ney 3-gram " in out and "Kneser-Ney 3-gram " in progress[-1]
     # the probe of the trained model beside a random one, its report on the same storage
     assert "part of speech (model)" in out and "part of speech (random control)" in out
     run = f"{root}/e2e"

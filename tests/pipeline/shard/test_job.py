@@ -7,11 +7,12 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jobs.shard import main as shard_main
+from pipeline import kneser_ney, storage
 from pipeline import shard_format as fmt
-from pipeline import storage
 from pipeline.config import load_config
 from pipeline.shard import job as shard_job
 from pipeline.shard import resume as shard_resume
@@ -141,6 +142,31 @@ def test_the_manifest_records_the_heldout_unigram_baseline(baseline):
     from_shards = heldout_unigram_perplexity(str(out), unscored)
     assert recorded == pytest.approx(from_shards, rel=1e-9) and 1 < recorded < manifest["vocab"]["size"]
     assert all("unigram_nll" not in r for r in manifest["shards"]["train"])
+
+
+def _ids_and_lengths(blocks: list[fmt.Block]) -> tuple[np.ndarray, np.ndarray]:
+    return np.concatenate([b.ids for b in blocks]), np.concatenate([b.lengths for b in blocks])
+
+
+def test_the_manifest_records_the_kneser_ney_baseline_of_its_shards(baseline):
+    # the Ray pass (a task per shard, counts merged two at a time) against one count of the whole
+    out, manifest = baseline
+    record = manifest["baselines"]["kneser_ney"]
+    whole = kneser_ney.count_ngrams(*_ids_and_lengths(_all_sentences(out, manifest, "train")), 3)
+    model = kneser_ney.build(whole, manifest["vocab"]["size"])
+    nll, targets = model.score(*_ids_and_lengths(_all_sentences(out, manifest, "heldout")))
+    heldout = manifest["totals"]["heldout"]
+    assert record["order"] == 3 and record["targets"] == targets == heldout["tokens"] + heldout["sentences"]
+    assert record["nll"] == pytest.approx(nll, rel=1e-12) and record["ngrams"] == model.ngrams
+    assert record["perplexity"] == pytest.approx(kneser_ney.perplexity(nll, targets), rel=1e-12)
+    assert record["perplexity"] < manifest_unigram_perplexity(manifest)  # same targets, more context
+
+
+def test_kneser_ney_order_0_counts_no_baseline(ray_local, corpus, tmp_path, capsys):
+    manifest = run([corpus[0]], tmp_path / "off", kneser_ney_order=0)
+    assert manifest["baselines"] == {}
+    out = capsys.readouterr().out
+    assert "held-out baselines: unigram perplexity" in out and "Kneser-Ney" not in out
 
 
 def test_byte_identical_with_two_workers_and_other_chunking(baseline, corpus, tmp_path):

@@ -77,7 +77,10 @@ def test_the_manifest_accounts_for_every_line_and_sums_the_shards():
             ShardRecord("heldout-000001.tar", 2, 8, 1, 200, "h1", 1, unigram_nll=17.0),
         ],
     }
-    manifest = build_manifest(identity, ["a.txt", "h.txt"], 1, CHUNKS, VOCAB, 2, shards)
+    kneser_ney = {"order": 3, "perplexity": 41.5, "nll": 67.0, "targets": 18}
+    manifest = build_manifest(
+        identity, ["a.txt", "h.txt"], 1, CHUNKS, VOCAB, 2, shards, {"kneser_ney": kneser_ney}
+    )
     lines = manifest["lines"]
     assert (
         lines["read"]
@@ -95,6 +98,7 @@ def test_the_manifest_accounts_for_every_line_and_sums_the_shards():
     }  # fmt: skip
     assert manifest["shards"]["heldout"][1]["unigram_nll"] == 17.0
     assert "unigram_nll" not in manifest["shards"]["train"][0]  # held-out shards only
+    assert manifest["baselines"] == {"kneser_ney": kneser_ney}
     assert manifest["vocab"]["size"] == VOCAB.size and manifest["config"] == {"tokenizer": "moses", "seed": 3}
     # sorted keys, fixed indentation: equal content, equal bytes
     assert encode_json(manifest) == encode_json(json.loads(encode_json(manifest)))

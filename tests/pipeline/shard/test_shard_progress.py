@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pipeline.shard.progress import Progress, format_rate, summary
 
 MANIFEST = {
@@ -12,6 +14,8 @@ MANIFEST = {
         "heldout": {"sentences": 1, "tokens": 500_000, "unk_tokens": 0, "shards": 1},
     },
     "vocab": {"size": 900, "distinct_train_tokens": 1200},
+    "shards": {"heldout": [{"tokens": 9, "sentences": 1, "unigram_nll": 10 * math.log(80.0)}]},
+    "baselines": {"kneser_ney": {"order": 4, "perplexity": 31.04}},
 }  # fmt: skip
 
 
@@ -33,6 +37,11 @@ def test_the_summary_says_where_the_shards_are_and_accounts_for_every_line():
     assert "  train: 8 sentences, 1500000 tokens (4 <UNK>), 2 shards" in text
     assert "  vocabulary: 900 entries (1200 distinct training tokens)" in text
     assert text.endswith("reused 2 shards already written by an earlier run")
+    assert "  held-out baselines: unigram perplexity 80.0, Kneser-Ney 4-gram 31.0 (its pass 1.5s)" in summary(
+        MANIFEST, 4.0, "out", baseline_seconds=1.5
+    )
+    nothing_held_out = {**MANIFEST, "shards": {"heldout": []}, "baselines": {}}
+    assert "  held-out baselines: none (nothing held out)" in summary(nothing_held_out, 4.0, "out")
     assert "reused" not in summary(MANIFEST, 4.0, "out")
 
 

@@ -14,6 +14,7 @@ from shard_builder import sample_sentences, write_sample_shards
 from jobs.train import main as train_main
 from pipeline import cluster_capacity, shard_format, storage
 from pipeline.config import ConfigError, load_config
+from pipeline.kneser_ney import BaselineError
 from pipeline.shard_format import FormatError
 from pipeline.train.config import TrainConfig
 from pipeline.train.launch import TrainError, _cluster_check, prepare_run
@@ -54,14 +55,37 @@ def _bytes_read() -> int:
 
 def test_a_launch_reads_no_shard_bytes_on_the_driver(shards, tmp_path):
     junk = os.urandom(1 << 20) * 16  # 16 MiB where each shard was: not even a tar
-    listed = json.loads(storage.read_bytes(os.path.join(shards, "manifest.json")))["shards"]
+    manifest = json.loads(storage.read_bytes(os.path.join(shards, "manifest.json")))
+    listed = manifest["shards"]
     expected = heldout_unigram_perplexity(shards)  # recorded in the manifest by the shard writer
+    # the shard stage's Kneser-Ney record, as it writes it
+    manifest["baselines"] = {"kneser_ney": {"order": 4, "perplexity": 123.4, "nll": 1.0, "targets": 2}}
+    storage.write_bytes(os.path.join(shards, "manifest.json"), json.dumps(manifest).encode())
     for entry in listed["train"] + listed["heldout"]:
         storage.write_bytes(os.path.join(shards, entry["name"]), junk)
     before = _bytes_read()
     plan = prepare_run(cfg_for(shards, str(tmp_path / "run"), "softmax.negatives=100"))
     assert _bytes_read() - before < len(junk)  # the manifest and the vocabulary only
-    assert plan.unigram_perplexity == expected
+    assert plan.baselines == {
+        "eval/unigram_perplexity": expected,
+        "eval/kneser_ney_perplexity": 123.4,
+        "eval/kneser_ney_order": 4,
+    }
+
+
+@pytest.mark.parametrize(
+    "record",
+    [{"order": 7, "perplexity": 90.0, "targets": 5}, {"order": 3, "perplexity": "nan", "targets": 5}, [3]],
+)
+def test_a_malformed_kneser_ney_record_is_one_line(shards, tmp_path, record):
+    path = os.path.join(shards, "manifest.json")
+    manifest = json.loads(storage.read_bytes(path))
+    storage.write_bytes(path, json.dumps({**manifest, "baselines": {"kneser_ney": record}}).encode())
+    with pytest.raises(
+        BaselineError, match=r"manifest .*manifest.json: baselines.kneser_ney needs an order in 2..5"
+    ):
+        prepare_run(cfg_for(shards, str(tmp_path / "run"), "softmax.negatives=100"))
+    assert not (tmp_path / "run").exists()  # refused before the run claims a folder
 
 
 def test_a_damaged_shard_fails_the_run_in_the_worker_that_reads_it(shards, tmp_path):

@@ -105,19 +105,26 @@ def test_batch_limits_and_when_an_evaluation_is_due():
     assert eval_batches(cfg(eval_max_batches=0, eval_interval_batches=5), final=False) == 5
     assert eval_batches(cfg(eval_max_batches=3, eval_interval_batches=5), final=False) == 3
     assert eval_batches(cfg(eval_max_batches=8, eval_interval_batches=0), final=False) == 8
-    during = Evaluator(cfg(eval_every=10), lambda: [], unigram_perplexity=300.0, world=1)
+    during = Evaluator(cfg(eval_every=10), lambda: [], baselines={"eval/unigram_perplexity": 300.0}, world=1)
     assert [s for s in range(1, 31) if during.due(s, last_step=s == 30)] == [10, 20]
-    assert not Evaluator(cfg(eval_every=0), lambda: [], 300.0, 1).due(10, last_step=False)
+    assert not Evaluator(cfg(eval_every=0), lambda: [], {}, 1).due(10, last_step=False)
 
 
 def test_an_evaluation_splits_its_batch_limit_over_the_ranks(lm_and_softmax):
     lm, softmax = lm_and_softmax
     scored = batches(6)
-    evaluator = Evaluator(cfg(eval_max_batches=5), lambda: iter(scored), unigram_perplexity=300.0, world=1)
+    baselines = {
+        "eval/unigram_perplexity": 300.0,
+        "eval/kneser_ney_perplexity": 150.0,
+        "eval/kneser_ney_order": 3,
+    }
+    evaluator = Evaluator(cfg(eval_max_batches=5), lambda: iter(scored), baselines, world=1)
     result = evaluator.run(lm, softmax, torch.device("cpu"), None)
-    assert result["eval/batches"] == 5 and result["eval/unigram_perplexity"] == 300.0
+    assert result["eval/batches"] == 5 and baselines.items() <= result.items()
     expected = heldout_sums(lm, softmax, scored, torch.device("cpu"), max_batches=5).perplexities()
     assert result["eval/perplexity"] == pytest.approx(expected["eval/perplexity"])
     # two ranks: each scores ceil(5 / 2) = 3 of its own (the sum over ranks is this one's alone here)
-    two = Evaluator(cfg(eval_max_batches=5), lambda: iter(scored), unigram_perplexity=300.0, world=2)
+    two = Evaluator(
+        cfg(eval_max_batches=5), lambda: iter(scored), baselines={"eval/unigram_perplexity": 300.0}, world=2
+    )
     assert two.run(lm, softmax, torch.device("cpu"), None)["eval/batches"] == 3
