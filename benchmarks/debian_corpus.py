@@ -2,6 +2,8 @@
 
     python benchmarks/debian_corpus.py /tmp/debian-corpus            # downloads the packages (apt-get download)
     python benchmarks/debian_corpus.py /tmp/debian-corpus --debs DIR # .deb files already downloaded
+    python benchmarks/debian_corpus.py OUT --leave-out wordnet-base --without-probe-sentences
+                                       # the reference model's corpus: no WordNet, no probe sentence
 
 Writes ``OUT/corpus.txt.gz`` (tokens separated by spaces: words, numbers and each punctuation mark apart,
 as the 1B Word Benchmark is tokenized) and ``OUT/SOURCES.md`` (each package, its version, the licence
@@ -227,6 +229,21 @@ SOURCES = [
 ]
 
 
+def _words(text: str) -> str:
+    """A sentence's letters and digits, lowercased: the same sentence whatever its tokenization."""
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def probe_sentences() -> set[str]:
+    """The shipped probe set's sentences (Brown's and WordNet's examples) as :func:`_words` keys: a
+    model probed on them must not have read them (``elmo probe``'s data, docs/probe.md)."""
+    from pipeline.probe.probe_set import load_probe_set
+
+    probe = load_probe_set()
+    sentences = [*probe.train.sentences, *probe.test.sentences, *probe.wsd.sentences]
+    return {key for key in (_words(" ".join(s)) for s in sentences) if key}
+
+
 def _unpacked(package: str, debs: Path, tmp: Path) -> tuple[Path, str]:
     """The package's files (unpacked under ``tmp``) and its version."""
     found = sorted(debs.glob(f"{package}_*.deb"))
@@ -272,7 +289,23 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--debs", type=Path, help="folder with the .deb files (missing ones are downloaded there)"
     )
+    parser.add_argument(
+        "--leave-out",
+        action="append",
+        default=[],
+        choices=[s.package for s in SOURCES],
+        metavar="PACKAGE",
+        help="a package to leave out (repeatable), e.g. wordnet-base for a model that elmo probe tests",
+    )
+    parser.add_argument(
+        "--without-probe-sentences",
+        action="store_true",
+        help="drop every sentence of elmo probe's set (Brown, WordNet's examples), in any package",
+    )
     args = parser.parse_args(argv)
+    sources = [s for s in SOURCES if s.package not in args.leave_out]
+    held_back = probe_sentences() if args.without_probe_sentences else set()
+    dropped = 0
     args.output.mkdir(parents=True, exist_ok=True)
     seen: set[int] = set()
     rows, total_sentences, total_tokens = [], 0, 0
@@ -281,7 +314,7 @@ def main(argv=None) -> int:
         gzip.open(args.output / "corpus.txt.gz", "wt", encoding="utf-8", compresslevel=6) as out,
     ):
         debs = args.debs or Path(tmp)
-        for source in SOURCES:
+        for source in sources:
             root, version = _unpacked(source.package, debs, Path(tmp))
             sentences = tokens = 0
             for paragraph in source.paragraphs(root):
@@ -289,6 +322,9 @@ def main(argv=None) -> int:
                     words = tokenize(sentence)
                     line = " ".join(words)
                     if not keep(words) or hash(line) in seen:
+                        continue
+                    if held_back and _words(line) in held_back:
+                        dropped += 1
                         continue
                     seen.add(hash(line))
                     out.write(line + "\n")
@@ -306,6 +342,10 @@ def main(argv=None) -> int:
         *(f"| {p} | {v} | {lic} | {s:,} | {t:,} |" for p, v, lic, s, t in rows),
         f"| all | | | {total_sentences:,} | {total_tokens:,} |",
     ]
+    if args.leave_out:
+        table.append(f"\nLeft out: {', '.join(args.leave_out)}.")
+    if args.without_probe_sentences:
+        table.append(f"\n{dropped:,} sentences of `elmo probe`'s set dropped (the model is probed on them).")
     (args.output / "SOURCES.md").write_text("\n".join(table) + "\n")
     print(f"wrote {args.output / 'corpus.txt.gz'}: {total_sentences:,} sentences, {total_tokens:,} tokens")
     return 0

@@ -12,7 +12,8 @@ The model is Chen & Goodman's (1998) interpolated modified Kneser-Ney, as KenLM 
   begin with ``<S>``, which nothing precedes: they keep their own count.
 - Discounts per order from the counts of counts of its adjusted counts n1..n4:
   ``Y = n1 / (n1 + 2 n2)``, ``D_k = k - (k + 1) Y n_{k+1} / n_k`` for k = 1, 2, 3 (3 meaning 3 or
-  more), each kept in [0, k] (a small corpus can push them out).
+  more), each kept in [0, k] (a small corpus can push them out; an order with no n-gram counted k
+  times, where D_k is never used, takes k / 2).
 - ``p_n(w | h) = (a(hw) - D(a(hw))) / a(h.) + gamma(h) p_{n-1}(w | h')`` with ``h'`` the history
   without its first word and ``gamma(h) = (D_1 N_1(h.) + D_2 N_2(h.) + D_3 N_3+(h.)) / a(h.)``; a
   history never seen as a context gives its mass to the lower order whole. The unigram is
@@ -20,20 +21,30 @@ The model is Chen & Goodman's (1998) interpolated modified Kneser-Ney, as KenLM 
   ``<S>``), so every target, ``<UNK>`` and words that never occur in training included, has a
   finite cost, and each distribution sums to 1.
 
-Every order's n-grams are kept as a trie in sorted int64 keys: an n-gram's key is ``index of its
-first n - 1 words among the order n - 1 n-grams * V + its last word``, so a lookup is a binary
-search (``np.searchsorted``) over all targets at once, with no loop over sentences.
+**Partitions.** Everything above order 1 about a target depends on n-grams whose second-to-last
+word is the target's previous word: its histories all end with that word, and so do the
+(n+1)-grams whose left words make its continuation counts. So the n-grams of order 2 and up split
+into ``parts`` partitions by that word (id mod ``parts``), each estimated and scored on its own,
+and only the unigram (summed continuation counts) and the discounts (summed counts of counts) are
+global. A partition's memory is about 1 / ``parts`` of the whole (``parts_for`` picks enough of
+them for a task to stay under ``PART_BYTES``); the model is the same for any number of them.
 
-Counting splits across processes: :func:`count_ngrams` counts one part of the training split
-(in columns of word ids), :func:`merge_counts` adds two parts, :func:`build` estimates the model
-from the whole, :meth:`KneserNey.score` gives the summed cost of held-out sentences. Memory, per
-n-gram kept: 4 bytes a word plus 8 of count while counting (the order-N table and the short
-sentence-start tables); about 24 while estimating and scoring.
+**Steps**, each a function a Ray task can run (pipeline/shard/baseline.py):
+:func:`count_ngrams` (a part of the training split) -> :func:`split_counts` -> :func:`merge_counts`
+(two parts of one partition) -> :func:`adjust` (a partition's adjusted counts and its share of the
+global statistics) -> :func:`global_statistics` (all partitions' shares) -> :func:`estimate` (a
+partition's model) -> :meth:`PartModel.probabilities`. :func:`build` runs them in one process.
+
+Histories are kept as a trie read from the right: a history's key is ``index of the history
+without its first word * V + that first word``, and an n-gram's key is ``index of its history * V
++ its word``, all in sorted int64 arrays, so every lookup is a binary search (``np.searchsorted``)
+over all targets at once, with no loop over sentences.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,32 +53,52 @@ from pipeline.errors import PipelineError
 from pipeline.shard_format import BOS_ID, EOS_ID
 
 MAX_ORDER = 5
+PART_BYTES = 2 << 30
+"""Largest memory a partition's task aims at (its last merge holds two halves and the result)."""
+BYTES_PER_TOKEN = {2: 25, 3: 65, 4: 115, 5: 175}
+"""Peak memory per training token of an unpartitioned count, merge and estimate, measured at
+14.4M tokens (docs/training.md#baselines): an upper bound, as distinct n-grams grow slower than
+the corpus."""
+MIN_PART_TOKENS = 1_000_000
+"""Below this many training tokens per partition, fewer partitions (a small corpus: one)."""
+MAX_SPREAD_PARTS = 16
+"""Partitions for parallelism alone (a node's cores), before memory asks for more."""
 
 
 class BaselineError(PipelineError, ValueError):
     """Counts or a manifest's baseline record that cannot serve as the Kneser-Ney baseline."""
 
 
+Table = tuple[np.ndarray, np.ndarray]
+"""n-grams of one order: uint32 word ids in columns ``(n, m)``, unique and sorted
+lexicographically, with their int64 counts ``(m,)``."""
+
+
 @dataclass(frozen=True)
 class NgramCounts:
-    """Raw n-gram counts of a part of the training split.
+    """Raw n-gram counts of a part of the training split (or of one partition of it).
 
-    ``order``: N. ``top``: every order-N window of the padded sentences, ``(N, m)`` uint32 word
-    ids in columns, unique and sorted lexicographically, with int64 counts ``(m,)``. ``starts[k]``
-    (k = 0 .. N - 3): the order k + 2 n-grams that begin at a sentence's ``<S>`` (the windows a
-    short history leaves below order N), ``(k + 2, m_k)`` and ``(m_k,)`` likewise. ``tokens``:
-    the words and sentence ends counted (the targets), which weighs parts for merging.
+    ``order``: N. ``top``: every order-N window of the padded sentences. ``starts[k]`` (k = 0 ..
+    N - 3): the order k + 2 n-grams that begin at a sentence's ``<S>`` (the windows a short
+    history leaves below order N). ``tokens``: the targets counted (words and sentence ends),
+    which weighs parts for merging.
     """
 
     order: int
-    top: tuple[np.ndarray, np.ndarray]
-    starts: tuple[tuple[np.ndarray, np.ndarray], ...]
+    top: Table
+    starts: tuple[Table, ...]
     tokens: int
 
     @property
     def nbytes(self) -> int:
-        tables = [self.top, *self.starts]
-        return sum(cols.nbytes + counts.nbytes for cols, counts in tables)
+        return sum(cols.nbytes + counts.nbytes for cols, counts in (self.top, *self.starts))
+
+
+def parts_for(train_tokens: int, order: int) -> int:
+    """Partitions for a training split: enough for parallelism, and for each to fit ``PART_BYTES``.
+    It depends on the corpus alone, so the manifest is the same for any number of workers."""
+    spread = min(MAX_SPREAD_PARTS, train_tokens // MIN_PART_TOKENS)
+    return max(1, spread, -(-train_tokens * BYTES_PER_TOKEN[order] // PART_BYTES))
 
 
 def _padded(ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -82,22 +113,31 @@ def _padded(ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarra
     pos = np.arange(int(spans.sum()), dtype=np.int64) - np.repeat(starts, spans)
     seq = np.full(pos.shape[0], EOS_ID, dtype=np.int64)
     seq[starts] = BOS_ID
-    is_word = (pos > 0) & (pos <= np.repeat(lengths, spans))
-    seq[is_word] = ids
+    seq[(pos > 0) & (pos <= np.repeat(lengths, spans))] = ids
     return seq, pos
 
 
-def _unique_rows(cols: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows ``cols[:, i]`` made unique and sorted lexicographically, their counts summed."""
-    if cols.shape[1] == 0:
+def _unique_rows(cols: np.ndarray, counts: np.ndarray) -> Table:
+    """Rows ``cols[:, i]`` made unique and sorted lexicographically, their counts summed. Rows
+    that fit 63 bits are sorted as one int64 key each (a stable sort: two sorted runs, as a merge
+    gives, cost one pass); others by columns."""
+    n, m = cols.shape
+    if m == 0:
         return cols, counts
-    order = np.lexsort(cols[::-1])  # the first word is the primary key
-    cols, counts = cols[:, order], counts[order]
-    change = np.empty(cols.shape[1], dtype=bool)
-    change[0] = True
-    np.any(cols[:, 1:] != cols[:, :-1], axis=0, out=change[1:])
+    bits = max(int(cols.max()).bit_length(), 1)
+    if n * bits <= 63:
+        key = cols[0].astype(np.int64)
+        for c in range(1, n):
+            key = (key << bits) | cols[c]
+        order = np.argsort(key, kind="stable")
+        key = key[order]
+        change = np.concatenate(([True], key[1:] != key[:-1]))
+    else:
+        order = np.lexsort(cols[::-1])  # the first word is the primary key
+        ordered = cols[:, order]
+        change = np.concatenate(([True], np.any(ordered[:, 1:] != ordered[:, :-1], axis=0)))
     first = np.flatnonzero(change)
-    return np.ascontiguousarray(cols[:, first]), np.add.reduceat(counts, first)
+    return np.ascontiguousarray(cols[:, order[first]]), np.add.reduceat(counts[order], first)
 
 
 def _windows(seq: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
@@ -110,17 +150,39 @@ def count_ngrams(ids: np.ndarray, lengths: np.ndarray, order: int) -> NgramCount
     if not 2 <= order <= MAX_ORDER:
         raise BaselineError(f"kneser-ney: order {order} is not in 2..{MAX_ORDER}")
     seq, pos = _padded(ids, lengths)
-    ends = np.flatnonzero(pos >= order - 1)
-    top = _unique_rows(_windows(seq, ends, order), np.ones(ends.shape[0], dtype=np.int64))
-    starts = []
-    for n in range(2, order):
-        ends = np.flatnonzero(pos == n - 1)
-        starts.append(_unique_rows(_windows(seq, ends, n), np.ones(ends.shape[0], dtype=np.int64)))
-    targets = int(np.asarray(lengths).sum()) + len(lengths)
-    return NgramCounts(order, top, tuple(starts), targets)
+    tables = []
+    for n, ends in [(order, np.flatnonzero(pos >= order - 1))] + [
+        (n, np.flatnonzero(pos == n - 1)) for n in range(2, order)
+    ]:
+        tables.append(_unique_rows(_windows(seq, ends, n), np.ones(ends.shape[0], dtype=np.int64)))
+    return NgramCounts(order, tables[0], tuple(tables[1:]), int(np.asarray(lengths).sum()) + len(lengths))
 
 
-def _merge_tables(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]):
+def _split_table(table: Table, parts: int) -> list[Table]:
+    cols, counts = table
+    part = cols[-2] % parts  # the second-to-last word: a target's previous word
+    order = np.argsort(part, kind="stable")  # stable: each partition stays sorted
+    bounds = np.concatenate(([0], np.cumsum(np.bincount(part, minlength=parts))))
+    return [(cols[:, order[a:b]], counts[order[a:b]]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def split_counts(counts: NgramCounts, parts: int) -> list[NgramCounts]:
+    """The counts of each partition (``tokens``: the part's, shared out by n-grams kept)."""
+    tops = _split_table(counts.top, parts)
+    starts = [_split_table(t, parts) for t in counts.starts]
+    total = max(counts.top[1].shape[0], 1)
+    return [
+        NgramCounts(
+            counts.order,
+            tops[p],
+            tuple(s[p] for s in starts),
+            counts.tokens * tops[p][1].shape[0] // total,
+        )
+        for p in range(parts)
+    ]
+
+
+def _merge_tables(a: Table, b: Table) -> Table:
     return _unique_rows(np.concatenate((a[0], b[0]), axis=1), np.concatenate((a[1], b[1])))
 
 
@@ -132,9 +194,36 @@ def merge_counts(a: NgramCounts, b: NgramCounts) -> NgramCounts:
     return NgramCounts(a.order, _merge_tables(a.top, b.top), starts, a.tokens + b.tokens)
 
 
-def _discounts(adjusted: np.ndarray) -> np.ndarray:
-    """``[0, D_1, D_2, D_3+]`` float64 (indexed by min(count, 3)) from one order's adjusted counts."""
-    n = np.bincount(np.minimum(adjusted, 5), minlength=5)[1:5].astype(np.float64)  # n1..n4
+@dataclass(frozen=True)
+class Adjusted:
+    """A partition's adjusted counts. ``tables[k]``: order k + 2. ``counts_of_counts``: int64
+    ``(N - 1, 4)``, per order 2..N the n-grams with adjusted count 1, 2, 3 and 4. ``continuation``:
+    int64 ``(V,)``, its share of the unigram's adjusted counts (the distinct words seen before each
+    word, among its bigrams)."""
+
+    tables: tuple[Table, ...]
+    counts_of_counts: np.ndarray
+    continuation: np.ndarray
+
+
+def adjust(counts: NgramCounts, vocab_size: int) -> Adjusted:
+    """A partition's adjusted counts (the whole, with one partition), per the module docstring."""
+    if counts.top[0].size and int(counts.top[0].max()) >= vocab_size:
+        raise BaselineError(f"kneser-ney: word ids outside the vocabulary of {vocab_size}")
+    tables = [counts.top]
+    for n in range(counts.order - 1, 1, -1):
+        higher = tables[0][0]
+        continuations = _unique_rows(higher[1:], np.ones(higher.shape[1], dtype=np.int64))
+        tables.insert(0, _merge_tables(continuations, counts.starts[n - 2]))
+    bigrams = tables[0][0]
+    continuation = np.bincount(bigrams[1], minlength=vocab_size).astype(np.int64)
+    counts_of_counts = np.stack([np.bincount(np.minimum(a, 5), minlength=6)[1:5] for _, a in tables])
+    return Adjusted(tuple(tables), counts_of_counts.astype(np.int64), continuation)
+
+
+def _discounts(n: np.ndarray) -> np.ndarray:
+    """``[0, D_1, D_2, D_3+]`` float64 (indexed by min(count, 3)) from counts of counts n1..n4."""
+    n = np.asarray(n, dtype=np.float64)
     y = n[0] / (n[0] + 2 * n[1]) if n[0] + 2 * n[1] > 0 else 0.0
     d = np.zeros(4)
     for k in (1, 2, 3):
@@ -144,161 +233,202 @@ def _discounts(adjusted: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class _Order:
-    """One order n >= 2 of the trie. ``keys``: int64 ``(m,)`` sorted n-gram keys (context index *
-    V + word); ``own``: float64 ``(m,)``, each n-gram's discounted share ``(a - D) / a(h.)``;
-    ``contexts``: int64 ``(c,)`` sorted indices (among order n - 1) of the histories seen;
-    ``gamma``: float64 ``(c,)``, the mass each of them leaves to order n - 1."""
+class GlobalStatistics:
+    """What every partition shares. ``unigram``: float64 ``(V,)``, p_1 of every target (``<S>``: 0);
+    ``unigram_counts``: int64 ``(V,)``, its adjusted counts; ``discounts``: float64 ``(N, 4)``, per
+    order 1..N ``[0, D_1, D_2, D_3+]``."""
 
-    keys: np.ndarray
-    own: np.ndarray
-    contexts: np.ndarray
-    gamma: np.ndarray
+    unigram: np.ndarray
+    unigram_counts: np.ndarray
     discounts: np.ndarray
+
+
+def global_statistics(shares: Sequence[Adjusted]) -> GlobalStatistics:
+    """The unigram and the discounts from every partition's :class:`Adjusted` (any number)."""
+    adjusted = np.sum([s.continuation for s in shares], axis=0)
+    adjusted[BOS_ID] = 0
+    vocab_size = adjusted.shape[0]
+    counts_of_counts = np.sum([s.counts_of_counts for s in shares], axis=0)
+    unigram_counts_of_counts = np.bincount(np.minimum(adjusted, 5), minlength=6)[1:5]
+    d1 = _discounts(unigram_counts_of_counts)
+    total = adjusted.sum()
+    if total == 0:
+        raise BaselineError("kneser-ney: no n-grams counted")
+    mass = d1[np.minimum(adjusted, 3)] * (adjusted > 0)
+    unigram = (adjusted - mass) / total + mass.sum() / total / (vocab_size - 1)
+    unigram[BOS_ID] = 0.0
+    discounts = np.stack([d1, *(_discounts(n) for n in counts_of_counts)])
+    return GlobalStatistics(unigram, adjusted, discounts)
 
 
 def _lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Index of each of ``keys`` in ``sorted_keys``, or -1 where absent: int64 like ``keys``."""
     if sorted_keys.shape[0] == 0:
         return np.full(keys.shape, -1, dtype=np.int64)
-    at = np.searchsorted(sorted_keys, keys)
-    at_clipped = np.minimum(at, sorted_keys.shape[0] - 1)
-    return np.where(sorted_keys[at_clipped] == keys, at_clipped, -1)
+    at = np.minimum(np.searchsorted(sorted_keys, keys), sorted_keys.shape[0] - 1)
+    return np.where(sorted_keys[at] == keys, at, -1)
+
+
+@dataclass(frozen=True)
+class _Order:
+    """Order n >= 2 of a partition. ``keys``: int64 ``(m,)`` sorted n-gram keys (history index *
+    V + word); ``own``: float64 ``(m,)``, each n-gram's discounted share ``(a - D) / a(h.)``;
+    ``gamma``: float64 ``(h,)``, the mass each history of n - 1 words leaves to order n - 1."""
+
+    keys: np.ndarray
+    own: np.ndarray
+    gamma: np.ndarray
+
+
+@dataclass(frozen=True)
+class PartModel:
+    """A partition's orders 2..N. ``histories[k]``: int64 sorted keys of its histories of k + 1
+    words (k = 0: the words themselves); ``orders[k]``: order k + 2."""
+
+    vocab_size: int
+    histories: tuple[np.ndarray, ...]
+    orders: tuple[_Order, ...]
+
+    @property
+    def ngrams(self) -> list[int]:
+        return [int(o.keys.shape[0]) for o in self.orders]
+
+    def probabilities(self, words: np.ndarray, previous: list[np.ndarray], lower: np.ndarray) -> np.ndarray:
+        """p(words | histories): float64 like ``words`` (int64). ``previous[k]``: the word k + 1
+        places before each (-1 where the sentence has none; ``previous[0]`` in this partition);
+        ``lower``: their unigram probabilities."""
+        p = lower.copy()
+        history = _lookup(self.histories[0], previous[0])
+        for n, level in enumerate(self.orders, start=2):
+            seen = history >= 0
+            if not seen.any():
+                break
+            own = _lookup(level.keys, history[seen] * self.vocab_size + words[seen])
+            share = np.where(own >= 0, level.own[np.maximum(own, 0)], 0.0)
+            p[seen] = share + level.gamma[history[seen]] * p[seen]
+            if n <= len(self.orders):
+                longer = history * self.vocab_size + previous[n - 1]
+                found = _lookup(self.histories[n - 1], longer)
+                history = np.where(seen & (previous[n - 1] >= 0), found, -1)
+        return p
+
+
+def _history_index(histories: list[np.ndarray], words: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Index, among ``histories`` of len(words) words, of each row's history (``words``: ``(k, m)``,
+    oldest first), the last level built here from these rows (the ones before hold them all)."""
+    k = words.shape[0]
+    keys = words[k - 1].astype(np.int64)
+    for j in range(1, k + 1):
+        if j == len(histories) + 1:
+            ordered = np.sort(keys)  # np.unique hashes first: slower on tens of millions of keys
+            histories.append(ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))])
+        index = _lookup(histories[j - 1], keys)
+        if (index < 0).any():
+            raise BaselineError(f"kneser-ney: histories of {j} words that were not counted")
+        if j < k:
+            keys = index * vocab_size + words[k - 1 - j]
+    return index
+
+
+def estimate(adjusted: Adjusted, statistics: GlobalStatistics) -> PartModel:
+    """A partition's model from its adjusted counts and the global statistics."""
+    vocab_size = statistics.unigram.shape[0]
+    if max((a.shape[0] for _, a in adjusted.tables), default=0) * vocab_size >= 2**62:
+        raise BaselineError(f"kneser-ney: too many n-grams of {vocab_size:,} words for int64 keys")
+    histories: list[np.ndarray] = []
+    orders = []
+    for n, (cols, a) in enumerate(adjusted.tables, start=2):
+        history = _history_index(histories, cols[: n - 1], vocab_size)
+        keys = history * vocab_size + cols[n - 1]
+        order = np.argsort(keys, kind="stable")
+        keys, a, history = keys[order], a[order], history[order]
+        taken = statistics.discounts[n - 1][np.minimum(a, 3)]
+        totals = np.bincount(history, weights=a, minlength=histories[n - 2].shape[0])
+        gamma = np.bincount(history, weights=taken, minlength=histories[n - 2].shape[0]) / totals
+        orders.append(_Order(keys, (a - taken) / totals[history], gamma))
+    return PartModel(vocab_size, tuple(histories), tuple(orders))
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The forward targets of sentences. ``words``: int64 ``(T,)``; ``previous[k]``: int64 ``(T,)``,
+    the word k + 1 places before each (-1 where its sentence has none), k = 0 .. N - 2."""
+
+    words: np.ndarray
+    previous: list[np.ndarray]
+
+    @classmethod
+    def of(cls, ids: np.ndarray, lengths: np.ndarray, order: int, vocab_size: int) -> Targets:
+        seq, pos = _padded(ids, lengths)
+        if seq.size and (seq.min() < 0 or seq.max() >= vocab_size):
+            raise BaselineError(f"kneser-ney: word ids outside the vocabulary of {vocab_size}")
+        at = np.flatnonzero(pos >= 1)
+        previous = [np.where(pos[at] >= k, seq[at - k], -1) for k in range(1, order)]
+        return cls(seq[at], previous)
+
+    def part(self, parts: int, p: int) -> Targets:
+        """The targets whose previous word falls in partition ``p``."""
+        mine = self.previous[0] % parts == p
+        return Targets(self.words[mine], [w[mine] for w in self.previous])
+
+
+def part_cost(model: PartModel, targets: Targets, statistics: GlobalStatistics) -> float:
+    """``-sum ln p`` of a partition's targets."""
+    p = model.probabilities(targets.words, targets.previous, statistics.unigram[targets.words])
+    return float(-np.log(p).sum())
 
 
 @dataclass(frozen=True)
 class KneserNey:
-    """The estimated model. ``unigram``: float64 ``(V,)``, p_1 of every target (``<S>``: 0);
-    ``unigram_counts``: int64 ``(V,)``, their adjusted counts; ``orders[k]``: order k + 2."""
+    """The model in one process (tests, benchmarks, small corpora): the global statistics and
+    every partition's model."""
 
-    vocab_size: int
-    unigram: np.ndarray
-    unigram_counts: np.ndarray
-    unigram_discounts: np.ndarray
-    orders: tuple[_Order, ...]
+    statistics: GlobalStatistics
+    parts: tuple[PartModel, ...]
 
     @property
     def order(self) -> int:
-        return len(self.orders) + 1
+        return self.statistics.discounts.shape[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.statistics.unigram.shape[0]
 
     @property
     def ngrams(self) -> list[int]:
-        """The n-grams kept per order, 1 .. N (order 1: the targets seen in training)."""
-        return [int((self.unigram_counts > 0).sum()), *(int(o.keys.shape[0]) for o in self.orders)]
+        """n-grams kept per order 1 .. N (order 1: the targets seen in training)."""
+        per_order = np.sum([p.ngrams for p in self.parts], axis=0).tolist() if self.parts else []
+        return [int((self.statistics.unigram_counts > 0).sum()), *per_order]
 
-    def _index(self, n: int, previous: np.ndarray, words: np.ndarray) -> np.ndarray:
-        """Trie index among order n of the n-grams (order n - 1 index ``previous``, then ``words``),
-        -1 where absent or where ``previous`` is -1."""
-        if n == 1:
-            return words.copy()
-        keys = previous * self.vocab_size + words
-        found = _lookup(self.orders[n - 2].keys, keys)
-        return np.where(previous >= 0, found, -1)
-
-    def _probabilities(self, words: np.ndarray, histories: list[np.ndarray]) -> np.ndarray:
-        """p(words | histories): float64 like ``words``; ``histories[k]``: the order k + 1 index of
-        each word's history of k + 1 words (-1 where it has fewer or that history was never seen)."""
-        p = self.unigram[words]
-        for n in range(2, self.order + 1):
-            level, history = self.orders[n - 2], histories[n - 2]
-            at = _lookup(level.contexts, history)
-            seen = (history >= 0) & (at >= 0)
-            if not seen.any():
-                continue
-            own = _lookup(level.keys, history[seen] * self.vocab_size + words[seen])
-            share = np.where(own >= 0, level.own[np.maximum(own, 0)], 0.0)
-            p[seen] = share + level.gamma[at[seen]] * p[seen]
-        return p
+    def score(self, ids: np.ndarray, lengths: np.ndarray) -> tuple[float, int]:
+        """``(-sum ln p, targets)`` over the forward targets of sentences given as for
+        :func:`count_ngrams` (partition by partition, in their order)."""
+        targets = Targets.of(ids, lengths, self.order, self.vocab_size)
+        cost = sum(
+            part_cost(model, targets.part(len(self.parts), p), self.statistics)
+            for p, model in enumerate(self.parts)
+        )
+        return cost, int(targets.words.shape[0])
 
     def distribution(self, history: list[int]) -> np.ndarray:
         """p(w | history) for every vocabulary entry w: float64 ``(V,)`` (``<S>``: 0). ``history``:
         word ids, oldest first, ``<S>`` first when the history starts a sentence."""
         words = np.arange(self.vocab_size, dtype=np.int64)
-        recent = [int(w) for w in history][-(self.order - 1) :] if self.order > 1 else []
-        histories = []
-        index = np.full(1, -1, dtype=np.int64)
-        for k in range(1, self.order):
-            if k <= len(recent):
-                chain = np.full(1, -1, dtype=np.int64)
-                for n, word in enumerate(recent[-k:], start=1):
-                    chain = self._index(n, chain, np.full(1, word, dtype=np.int64))
-                index = chain
-            else:
-                index = np.full(1, -1, dtype=np.int64)
-            histories.append(np.repeat(index, self.vocab_size))
-        return self._probabilities(words, histories)
-
-    def score(self, ids: np.ndarray, lengths: np.ndarray) -> tuple[float, int]:
-        """``(-sum ln p, targets)`` over the forward targets of sentences given as for
-        :func:`count_ngrams`."""
-        seq, pos = _padded(ids, lengths)
-        if seq.size and (seq.min() < 0 or seq.max() >= self.vocab_size):
-            raise BaselineError(f"kneser-ney: word ids outside the vocabulary of {self.vocab_size}")
-        # ending[k]: order k + 1 trie index of the n-gram ending at each position (-1: none)
-        ending = [seq.copy()]
-        for n in range(2, self.order):
-            previous = np.concatenate(([-1], ending[-1][:-1]))
-            previous = np.where(pos >= n - 1, previous, -1)
-            ending.append(self._index(n, previous, seq))
-        targets = np.flatnonzero(pos >= 1)
-        histories = [
-            np.where(pos[targets] >= k, ending[k - 1][targets - 1], -1) for k in range(1, self.order)
+        if not history:
+            return self.statistics.unigram.copy()
+        recent = [int(w) for w in history][::-1]  # the previous word first
+        previous = [
+            np.full(self.vocab_size, recent[k] if k < len(recent) else -1) for k in range(self.order - 1)
         ]
-        p = self._probabilities(seq[targets], histories)
-        return float(-np.log(p).sum()), int(targets.shape[0])
+        model = self.parts[recent[0] % len(self.parts)]
+        return model.probabilities(words, previous, self.statistics.unigram)
 
 
-def _adjusted_orders(counts: NgramCounts) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per order 1 .. N, the n-grams (columns, sorted) with their adjusted counts."""
-    tables = [counts.top]
-    for n in range(counts.order - 1, 0, -1):
-        higher_cols = tables[0][0]
-        suffix = (higher_cols[1:], np.ones(higher_cols.shape[1], dtype=np.int64))
-        merged = _unique_rows(*suffix)
-        if n >= 2:
-            merged = _merge_tables(merged, counts.starts[n - 2])
-        tables.insert(0, merged)
-    return tables
-
-
-def build(counts: NgramCounts, vocab_size: int) -> KneserNey:
-    """Estimate the model from the training split's merged counts (word ids < ``vocab_size``)."""
-    if counts.top[0].shape[1] == 0:
-        raise BaselineError("kneser-ney: no n-grams counted")
-    if int(counts.top[0].max()) >= vocab_size:
-        raise BaselineError(f"kneser-ney: word ids outside the vocabulary of {vocab_size}")
-    tables = _adjusted_orders(counts)
-    if max(t[1].shape[0] for t in tables) * vocab_size >= 2**62:
-        raise BaselineError(
-            f"kneser-ney: {counts.top[0].shape[1]:,} n-grams of {vocab_size:,} words overflow its keys"
-        )
-    uni_cols, uni_counts = tables[0]
-    adjusted = np.zeros(vocab_size, dtype=np.int64)
-    adjusted[uni_cols[0].astype(np.int64)] = uni_counts
-    adjusted[BOS_ID] = 0
-    d1 = _discounts(adjusted[adjusted > 0])
-    total = adjusted.sum()
-    mass = d1[np.minimum(adjusted, 3)] * (adjusted > 0)
-    unigram = (adjusted - mass) / total + mass.sum() / total / (vocab_size - 1)
-    unigram[BOS_ID] = 0.0
-    orders: list[_Order] = []
-    for n in range(2, counts.order + 1):
-        cols, a = tables[n - 1]
-        context = cols[0].astype(np.int64)
-        for k in range(2, n):  # the history's index among order k, word by word
-            context = _lookup(orders[k - 2].keys, context * vocab_size + cols[k - 1])
-        if (context < 0).any():
-            raise BaselineError(f"kneser-ney: order-{n} n-grams whose history was not counted")
-        keys = context * vocab_size + cols[n - 1]
-        d = _discounts(a)
-        first = np.flatnonzero(np.concatenate(([True], context[1:] != context[:-1])))
-        totals = np.add.reduceat(a, first).astype(np.float64)
-        taken = d[np.minimum(a, 3)]
-        gamma = np.add.reduceat(taken, first) / totals
-        group = np.repeat(np.arange(first.shape[0]), np.diff(np.append(first, a.shape[0])))
-        own = (a - taken) / totals[group]
-        orders.append(_Order(keys, own, context[first], gamma, d))
-    return KneserNey(vocab_size, unigram, adjusted, d1, tuple(orders))
+def build(counts: NgramCounts, vocab_size: int, parts: int = 1) -> KneserNey:
+    """Estimate the model from the training split's counts, in ``parts`` partitions."""
+    adjusted = [adjust(c, vocab_size) for c in split_counts(counts, parts)]
+    statistics = global_statistics(adjusted)
+    return KneserNey(statistics, tuple(estimate(a, statistics) for a in adjusted))
 
 
 def perplexity(nll: float, targets: int) -> float:

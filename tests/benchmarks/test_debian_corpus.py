@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from benchmarks.debian_corpus import SOURCES, keep, perl_doc, tokenize, wordnet
+from benchmarks.debian_corpus import SOURCES, _words, keep, perl_doc, probe_sentences, tokenize, wordnet
+from pipeline.probe.probe_set import load_probe_set
 
 
 def test_tokens_split_punctuation_and_keep_contractions_and_numbers():
@@ -36,3 +37,11 @@ def test_pod_prose_without_commands_code_or_formatting_codes(tmp_path):
 def test_every_source_names_a_package_and_an_extractor():
     assert len({s.package for s in SOURCES}) == len(SOURCES) >= 8
     assert all(callable(s.paragraphs) for s in SOURCES)
+
+
+def test_probe_sentences_are_recognised_however_they_were_tokenized():
+    held_back = probe_sentences()
+    first = load_probe_set(wsd_examples=1).wsd.sentences[0]  # a WordNet example the probe tests on
+    line = " ".join(tokenize(" ".join(first).replace(" ,", ",")))  # as the builder writes it
+    assert _words(line) in held_back
+    assert _words("A sentence no probe has ever seen , surely .") not in held_back

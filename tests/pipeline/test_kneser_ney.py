@@ -90,10 +90,10 @@ class Reference:
         return cost, targets
 
 
-@pytest.mark.parametrize("order", [2, 3, 4, 5])
-def test_distributions_match_the_reference_and_sum_to_one(order):
+@pytest.mark.parametrize(("order", "parts"), [(2, 1), (3, 1), (3, 4), (4, 1), (5, 3)])
+def test_distributions_match_the_reference_and_sum_to_one(order, parts):
     train = _corpus(0, 300)
-    model = build(count_ngrams(*_flat(train), order), V)
+    model = build(count_ngrams(*_flat(train), order), V, parts)
     ref = Reference(train, order)
     histories = {tuple([BOS_ID, *s][max(0, j - order + 1) : j]) for s in train for j in range(1, len(s) + 2)}
     histories |= {(BOS_ID,), (7,), (13, 13), (EOS_ID,), (5, 9, 2, 4)}  # unseen ones too
@@ -105,10 +105,10 @@ def test_distributions_match_the_reference_and_sum_to_one(order):
         assert p[BOS_ID] == 0.0 and (p[1:] > 0).all()
 
 
-@pytest.mark.parametrize("order", [2, 3, 5])
-def test_heldout_cost_matches_the_reference(order):
+@pytest.mark.parametrize(("order", "parts"), [(2, 1), (3, 1), (3, 5), (5, 2)])
+def test_heldout_cost_matches_the_reference(order, parts):
     train, heldout = _corpus(1, 300), _corpus(2, 40)
-    model = build(count_ngrams(*_flat(train), order), V)
+    model = build(count_ngrams(*_flat(train), order), V, parts)
     nll, targets = model.score(*_flat(heldout))
     expected_nll, expected_targets = Reference(train, order).nll(heldout)
     assert targets == expected_targets == sum(len(s) + 1 for s in heldout)
@@ -126,6 +126,13 @@ def test_counts_of_parts_merge_to_the_counts_of_the_whole():
     for got, want in zip([merged.top, *merged.starts], [whole.top, *whole.starts], strict=True):
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_partitions_follow_the_corpus_size_alone():
+    assert kneser_ney.parts_for(400_000, 3) == 1  # a small corpus: one
+    assert kneser_ney.parts_for(14_388_204, 3) == 14  # one per million tokens, for the node's cores
+    assert kneser_ney.parts_for(10**9, 3) == 31  # then as many as 2 GiB each needs
+    assert kneser_ney.parts_for(10**9, 5) == 82
 
 
 def test_a_higher_order_predicts_a_repetitive_corpus_better():

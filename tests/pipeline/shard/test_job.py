@@ -162,6 +162,21 @@ def test_the_manifest_records_the_kneser_ney_baseline_of_its_shards(baseline):
     assert record["perplexity"] < manifest_unigram_perplexity(manifest)  # same targets, more context
 
 
+def test_the_kneser_ney_baseline_is_the_same_in_partitions(baseline, corpus, tmp_path, monkeypatch):
+    out, manifest = baseline
+    monkeypatch.setattr(kneser_ney, "MIN_PART_TOKENS", 10_000)  # a partition per 10k tokens: several here
+    record = run([corpus[0]], tmp_path / "parts", workers=2)["baselines"]["kneser_ney"]
+    whole = manifest["baselines"]["kneser_ney"]
+    assert (
+        whole["partitions"] == 1
+        and record["partitions"] == manifest["totals"]["train"]["tokens"] // 10_000 > 1
+    )
+    assert record["nll"] == pytest.approx(whole["nll"], rel=1e-12)
+    assert {k: v for k, v in record.items() if k not in ("nll", "perplexity", "partitions")} == {
+        k: v for k, v in whole.items() if k not in ("nll", "perplexity", "partitions")
+    }
+
+
 def test_kneser_ney_order_0_counts_no_baseline(ray_local, corpus, tmp_path, capsys):
     manifest = run([corpus[0]], tmp_path / "off", kneser_ney_order=0)
     assert manifest["baselines"] == {}
