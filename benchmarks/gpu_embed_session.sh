@@ -2,10 +2,10 @@
 # Every GPU measurement of the embed stage in one go, for a short lease on a CUDA machine:
 #   bash benchmarks/gpu_embed_session.sh OUTDIR             # on the GPU machine, under 8 minutes
 #   DEVICE=cpu bash benchmarks/gpu_embed_session.sh OUTDIR  # a dry run of the script on a CPU
-# Needs the project's Python dependencies importable (the GPU machine reaches no registry: carry
-# wheels of ray, webdataset, wandb, omegaconf, boto3, h5py, tqdm for its Python and unpack them onto
-# PYTHONPATH, as the training session script's header says). Logs go to OUTDIR, tables to
-# OUTDIR/summary.txt.
+# Needs the project's Python dependencies importable: the GPU machine reaches no registry, so a call
+# carries those its image lacks (`bash infra/gpu_site.sh` packs them) and names them with SITE:
+#   run(carry=[".whl"], command='SITE=.whl/site.tar.xz BUDGET=480 bash benchmarks/gpu_embed_session.sh $OUT')
+# Tables go to OUTDIR/summary.txt.
 #   1. correctness: the CUDA tests (static passes, graphs, the embed actor's device-side compaction and
 #      pinned buffers against the CPU's vectors) and both fixture sets (raw_forward's first lines)
 #   2. raw bf16 forward (model only) of original at 32,768 and 131,072 tokens a pass: does a pass stay
@@ -25,6 +25,7 @@ deadline=$((SECONDS + ${BUDGET:-480}))
 work=$(mktemp -d /tmp/elmo-gpu-embed-XXXXXX)
 logs=$work
 . "$(dirname "$0")/session_step.sh"
+use_site
 if [ "$device" = cuda ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$out/summary.txt"
     raw=(--device cuda --sizes original --sentences 60000 --precisions bf16)

@@ -2,8 +2,12 @@
 # Every GPU measurement of issue 12 (GPU training) in one go, for a short lease on a CUDA machine:
 #   bash benchmarks/gpu_train_session.sh OUTDIR            # on the GPU machine, under 8 minutes
 #   DEVICE=cpu bash benchmarks/gpu_train_session.sh OUTDIR  # a dry run of the script on a CPU
-# Needs the project's Python dependencies importable. Each step has its own time limit so a slow
-# one cannot starve the rest; logs go to OUTDIR, the tables to OUTDIR/summary.txt.
+# Needs the project's Python dependencies importable: a GPU call carries those its image lacks
+# (`bash infra/gpu_site.sh` packs them) and names them with SITE, e.g. the reference model:
+#   run(carry=[".whl"], command='SITE=.whl/site.tar.xz REF_CORPUS=.whl/ref-corpus.txt.xz PART=reference
+#       BUDGET=480 bash benchmarks/gpu_train_session.sh $OUT')
+# Each step has its own time limit so a slow one cannot starve the rest; logs go to OUTDIR, the
+# tables to OUTDIR/summary.txt.
 #   1. correctness: the fixture sets on the GPU (gpu_check.py), the training path's kernels and
 #      CUDA graph against their references (gpu_train_check.py), the suite's CUDA tests (pytest -m
 #      cuda: the files that use the mark, so a module needing a package the machine lacks is not
@@ -14,10 +18,18 @@
 #      bf16, the divergence guard on), a rerun to 400 steps that resumes, the export loaded on the
 #      CPU; 300 steps in float32 with the same seed for the held-out perplexity comparison; 300
 #      steps in bf16 without the offset penalty (issue 13's fix) for the contrast
-#   4. tokens-to-quality against the batch (PART=convergence; needs CORPUS=corpus.txt.gz carried in)
+#   4. tokens-to-quality against the batch (PART=convergence; needs CORPUS=corpus.txt.xz carried in)
 #   5. checkpoints and shard reads off the critical path: checkpoint_stall.py, checkpoint_memory.py,
 #      shard_boundaries.py, and the stall table again with the files on tmpfs (the save's cost apart
 #      from the disk's speed)
+#   6. the reference model (PART=reference; needs REF_CORPUS=corpus.txt.xz carried in, built by
+#      `benchmarks/debian_corpus.py OUT --leave-out wordnet-base --without-probe-sentences`):
+#      sharded here (with the Kneser-Ney baseline), `small` trained in bf16 for REF_STEPS steps at
+#      REF_BATCH rows (REF_EXTRA: the study's learning-rate rule), its curves and eval rows, `elmo
+#      probe --control` of its export, and `elmo embed` of 50,000 lines of the corpus; the figures
+#      come back under OUTDIR/reference, the weights do not
+# A corpus travels xz-compressed (gzip works too): beside the packages (.whl/site.tar.xz, 31 MB) a
+# gzipped Debian corpus (20-24 MB) would pass the call's 64 MiB carry limit, its xz (14-16 MB) does not.
 set -u
 out=${1:?usage: gpu_train_session.sh OUTDIR}
 mkdir -p "$out"
@@ -27,12 +39,13 @@ device=${DEVICE:-cuda}
 steps=${STEPS:-300}            # the dry run uses a few steps
 resume_steps=$((steps + (steps + 2) / 3))
 extra=${EXTRA:-}               # more train overrides (the dry run: a small batch)
-part=${PART:-all}              # bench (1, 2, 5), run (3), io (the CUDA tests and 5), convergence (4), or all
+part=${PART:-all}              # bench (1, 2, 5), run (3), io (the CUDA tests and 5), convergence (4), reference (6), or all
 deadline=$((SECONDS + ${BUDGET:-540}))  # every step ends by then, whatever its own limit
 work=$(mktemp -d /tmp/elmo-gpu-XXXXXX)
 logs=$work/logs
 mkdir -p "$logs"
 . "$(dirname "$0")/session_step.sh"
+use_site
 if [ "$device" = cuda ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
     gpu="use_gpu=true"
@@ -52,6 +65,16 @@ else
     boundaries=(--boundary-steps 100 --boundary-sentences 4000)
 fi
 $py -c "import torch, ray; print('torch', torch.__version__, 'ray', ray.__version__)"
+
+plain_corpus() {  # plain_corpus FILE NAME: FILE (xz or gzip) as plain text at $work/NAME.txt; prints that path
+    $py - "$1" "$work/$2.txt" <<'PYEOF'
+import gzip, lzma, shutil, sys
+source, target = sys.argv[1:]
+with (lzma.open if source.endswith(".xz") else gzip.open)(source, "rb") as text, open(target, "wb") as out:
+    shutil.copyfileobj(text, out, 1 << 20)
+PYEOF
+    echo "$work/$2.txt"
+}
 
 in_part() {  # in_part PART...: whether this session's PART runs a step that belongs to those parts
     [ "$part" = all ] && return 0
@@ -113,15 +136,46 @@ elif in_part bench io; then
 fi
 
 # 4. tokens-to-quality against the batch (issue 25): the Debian corpus (benchmarks/debian_corpus.py,
-# built where a registry is reachable and carried here: CORPUS=path/corpus.txt.gz) sharded here, then
+# built where a registry is reachable and carried here: CORPUS=path/corpus.txt.xz) sharded here, then
 # small at 128, 512 and 2048 rows with the sqrt rule and 2048 with the linear one, one token budget
 if in_part convergence && [ -n "${CORPUS:-}" ]; then
-    step corpus_shards 60 $py -m jobs.cli shard --input "$CORPUS" --output "$work/corpus_shards" \
+    corpus=$(plain_corpus "$CORPUS" corpus)
+    step corpus_shards 60 $py -m jobs.cli shard --input "$corpus" --output "$work/corpus_shards" \
         heldout_fraction=0.005 progress=false
     if [ "$device" = cuda ]; then conv=(--device cuda --tokens "${CONV_TOKENS:-30000000}")
     else conv=(--preset tiny --batches 8,32 --tokens 20000 --evals 2 --eval-batches 2); fi
     step convergence 420 $py benchmarks/batch_convergence.py --shards "$work/corpus_shards" \
         --out "$out/convergence" "${conv[@]}"
+fi
+
+# 6. the reference model (issue 35): the recipe on the corpus without the probe's sentences, then
+# what its layers know and an embedding run; its time is what the session has left
+if in_part reference && [ -n "${REF_CORPUS:-}" ]; then
+    mkdir -p "$out/reference"
+    ref_corpus=$(plain_corpus "$REF_CORPUS" ref_corpus)
+    step ref_shards 60 $py -m jobs.cli shard --input "$ref_corpus" --output "$work/ref_shards" \
+        heldout_fraction=0.005 progress=false
+    if [ "$device" = cuda ]; then
+        ref=(--preset small use_gpu=true "batch_size=${REF_BATCH:-128}") ref_steps=${REF_STEPS:-30000}
+    else
+        ref=(--preset tiny "use_gpu=false" threads_per_worker=2 batch_size=8) ref_steps=${REF_STEPS:-40}
+    fi
+    # the training gets what the session has left but the 180 s the export, the probe and the embed
+    # run need: stopped at its limit (SIGTERM stops it like Ctrl-C), its last checkpoint is exported
+    step ref_train $((deadline - SECONDS - 180)) $py -m jobs.cli train --shards "$work/ref_shards" \
+        --output "$work/reference" --workers 1 --max-steps "$ref_steps" "${ref[@]}" wandb.mode=disabled \
+        log_every=$((ref_steps / 50 > 0 ? ref_steps / 50 : 1)) eval_every=$((ref_steps / 6 > 0 ? ref_steps / 6 : 1)) \
+        checkpoint_every=$((ref_steps / 20 > 0 ? ref_steps / 20 : 1)) seed=0 ${REF_EXTRA:-}
+    cp "$work/reference/metrics.jsonl" "$work/reference/perplexity.png" "$out/reference/" 2>/dev/null
+    model=$work/reference/export
+    if [ ! -f "$model/options.json" ]; then
+        model=$work/ref_export
+        step ref_export 30 $py -m jobs.cli export "$work/reference" "$model"
+    fi
+    step ref_probe 100 $py -m jobs.cli probe --model "$model" --output "$out/reference/probe" --control
+    head -n 50000 "$ref_corpus" >"$work/ref_slice.txt"
+    step ref_embed 45 $py -m jobs.cli embed --model "$model" --input "$work/ref_slice.txt" \
+        --output "$work/ref_embed" --layers top --dtype float16 progress=false
 fi
 
 # 2. continued: small

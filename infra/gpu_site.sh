@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python packages a GPU session carries, as one trimmed site-packages archive (under 60 MB).
 #
-#   bash infra/gpu_site.sh            # writes .whl/site.tgz (ignored by git through .git/info/exclude)
+#   bash infra/gpu_site.sh            # writes .whl/site.tar.xz (ignored by git through .git/info/exclude)
 #
 # The lent GPU machines reach no registry. Their image has Python 3.12 with torch, numpy, h5py,
 # pyarrow, pandas, matplotlib, tqdm, pyyaml, requests, grpcio, protobuf, aiohttp, psutil and msgpack,
@@ -9,10 +9,10 @@
 # versions this checkout's .venv runs, for CPython 3.12 on x86-64 Linux) from PyPI, unpacks them,
 # leaves out what no stage imports (Ray's RLlib, Serve, LLM, Java jars and dashboard client;
 # botocore's data for services other than S3 and STS; wandb's system monitor and Parquet library;
-# tests), strips the binaries and packs the rest.
-# A GPU call carries it and starts with (see benchmarks/gpu_embed_session.sh):
-#   run(carry=[".whl"], command='mkdir -p /tmp/site && tar xzf .whl/site.tgz -C /tmp/site &&
-#       export PYTHONPATH=/tmp/site:$PWD && bash benchmarks/gpu_embed_session.sh $OUT')
+# tests), strips the binaries and packs the rest with xz: 31 MB against gzip's 54, which leaves a
+# call's 64 MiB carry room for a corpus (benchmarks/gpu_train_session.sh). A GPU call carries it and
+# names it; the session scripts unpack it with Python (the image need not have xz):
+#   run(carry=[".whl"], command='SITE=.whl/site.tar.xz bash benchmarks/gpu_embed_session.sh $OUT')
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${VENV:-.venv}
@@ -80,7 +80,8 @@ done
 find "$site"/ray "$site"/wandb/bin -type f \( -name '*.so' -o -perm -u+x \) -exec strip --strip-unneeded {} + 2>/dev/null || true
 mkdir -p .whl
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
-tar czf .whl/site.tgz -C "$site" .
-size=$(du -m .whl/site.tgz | cut -f1)
-echo ".whl/site.tgz: ${size} MB, ${#pins[@]} packages for CPython 3.12 (${pins[*]})"
+rm -f .whl/site.tgz  # the gzip archive of earlier versions
+tar cf - -C "$site" . | xz -9 -T0 >.whl/site.tar.xz
+size=$(du -m .whl/site.tar.xz | cut -f1)
+echo ".whl/site.tar.xz: ${size} MB, ${#pins[@]} packages for CPython 3.12 (${pins[*]})"
 [ "$size" -lt 60 ] || { echo "over 60 MB: trim more before a GPU call carries it" >&2; exit 1; }
