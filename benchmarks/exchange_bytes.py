@@ -49,6 +49,13 @@ def exchange_row(options: dict, batch: int, unroll: int, negatives: int, vocab: 
     }
 
 
+def scaling_efficiency(row: dict, step_s: float, gbs: float) -> tuple[float, float]:
+    """(no overlap, DDP overlapped) scaling efficiency of a step of ``step_s`` seconds on one GPU
+    whose exchange (``row``: :func:`exchange_row`) runs at ``gbs`` GB/s of bus bandwidth."""
+    ddp_s, softmax_s = row["ddp"] / (gbs * 1e9), row["softmax"] / (gbs * 1e9)
+    return step_s / (step_s + ddp_s + softmax_s), step_s / (step_s + softmax_s + max(0.0, ddp_s - step_s))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="original")
@@ -83,11 +90,11 @@ def main(argv=None) -> int:
         step_s = 2 * batch * args.unroll / tokens_per_s if tokens_per_s else None
         for world, gbs, label in links:
             row = exchange_row(options, batch, args.unroll, args.negatives, args.vocab, world)
-            ddp_s, softmax_s = row["ddp"] / (gbs * 1e9), row["softmax"] / (gbs * 1e9)
-            exchange_s = ddp_s + softmax_s
-            step = f"{step_s * 1e3:.1f}" if step_s else "-"
-            floor = f"{step_s / (step_s + exchange_s):.0%}" if step_s else "-"
-            ceiling = f"{step_s / (step_s + softmax_s + max(0.0, ddp_s - step_s)):.0%}" if step_s else "-"
+            exchange_s = (row["ddp"] + row["softmax"]) / (gbs * 1e9)
+            step, floor, ceiling = "-", "-", "-"
+            if step_s:
+                step = f"{step_s * 1e3:.1f}"
+                floor, ceiling = (f"{e:.0%}" for e in scaling_efficiency(row, step_s, gbs))
             print(
                 f"| {batch} | {label} | {row['ddp'] / 1e6:,.0f} | {row['softmax'] / 1e6:,.1f} ({row['softmax_mode']}) | "
                 f"{step} | {exchange_s * 1e3:.1f} | {floor} | {ceiling} |"

@@ -18,7 +18,8 @@
 #      bf16, the divergence guard on), a rerun to 400 steps that resumes, the export loaded on the
 #      CPU; 300 steps in float32 with the same seed for the held-out perplexity comparison; 300
 #      steps in bf16 without the offset penalty (issue 13's fix) for the contrast
-#   4. tokens-to-quality against the batch (PART=convergence; needs CORPUS=corpus.txt.xz carried in)
+#   4. tokens-to-quality against the batch (PART=convergence; needs CORPUS=corpus.txt.xz carried in),
+#      and from its curves the paper's budget on 8 GPUs (benchmarks/paper_budget.py)
 #   5. checkpoints and shard reads off the critical path: checkpoint_stall.py, checkpoint_memory.py,
 #      shard_boundaries.py, and the stall table again with the files on tmpfs (the save's cost apart
 #      from the disk's speed)
@@ -146,6 +147,10 @@ if in_part convergence && [ -n "${CORPUS:-}" ]; then
     else conv=(--preset tiny --batches 8,32 --tokens 20000 --evals 2 --eval-batches 2); fi
     step convergence 420 $py benchmarks/batch_convergence.py --shards "$work/corpus_shards" \
         --out "$out/convergence" "${conv[@]}"
+    # the paper's budget from those curves (issue 35 item 5): 10 epochs of the 1B Word Benchmark on 8
+    # GPUs; the step table this session measured when it ran PART=bench, else the H100's in the docs
+    steps_json=(); [ -f "$logs/train_step.json" ] && steps_json=(--step-json "$logs/train_step.json")
+    step paper_budget 20 $py benchmarks/paper_budget.py --curves "$out/convergence/curves.json" "${steps_json[@]}"
 fi
 
 # 6. the reference model (issue 35): the recipe on the corpus without the probe's sentences, then
