@@ -63,7 +63,7 @@ class ShardConfig:
     seed: int = 0
     """Seed of the within-shard shuffle."""
     kneser_ney_order: int = 3
-    """Order of the held-out Kneser-Ney baseline written into the manifest (2..5; 0 turns it off): an interpolated modified Kneser-Ney model counted on the training split, scored on the held-out targets the biLM is scored on. Its pass reads the training shards once more and its largest task holds all their n-grams: see docs/training.md#baselines for its time and memory per token."""
+    """Order of the held-out Kneser-Ney baseline written into the manifest (2..5; 0 turns it off): an interpolated modified Kneser-Ney model counted on the training split, scored on the held-out targets the biLM is scored on. Its pass reads the training shards once more and each of its tasks holds a partition of their n-grams; on hundreds of millions of tokens on a small machine it costs more than the rest of the stage (800M on 2 cores: not done in 43 minutes), so use 0 or 2 there: see docs/training.md#baselines for its time and memory."""
     chunk_bytes: int = 4 * 1024 * 1024
     """Input bytes per Ray task (4 MiB keeps Ray's per-task cost, about 10 ms of driver and raylet CPU, small next to the task's work); changing it does not change the output."""
     workers: int = 0
