@@ -26,8 +26,12 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -44,6 +48,15 @@ RECIPE_ROWS = 384
 def learning_rate(base: float, batch: int, rule: str) -> float:
     scale = batch / RECIPE_ROWS
     return base * (math.sqrt(scale) if rule == "sqrt" else scale)
+
+
+def device_name(device: str) -> str:
+    """The GPU's name (a run's seconds are this device's), or "cpu"."""
+    if device != "cuda":
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name()
 
 
 def run(args, batch: int, rule: str, out: Path) -> dict:
@@ -63,16 +76,19 @@ def run(args, batch: int, rule: str, out: Path) -> dict:
         f"use_gpu={'true' if args.device == 'cuda' else 'false'}", f"bf16={'true' if args.device == 'cuda' else 'false'}",
     ]  # fmt: skip
     start = time.time()
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.run_timeout_s)
-    if done.returncode != 0:
-        raise RuntimeError(f"batch {batch} ({rule}) failed:\n{done.stderr[-3000:]}")
+    output = timed_output(cmd, args.run_timeout_s)
+    if args.log_dir:  # where a run's time goes outside its steps (start, evaluations, the end)
+        args.log_dir.mkdir(parents=True, exist_ok=True)
+        (args.log_dir / f"batch-{batch}-{rule}.log").write_text("\n".join(output.lines) + "\n")
+    if output.returncode != 0:
+        raise RuntimeError(f"batch {batch} ({rule}) failed:\n" + "\n".join(output.lines[-40:]))
     rows = read_metrics(RunDir(str(run_dir)).metrics)
-    seconds = {int(r["step"]): float(r["time"]) for r in rows if r["kind"] == "train"}
+    logged = sorted((int(r["step"]), float(r["time"])) for r in rows if r["kind"] == "train")
     evals = [
         (
             int(r["step"]),
             int(r["step"]) * batch * args.unroll,
-            seconds.get(int(r["step"])),
+            seconds_at(int(r["step"]), logged),
             float(r["eval/perplexity"]),
         )
         for r in rows
@@ -81,11 +97,56 @@ def run(args, batch: int, rule: str, out: Path) -> dict:
     return {
         "batch": batch,
         "rule": rule,
+        "device": device_name(args.device),
         "lr": lr,
         "steps": steps,
         "wall_s": time.time() - start,
         "evals": evals,
     }
+
+
+@dataclass
+class TimedOutput:
+    returncode: int
+    lines: list[str]
+    """The command's output lines (stdout and stderr), each after the seconds since its start."""
+
+
+def timed_output(cmd: list[str], timeout_s: float) -> TimedOutput:
+    """Run ``cmd`` in the repository, its output lines stamped as they come."""
+    start = time.time()
+    lines: list[str] = []
+    with subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        watchdog = threading.Timer(timeout_s, proc.kill)
+        watchdog.start()
+        try:
+            for line in proc.stdout:
+                lines.append(f"{time.time() - start:8.1f}  {line.rstrip()}")
+        finally:
+            watchdog.cancel()
+        returncode = proc.wait()
+    return TimedOutput(returncode, lines)
+
+
+def seconds_at(step: int, logged: list[tuple[int, float]]) -> float | None:
+    """The run's clock at ``step``, interpolated between the train rows ``logged`` (step, time)
+    around it: evaluations fall between log intervals (eval_every and log_every need not divide
+    each other). None outside the logged steps."""
+    if not logged or not logged[0][0] <= step <= logged[-1][0]:
+        return None
+    return float(np.interp(step, [s for s, _ in logged], [t for _, t in logged]))
+
+
+def previous_runs(path: Path, tokens: int, unroll: int) -> list[dict]:
+    """The runs of an earlier curves.json; each must have had the same token budget."""
+    runs = json.loads(path.read_text())
+    for r in runs:
+        if abs(r["steps"] * r["batch"] * unroll - tokens) >= r["batch"] * unroll:
+            raise SystemExit(
+                f"{path}: batch {r['batch']} ({r['rule']}) ran {r['steps'] * r['batch'] * unroll:,} "
+                f"positions, not --tokens {tokens:,}"
+            )
+    return runs
 
 
 def first_reaching(evals: list, target: float) -> tuple[int | None, float | None]:
@@ -104,7 +165,7 @@ def plot(runs: list[dict], path: Path) -> None:
 
     fig, (by_tokens, by_time) = plt.subplots(1, 2, figsize=(12, 5))
     for r in runs:
-        label = f"batch {r['batch']} ({r['rule']}, lr {r['lr']:.3g})"
+        label = f"batch {r['batch']} ({r['rule']}, lr {r['lr']:.3g}, {r.get('device', '?')})"
         by_tokens.plot([e[1] for e in r["evals"]], [e[3] for e in r["evals"]], "o-", label=label)
         timed = [e for e in r["evals"] if e[2] is not None]
         by_time.plot([e[2] for e in timed], [e[3] for e in timed], "o-", label=label)
@@ -138,13 +199,24 @@ def main(argv=None) -> int:
     parser.add_argument("--alternative", default="linear", choices=["linear", "none"])
     parser.add_argument("--targets", default="", help="perplexities to reach (default: from the runs)")
     parser.add_argument("--run-timeout-s", type=int, default=900)
+    parser.add_argument(
+        "--log-dir", type=Path, default=None, help="keep each run's output here, every line timed"
+    )
+    parser.add_argument(
+        "--previous",
+        type=Path,
+        default=None,
+        help="a curves.json of earlier runs of the same --tokens: kept in the table and plot, not rerun",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     batches = [int(b) for b in args.batches.split(",")]
+    runs = previous_runs(args.previous, args.tokens, args.unroll) if args.previous else []
+    done = {(r["batch"], r["rule"]) for r in runs}
     plan = [(b, "sqrt") for b in batches] + (
         [(batches[-1], "linear")] if args.alternative == "linear" else []
     )
-    runs = []
+    plan = [p for p in plan if p not in done]
     with tempfile.TemporaryDirectory(
         prefix="elmo-convergence-", dir=os.environ.get("CONVERGENCE_TMP")
     ) as tmp:
@@ -154,20 +226,22 @@ def main(argv=None) -> int:
                 f"batch {batch} ({rule}): {runs[-1]['evals'][-1][3]:.1f} after {runs[-1]['wall_s']:.0f} s",
                 flush=True,
             )
-    (args.out / "curves.json").write_text(json.dumps(runs, indent=1))
-    plot(runs, args.out / "curves.png")
+            # after every run: a session stopped at its time limit keeps the runs it finished
+            (args.out / "curves.json").write_text(json.dumps(runs, indent=1))
+            plot(runs, args.out / "curves.png")
     finals = sorted(r["evals"][-1][3] for r in runs)
     targets = [float(t) for t in args.targets.split(",")] if args.targets else [finals[-1] * 1.2, finals[-1]]
     head = " | ".join(f"to {t:,.0f}: tokens / s" for t in targets)
-    print(f"\n| batch/GPU | rule | lr | steps | final perplexity | {head} |")
-    print("|---|---|---|---|---|" + "---|" * len(targets))
+    print(f"\n| batch/GPU | rule | device | lr | steps | final perplexity | {head} |")
+    print("|---|---|---|---|---|---|" + "---|" * len(targets))
     for r in runs:
         reached = []
         for t in targets:
             tokens, seconds = first_reaching(r["evals"], t)
-            reached.append("not reached" if tokens is None else f"{tokens:,} / {seconds or 0:,.0f}")
+            clock = "?" if seconds is None else f"{seconds:,.0f}"
+            reached.append("not reached" if tokens is None else f"{tokens:,} / {clock}")
         print(
-            f"| {r['batch']} | {r['rule']} | {r['lr']:.3g} | {r['steps']} | {r['evals'][-1][3]:,.1f} | "
+            f"| {r['batch']} | {r['rule']} | {r.get('device', '?')} | {r['lr']:.3g} | {r['steps']} | {r['evals'][-1][3]:,.1f} | "
             + " | ".join(reached)
             + " |"
         )

@@ -6,15 +6,17 @@
 # carries those its image lacks (`bash infra/gpu_site.sh` packs them) and names them with SITE:
 #   run(carry=[".whl"], command='SITE=.whl/site.tar.xz BUDGET=480 bash benchmarks/gpu_embed_session.sh $OUT')
 # Tables go to OUTDIR/summary.txt.
-#   1. correctness: the CUDA tests (static passes, graphs, the embed actor's device-side compaction and
-#      pinned buffers against the CPU's vectors) and both fixture sets (raw_forward's first lines)
-#   2. raw bf16 forward (model only) of original at 32,768 and 131,072 tokens a pass: does a pass stay
-#      bound by its sequential steps when it has 4x and 16x the rows of the last GPU run?
+#   1. correctness: every CUDA test of the suite (static passes, graphs, the embed actor's device-side
+#      compaction and pinned buffers against the CPU's vectors, the training step and snapshot) and
+#      both fixture sets on the GPU (benchmarks/gpu_check.py)
+#   2. raw bf16 forward (model only) of original at 131,072 and 32,768 tokens a pass, with the share of
+#      positions that are real tokens, and the kernels of the 131,072 run (where a pass's time goes)
 #   3. end to end, one actor with 8 CPUs (7 of its threads write shards), the other cores preparing,
 #      local disk, 1x and 4x, the pass size the stage chooses for the GPU (batch_tokens=0):
 #      original bf16, packed top float16 (then, 5., pool=mean); each with the command-to-first-shard time
-#   4. the host side alone on this node's cores (benchmarks/embed_host.py, 1 to 8 threads)
-# The steps' limits add up to the 480 s budget: a short lease loses the last ones first.
+#   4. (after 5.) the host side alone on this node's cores (benchmarks/embed_host.py, 1 to 8 threads)
+# The steps' limits add up to 525 s (about 330 s of it used on an H200, 2026-11-27): a shorter BUDGET
+# loses the last ones first.
 set -u
 out=${1:?usage: gpu_embed_session.sh OUTDIR}
 mkdir -p "$out"
@@ -23,12 +25,13 @@ py=${PYTHON:-python3}
 device=${DEVICE:-cuda}
 deadline=$((SECONDS + ${BUDGET:-480}))
 work=$(mktemp -d /tmp/elmo-gpu-embed-XXXXXX)
-logs=$work
+logs=$work/logs
+mkdir -p "$logs"
 . "$(dirname "$0")/session_step.sh"
 use_site
 if [ "$device" = cuda ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$out/summary.txt"
-    raw=(--device cuda --sizes original --sentences 60000 --precisions bf16)
+    raw=(--device cuda --sizes original --sentences 30000 --precisions bf16)  # the sample holds 31,102
     host=(--threads 1 2 4 8 --shards 2)
     # one actor per GPU with 8 CPUs (one thread runs the passes, the others write shards); the
     # other cores prepare shards (read, tokenize, character ids); 1x and 4x: the 4x job's extra
@@ -39,11 +42,16 @@ else
     host=(--threads 1 2 --shards 1 --lines 500)
     e2e=(--device cpu --preset small --workers 1 --sentences 300 --raw-sentences 200 --scales 1 --storage local --lines-per-shard 150)
 fi
-[ "$device" = cuda ] && step cuda_tests 75 $py -m pytest -q -m cuda -p no:cacheprovider tests/elmo_model tests/pipeline/embed/test_embedder.py tests/pipeline/train/test_snapshot.py
-step raw_bf16_32k 60 $py benchmarks/static_forward.py "${raw[@]}" --batch-tokens 32768 --max-rows 2048
-step raw_bf16_128k 60 $py benchmarks/static_forward.py "${raw[@]}" --batch-tokens 131072 --max-rows 8192
-step e2e_top_f16_packed_bf16 150 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout packed
-step host_side 40 $py benchmarks/embed_host.py "${host[@]}" --cases "packed top float16" "pooled top float16"
-step e2e_top_pooled_bf16 95 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout packed --pool mean
+# every CUDA test of the suite (the files that use the mark: embed's device-side compaction and pinned
+# buffers, the graphs' warm-up memory, static inference, the training step and snapshot, checkpoints)
+[ "$device" = cuda ] && step cuda_tests 90 $py -m pytest -q -m cuda -p no:cacheprovider $(grep -rl 'pytest.mark.cuda' tests)
+# both reference fixture sets through the fused Triton cell and without it, float32 (TF32 off)
+[ "$device" = cuda ] && step gpu_check 40 $py benchmarks/gpu_check.py
+step raw_bf16_128k 60 $py benchmarks/static_forward.py "${raw[@]}" --batch-tokens 131072 --max-rows 8192 --profile
+step raw_bf16_32k 40 $py benchmarks/static_forward.py "${raw[@]}" --batch-tokens 32768 --max-rows 2048
+step e2e_top_f16_packed_bf16 140 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout packed
+step e2e_top_pooled_bf16 120 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout packed --pool mean
+step host_side 35 $py benchmarks/embed_host.py "${host[@]}" --cases "packed top float16" "pooled top float16"
+tar czf "$out/logs.tar.gz" -C "$work" logs  # every step's whole log (a failing test's traceback)
 rm -rf "$work"
 echo "summary: $out/summary.txt"

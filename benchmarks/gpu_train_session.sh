@@ -143,10 +143,13 @@ if in_part convergence && [ -n "${CORPUS:-}" ]; then
     corpus=$(plain_corpus "$CORPUS" corpus)
     step corpus_shards 60 $py -m jobs.cli shard --input "$corpus" --output "$work/corpus_shards" \
         heldout_fraction=0.005 progress=false
-    if [ "$device" = cuda ]; then conv=(--device cuda --tokens "${CONV_TOKENS:-30000000}")
-    else conv=(--preset tiny --batches 8,32 --tokens 20000 --evals 2 --eval-batches 2); fi
+    # CONV_BATCHES: the rows per GPU to run (the linear rule at the last); CONV_PREVIOUS: a curves.json
+    # of earlier runs of the same CONV_TOKENS to complete (benchmarks/results/), not rerun
+    if [ "$device" = cuda ]; then conv=(--device cuda --tokens "${CONV_TOKENS:-30000000}" --batches "${CONV_BATCHES:-128,512,2048}")
+    else conv=(--preset tiny --batches "${CONV_BATCHES:-8,32}" --tokens "${CONV_TOKENS:-20000}" --evals 2 --eval-batches 2); fi
+    [ -n "${CONV_PREVIOUS:-}" ] && conv+=(--previous "$CONV_PREVIOUS")
     step convergence 420 $py benchmarks/batch_convergence.py --shards "$work/corpus_shards" \
-        --out "$out/convergence" "${conv[@]}"
+        --out "$out/convergence" --log-dir "$logs/convergence" "${conv[@]}"
     # the paper's budget from those curves (issue 35 item 5): 10 epochs of the 1B Word Benchmark on 8
     # GPUs; the step table this session measured when it ran PART=bench, else the H100's in the docs
     steps_json=(); [ -f "$logs/train_step.json" ] && steps_json=(--step-json "$logs/train_step.json")

@@ -9,7 +9,10 @@ planned as the stage plans them (fixed bucket shapes replayed as CUDA graphs on 
 to their sentences on a CPU). Timing covers host batch building, the passes, their outputs compacted
 on the device, copied to the host and placed into one array (``SentenceEncoder.embed``), after one
 warm-up pass over the same data (the graph captures). "max |err|" compares each precision's vectors
-with float32's, element by element.
+with float32's, element by element; "real/pos" is the share of the passes' positions that hold real
+tokens (every position of a fixed shape is computed). ``--profile`` adds the kernels of one
+timed run of the first size in bf16, top float16 (benchmarks/kernel_profile.py): where a pass's time
+goes.
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ sys.path.insert(0, str(REPO / "tests" / "elmo_model"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bilm_forward import DEFAULT_CORPUS, read_batches  # noqa: E402
+from kernel_profile import print_kernel_summary, profile_kernels  # noqa: E402
 
 from elmo_model import BiLM  # noqa: E402
-from pipeline.embed.embedder import EmbedSettings, SentenceEncoder  # noqa: E402
+from elmo_model.static_batches import build_passes  # noqa: E402
+from pipeline.embed.embedder import EmbedSettings, SentenceEncoder, bucket_plan  # noqa: E402
 from pipeline.embed.shard_vectors import BufferPool  # noqa: E402
 from pipeline.model_config import preset_options  # noqa: E402
 
@@ -55,6 +60,20 @@ def timed(enc: SentenceEncoder, data: list[list[str]], device) -> tuple[float, n
     start = time.perf_counter()
     vectors = enc.embed(data, buffers).vectors
     return time.perf_counter() - start, vectors
+
+
+def real_share(enc: SentenceEncoder, data: list[list[str]], device) -> tuple[float, int]:
+    """(real tokens / positions computed, passes) of ``data`` as ``enc`` plans it."""
+    passes = build_passes(data, bucket_plan(enc.settings, device.type))
+    return sum(map(len, data)) / sum(batch.positions.size for _, batch in passes), len(passes)
+
+
+def profiled(enc: SentenceEncoder, data: list[list[str]], what: str) -> None:
+    """The kernels of one more run of ``enc`` over ``data`` (warmed up: graphs replay)."""
+    buffers = BufferPool()
+    share, passes = real_share(enc, data, enc.device)
+    summary = profile_kernels(lambda: buffers.release(enc.embed(data, buffers)), repeats=1)
+    print_kernel_summary(f"{what}, {passes} passes, {share:.0%} of positions real", "run", summary)
 
 
 def fixture_check(device) -> str:
@@ -88,6 +107,11 @@ def main(argv=None) -> int:
         "--max-rows", type=int, default=1024, help="rows of a pass at most (the stage's max_batch_sentences)"
     )
     parser.add_argument("--precisions", default="float32,tf32,bf16")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="the kernels of the first size's bf16 top float16 run (none listed on a CPU)",
+    )
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     torch.manual_seed(0)
@@ -102,7 +126,7 @@ def main(argv=None) -> int:
           f"batch_tokens {args.batch_tokens}, max_rows {args.max_rows}\n")  # fmt: skip
     print(fixture_check(device) + "\n")
     print(
-        f"{'size':<9} {'precision':<9} {'output':<14} {'tokens/s':>11} {'max |err|':>10} {'GPU peak GiB':>12} {'graphs':>6}"
+        f"{'size':<9} {'precision':<9} {'output':<14} {'tokens/s':>11} {'max |err|':>10} {'GPU peak GiB':>12} {'graphs':>6} {'real/pos':>8}"
     )
     for size in args.sizes.split(","):
         bilm = BiLM.from_options(preset_options(size)).eval().to(device)
@@ -120,10 +144,14 @@ def main(argv=None) -> int:
                 )
                 peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
                 shapes = len(enc.static.captured_shapes)
+                share = real_share(enc, data, device)[0]
                 print(
-                    f"{size:<9} {precision:<9} {layers + ' ' + dtype:<14} {tokens / seconds:>11,.0f} {err:>10.1e} {peak:>12.2f} {shapes:>6}",
+                    f"{size:<9} {precision:<9} {layers + ' ' + dtype:<14} {tokens / seconds:>11,.0f} {err:>10.1e} {peak:>12.2f} {shapes:>6} {share:>8.0%}",
                     flush=True,
                 )
+                if args.profile and (precision, layers) == ("bf16", "top"):
+                    profiled(enc, data, f"{size} bf16 top float16 over {len(data):,} sentences")
+                    args.profile = False
         del bilm
     return 0
 

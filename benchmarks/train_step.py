@@ -30,7 +30,6 @@ import argparse
 import gc
 import json
 import os
-import re
 import socket
 import sys
 import tempfile
@@ -44,6 +43,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.kernel_profile import print_kernel_summary, profile_kernels  # noqa: E402
 from benchmarks.step_setup import add_step_args, make_runner, synthetic_batches  # noqa: E402
 from pipeline.train.data import LMBatch  # noqa: E402
 from pipeline.train.metrics import measure_matmul_peak  # noqa: E402
@@ -218,53 +218,15 @@ def phase_split(runner: StepRunner, batches: list[LMBatch]) -> dict[str, float] 
         runner.timer = None
 
 
-KERNEL_KINDS = (
-    ("LSTM cell (Triton)", r"_cell_(forward|backward)_kernel"),
-    ("matrix products", r"gemm|xmma|cutlass|sm90|sm80|ampere|hopper|cublas|nvjet|splitK"),
-    ("fused optimizer", r"[Ff]used|multi_tensor|adagrad|adam"),
-    ("softmax/logsumexp", r"softmax|logsumexp|LogSumExp"),
-    ("reductions", r"reduce|Reduce|norm"),
-    ("index/gather/scatter", r"index|gather|scatter|embedding"),
-    ("sort/scan", r"sort|Sort|radix|scan|Scan|cumsum"),
-    ("copies/memset", r"copy|Memcpy|Memset|memcpy|memset|fill|cat|CatArray"),
-    ("elementwise", r"elementwise|vectorized|unrolled|Elementwise"),
-)
-
-
 def profile_steps(args, runner: StepRunner, batches: list[LMBatch]) -> dict:
-    """Kernel time per kind over ``args.profile_steps`` steps, from the PyTorch profiler."""
-    from torch.profiler import ProfilerActivity, profile
+    """Kernel time per kind over ``args.profile_steps`` steps (benchmarks/kernel_profile.py)."""
+    steps = iter(range(10**9))
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
-        for i in range(args.profile_steps):
-            runner.train_step(batches[i % len(batches)], 10**6)
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - start
-    os.makedirs(args.profile, exist_ok=True)
+    def step():
+        runner.train_step(batches[next(steps) % len(batches)], 10**6)
+
     name = f"trace_{runner.cfg.batch_size}_{'bf16' if runner.cfg.bf16 else 'float32'}.json"
-    prof.export_chrome_trace(os.path.join(args.profile, name))
-    kinds: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    top: dict[str, float] = {}
-    for event in prof.events():
-        if event.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        us = event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
-        kind = next((k for k, pattern in KERNEL_KINDS if re.search(pattern, event.name)), "other")
-        kinds[kind] = kinds.get(kind, 0.0) + us
-        counts[kind] = counts.get(kind, 0) + 1
-        top[event.name[:90]] = top.get(event.name[:90], 0.0) + us
-    steps = args.profile_steps
-    return {
-        "wall_ms_per_step": wall * 1e3 / steps,
-        "kernel_ms_per_step": sum(kinds.values()) / 1e3 / steps,
-        "kinds": {
-            k: (v / 1e3 / steps, counts[k] / steps) for k, v in sorted(kinds.items(), key=lambda x: -x[1])
-        },
-        "top": sorted(((v / 1e3 / steps, k) for k, v in top.items()), reverse=True)[:15],
-    }
+    return profile_kernels(step, args.profile_steps, os.path.join(args.profile, name))
 
 
 def cuda_main(args: argparse.Namespace) -> int:
@@ -336,18 +298,8 @@ def print_table(rows: list[dict]) -> None:
 
 
 def print_profile(row: dict) -> None:
-    p = row["profile"]
-    print(
-        f"\nkernel time of {row['preset']} {row['dtype']} batch {row['batch']} {row['mode']}: "
-        f"{p['kernel_ms_per_step']:.2f} ms of kernels in {p['wall_ms_per_step']:.2f} ms per step (profiled)"
-    )
-    print("| kernels | ms/step | launches/step |")
-    print("|---|---|---|")
-    for kind, (ms, count) in p["kinds"].items():
-        print(f"| {kind} | {ms:.2f} | {count:.0f} |")
-    print("top kernels (ms/step):")
-    for ms, name in p["top"]:
-        print(f"  {ms:7.3f}  {name}")
+    what = f"{row['preset']} {row['dtype']} batch {row['batch']} {row['mode']}"
+    print_kernel_summary(what, "step", row["profile"])
 
 
 def main(argv=None) -> int:

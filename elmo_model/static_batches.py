@@ -3,9 +3,10 @@
 Host side of static-shape inference, numpy only: a length-sorted shard is cut into batches whose
 window (steps, boundaries included) is one of a few bucket lengths and whose row count is what the
 bucket's token budget allows. With ``fixed`` shapes (CUDA graphs) every batch of a bucket has
-exactly its bucket's rows and steps (padding rows have length 0) and the distinct spellings are
-padded to a power of two, so a handful of shapes cover any corpus; without (CPU) a batch is as
-small as its sentences allow, since padding there only costs time.
+its bucket's steps and either its full rows or, the bucket's last batch, the power of two of rows
+that holds its sentences (padding rows have length 0), and the distinct spellings are padded to a
+power of two, so a few shapes per bucket cover any corpus; without (CPU) a batch is as small as its
+sentences allow, since padding there only costs time.
 
 A batch carries each distinct spelling once (``chars``) and, per position, the row of ``chars``
 it reads (``positions``), so the char CNN runs once per distinct token, and the index that
@@ -30,6 +31,10 @@ DEFAULT_STEPS = (16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 MIN_CHARS_CAPACITY = 64
 
+MIN_PASS_ROWS = 16
+"""The fewest rows of a fixed-shape pass: below this a pass is bound by its kernel launches, not
+its rows, so smaller shapes would only add CUDA graphs."""
+
 
 @dataclass(frozen=True)
 class BucketPlan:
@@ -37,8 +42,9 @@ class BucketPlan:
 
     ``steps``: the bucket windows (boundaries included), ascending; a longer sentence gets a window
     rounded up to a multiple of the last one. ``token_budget``: rows x steps of one pass (padding
-    included). ``max_rows``: rows of one pass at most. ``fixed``: every pass of a bucket has its
-    exact shape, and ``chars`` a power-of-two row count (CUDA graphs); else passes shrink to fit.
+    included). ``max_rows``: rows of one pass at most. ``fixed``: every pass of a bucket has one of
+    a few shapes (full rows, or a power of two of rows for the bucket's last pass: ``pass_rows``)
+    and ``chars`` a power-of-two row count (CUDA graphs); else passes shrink to fit.
     """
 
     token_budget: int = 8192
@@ -64,8 +70,23 @@ class BucketPlan:
         return -(-needed // last) * last
 
     def rows(self, window: int) -> int:
-        """Rows of one pass of window ``window``."""
+        """Rows of one full pass of window ``window``."""
         return max(1, min(self.max_rows, self.token_budget // window))
+
+    def pass_rows(self, window: int, sentences: int) -> int:
+        """Rows of a pass of window ``window`` that holds ``sentences`` sentences. ``fixed``: a full
+        pass's rows, or for a bucket's last, partial pass the power of two that holds them (at
+        least ``MIN_PASS_ROWS``): a bucket's sentences of one shard are often far fewer than a
+        GPU-sized pass holds, and every row of a fixed shape is computed (at 131,072 positions a
+        pass, a 5,000-line shard filled 17% of its passes' positions with whole rows; the ladder
+        keeps each pass at least half full, at a few more shapes per window). Otherwise exactly
+        ``sentences``."""
+        if not self.fixed:
+            return sentences
+        full = self.rows(window)
+        if sentences >= full:
+            return full
+        return min(full, max(MIN_PASS_ROWS, 1 << (sentences - 1).bit_length()))
 
 
 def plan_batches(lengths: Sequence[int], plan: BucketPlan) -> list[list[int]]:
@@ -144,12 +165,10 @@ def build_batch(sentences: Sequence[Sequence[str]], plan: BucketPlan) -> StaticB
     if not sentences:
         raise ValueError("build_batch needs at least one sentence")
     longest = max(len(s) for s in sentences)
-    if plan.fixed:
-        steps, rows = plan.window(longest), plan.rows(plan.window(longest))
-        if len(sentences) > rows:
-            raise ValueError(f"{len(sentences)} sentences do not fit a pass of {rows} rows")
-    else:
-        steps, rows = longest + BOUNDARIES, len(sentences)
+    steps = plan.window(longest) if plan.fixed else longest + BOUNDARIES
+    if plan.fixed and len(sentences) > plan.rows(steps):
+        raise ValueError(f"{len(sentences)} sentences do not fit a pass of {plan.rows(steps)} rows")
+    rows = plan.pass_rows(steps, len(sentences))
     index = {BOS_TOKEN: 0, EOS_TOKEN: 1}
     positions = np.zeros((rows, steps), dtype=np.int32)
     lengths = np.zeros(rows, dtype=np.int64)

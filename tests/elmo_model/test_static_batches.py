@@ -7,7 +7,15 @@ import random
 import numpy as np
 import pytest
 
-from elmo_model.static_batches import BucketPlan, build_batch, plan_batches, reverse_positions, split_rows
+from elmo_model.static_batches import (
+    MIN_PASS_ROWS,
+    BucketPlan,
+    build_batch,
+    build_passes,
+    plan_batches,
+    reverse_positions,
+    split_rows,
+)
 
 
 def test_shrunk_passes_covers_every_index_once_within_budget():
@@ -46,6 +54,41 @@ def test_fixed_passes_hold_one_bucket_each_and_never_more_than_its_rows():
     # a handful of shapes, whatever the lengths: the buckets, and multiples of 256 beyond them
     assert len(windows) <= len(plan.steps) + 1
     assert plan.window(254) == 256 and plan.window(255) == 512 and plan.window(1) == 16
+
+
+def test_a_buckets_last_pass_takes_the_power_of_two_of_rows_that_holds_it():
+    plan = BucketPlan(token_budget=2048, max_rows=128, steps=(16, 32), fixed=True)
+    for sentences, rows in (
+        (128, 128),
+        (200, 128),
+        (65, 128),
+        (64, 64),
+        (33, 64),
+        (17, 32),
+        (3, MIN_PASS_ROWS),
+    ):
+        assert plan.pass_rows(16, sentences) == rows, sentences
+    small = BucketPlan(token_budget=80, max_rows=5, fixed=True)  # never above the full rows
+    assert small.pass_rows(16, 3) == 5 and small.pass_rows(16, 5) == 5
+    assert BucketPlan(token_budget=2048, max_rows=128).pass_rows(16, 3) == 3  # shrunk passes
+
+
+def test_fixed_passes_are_full_or_at_least_half_full():
+    """A GPU-sized pass (131,072 positions) over one 5,000-line shard: every bucket's sentences are
+    far fewer than its full rows, and whole empty rows of a fixed shape cost as much as full ones."""
+    rng = random.Random(2)
+    sentences = [["w"] * min(250, int(rng.expovariate(1 / 25)) + 1) for _ in range(5000)]
+    plan = BucketPlan(token_budget=131072, max_rows=8192, fixed=True)
+    passes = build_passes(sentences, plan)
+    for indices, batch in passes:
+        rows, steps = batch.positions.shape
+        assert batch.rows_used == len(indices)
+        assert rows == plan.rows(steps) or rows == MIN_PASS_ROWS or 2 * len(indices) > rows
+    positions = sum(batch.positions.size for _, batch in passes)
+    tokens = sum(map(len, sentences))
+    full_rows = sum(plan.rows(batch.positions.shape[1]) * batch.positions.shape[1] for _, batch in passes)
+    print(f"real tokens per position: {tokens / positions:.3f}, with full passes {tokens / full_rows:.3f}")
+    assert tokens / positions > 2.5 * tokens / full_rows
 
 
 def test_reverse_positions_reverse_within_each_length():

@@ -124,8 +124,9 @@ def test_every_bucket_shape_warms_up_in_the_memory_of_the_one_before():
     plan = BucketPlan(token_budget=8192, max_rows=512, steps=(16, 32, 64, 128), fixed=True)
     run = StaticInference(model, OutputSpec("top", dtype=torch.float16))
     reserved = []
-    for length in (10, 25, 50, 100):  # one sentence per bucket window
-        batch = build_batch([[f"w{i % 7}" for i in range(length)]], plan)
+    for length in (10, 25, 50, 100):  # one full pass per bucket window
+        sentence = [f"w{i % 7}" for i in range(length)]
+        batch = build_batch([sentence] * plan.rows(plan.window(length)), plan)
         for _ in range(GRAPH_WARMUP + 2):  # the eager warm-ups, the capture and a replay
             run(batch)
         torch.cuda.synchronize()

@@ -136,7 +136,10 @@ def test_the_workers_settings_are_the_configs_own_choices_frozen():
 @pytest.mark.parametrize(("mode", "pool"), [("all", "none"), ("top", "none"), ("top", "mean")])
 def test_cuda_passes_compacted_on_the_device_land_as_the_cpu_ones(model, mode, pool):
     """float32 on the GPU (CUDA graphs, compaction on the device, the pinned buffers reused pass
-    after pass) stores what the CPU stores, within the fixtures' 1e-6."""
+    after pass) stores what the CPU stores: every row in its place, within float32's rounding of
+    two summation orders (cuBLAS against MKL: 1.9e-6 at values up to 1.4 on an H200, 2026-11-27;
+    a row out of place or a buffer reused too early is off by the values themselves, ~1). The
+    fixtures' own 1e-6 holds on the GPU too: benchmarks/gpu_check.py."""
     import torch
 
     settings = _settings(layers=mode, pool=pool, batch_tokens=64, max_batch_sentences=8, device="cuda")
@@ -151,4 +154,4 @@ def test_cuda_passes_compacted_on_the_device_land_as_the_cpu_ones(model, mode, p
         assert len(encoder.static.captured_shapes) > 1 and encoder._passes > len(encoder._pinned)
         np.testing.assert_array_equal(gpu.offsets, cpu.offsets)
         assert gpu.vectors.shape == cpu.vectors.shape and gpu.vectors.dtype == cpu.vectors.dtype
-        assert np.abs(gpu.vectors - cpu.vectors).max() <= 1e-6
+        assert np.abs(gpu.vectors - cpu.vectors).max() <= 1e-5
