@@ -53,10 +53,16 @@ class WriteQueue:
     once everything submitted is written, and ``close`` (the end of the run) waits too.
     ``submit(..., latest=KEY)`` marks a write that writes the newest state when it runs, so one
     such write queued and not yet started stands for any later one of the same KEY.
+
+    ``fence``: called before each write; once it raises, that write and every later one are
+    dropped and its error is raised by every later call (a run that lost its output folder to
+    another run writes nothing more there: ``pipeline.lease.fence``).
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, fence: Callable[[], None] | None = None):
         self.name = name
+        self.fence = fence
+        self._fenced: BaseException | None = None
         self._jobs: collections.deque[tuple[Callable[[], Any], str | None]] = collections.deque()
         self._queued_latest: set[str] = set()
         self._busy = False
@@ -109,6 +115,8 @@ class WriteQueue:
                 thread.join()
 
     def _raise_error(self) -> None:
+        if self._fenced is not None:
+            raise self._fenced
         error, self._error = self._error, None
         if error is not None:
             raise error
@@ -123,7 +131,13 @@ class WriteQueue:
                 self._queued_latest.discard(latest)
                 self._busy = True
             try:
-                work()
+                if self._fenced is None and self.fence is not None:
+                    try:
+                        self.fence()
+                    except BaseException as err:  # noqa: BLE001 - sticky: nothing more is written
+                        self._fenced = err
+                if self._fenced is None:
+                    work()
             except BaseException as err:  # noqa: BLE001 - raised in the caller by its next call
                 with self._changed:
                     self._error = self._error or err

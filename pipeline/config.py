@@ -14,7 +14,6 @@ import dataclasses
 import difflib
 import enum
 import importlib
-import re
 import typing
 from collections.abc import Iterable, Sequence
 from importlib import resources
@@ -22,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
-from omegaconf import DictConfig, EnumNode, ListConfig, OmegaConf, StringNode
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf import DictConfig, EnumNode, ListConfig, OmegaConf, StringNode, grammar_parser
+from omegaconf.errors import ConfigKeyError, GrammarParseError, OmegaConfBaseException, ValidationError
+from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser
 
 from pipeline.errors import PipelineError
 from pipeline.redaction import redact_values
@@ -144,28 +144,45 @@ def _bad_value_error(err: OmegaConfBaseException, source: str) -> ConfigError:
     return ConfigError(f"bad value for config key {key!r} in {source}: {msg}")
 
 
-RESOLVER_CALL = re.compile(r"(?<!\\)\$\{\s*([A-Za-z_][\w.]*)\s*:")
-"""An interpolation that calls a resolver (``${oc.env:VAR}``, ``${oc.decode:...}``): refused in every
-layer of a config. A config is recorded (run.json, metrics.jsonl, checkpoints, wandb, the console),
-so a value read from the environment would put a secret there; secrets reach boto3 and wandb from
-the environment directly. References to other keys (``${train.name}``) stay allowed."""
+def resolver_calls(text: str) -> list[str]:
+    """The resolver calls in ``text`` as OmegaConf's own grammar reads a value (``${oc.env:X}``,
+    one after an escaped backslash, a name built from another key as in ``${${k}:X}`` or
+    ``${oc.${k}:X}``, one nested inside a key reference): each call's resolver name as written.
+    Text the grammar cannot parse is never resolved, so it calls nothing."""
+    if "${" not in text:
+        return []
+    try:
+        tree = grammar_parser.parse(text)
+    except GrammarParseError:
+        return []
+    calls, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, OmegaConfGrammarParser.InterpolationResolverContext):
+            calls.append(node.resolverName().getText())
+        todo.extend(node.getChildren() if hasattr(node, "getChildren") else ())
+    return calls
 
 
 def _refuse_resolvers(layer: Any, source: str, prefix: str = "") -> None:
-    """ConfigError naming the first key of ``layer`` whose value calls a resolver."""
+    """ConfigError naming the first key of ``layer`` whose value (or name) calls a resolver. Every
+    resolver is refused: a config is recorded (run.json, metrics.jsonl, checkpoints, wandb, the
+    console), so a value read from the environment would put a secret there; secrets reach boto3
+    and wandb from the environment directly. References to other keys (``${train.name}``) stay."""
     if isinstance(layer, DictConfig | dict):
         items = layer.items_ex(resolve=False) if isinstance(layer, DictConfig) else layer.items()
         for key, value in items:
+            _refuse_resolvers(str(key), source, f"{prefix}{key}")  # a key's own name too
             _refuse_resolvers(value, source, f"{prefix}{key}.")
     elif isinstance(layer, ListConfig | list):
         for index, value in enumerate(
             layer._iter_ex(resolve=False) if isinstance(layer, ListConfig) else layer
         ):
             _refuse_resolvers(value, source, f"{prefix}{index}.")
-    elif isinstance(layer, str) and (call := RESOLVER_CALL.search(layer)):
+    elif isinstance(layer, str) and (calls := resolver_calls(layer)):
         raise ConfigError(
-            f"config key {prefix.rstrip('.')!r} in {source} calls the resolver {call.group(1)!r} "
-            f"(${{{call.group(1)}:...}}): configs are recorded in run.json, metrics and wandb, so values "
+            f"config key {prefix.rstrip('.')!r} in {source} calls the resolver {calls[0]!r} "
+            f"(${{{calls[0]}:...}}): configs are recorded in run.json, metrics and wandb, so values "
             "may not be read from the environment or other resolvers; secrets such as AWS or wandb keys "
             "are read from the environment by boto3 and wandb themselves"
         )
@@ -223,7 +240,24 @@ def _load_yaml(path: str | Path) -> DictConfig:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of keys, not a {type(data).__name__}")
-    return OmegaConf.create(data)
+    try:
+        return OmegaConf.create(data)
+    except OmegaConfBaseException as err:  # a YAML type a config has no use for (!!set, !!binary, ...)
+        key = getattr(err, "full_key", None) or "?"
+        raise ConfigError(
+            f"config file {path}: key {key!r} holds a YAML {_value_at(data, str(key))}, which a config "
+            "cannot hold (numbers, strings, booleans, lists and mappings only)"
+        ) from None
+
+
+def _value_at(data: Any, key: str) -> str:
+    """The type name of ``data``'s value at the dotted ``key`` (list items by index)."""
+    for part in key.split("."):
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and part.lstrip("[").rstrip("]").isdigit():
+            data = data[int(part.lstrip("[").rstrip("]"))]
+    return type(data).__name__
 
 
 def _parse_overrides(overrides: Iterable[str]) -> DictConfig:

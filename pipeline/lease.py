@@ -9,6 +9,15 @@ was SIGKILLed) stops beating, and its lease is taken over once it is that old. L
 ``s3://`` alike (S3's reads after a write are consistent): after writing its lease a driver reads
 it back, so of two drivers starting at the same moment only the last writer runs. Used by the
 train and shard stages (``error``: the stage's error class, ``what``: how it names its folder).
+
+A lease is taken over only when its holder stopped beating, but a holder can come back: a driver
+stopped for longer than ``ttl_s`` (Ctrl-Z, a frozen VM, swapping) whose workers trained on. So the
+owner token is a fence: the heartbeat reads the lease before rewriting it and stops for good once
+another owner holds it (never writing it back), and every write of the run checks first that the
+lease is still its own (``verify``, or ``fence(folder, owner)`` in a process that does not hold the
+``Lease`` object: the training workers), so a woken run stops at its next write, in one line,
+instead of writing beside the run that took over. On the same host, a lease whose process is gone
+is taken over at once rather than after ``ttl_s``.
 """
 
 from __future__ import annotations
@@ -49,6 +58,8 @@ class Lease:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._stop = threading.Event()
         self._beating: threading.Thread | None = None
+        self.lost: dict | None = None
+        """The lease of the run that took this one's over, once the heartbeat saw it."""
 
     def _read(self) -> dict | None:
         try:
@@ -68,7 +79,7 @@ class Lease:
     def check(self) -> None:
         """``error`` when another run's lease is live."""
         lease = self._read()
-        if lease is None or lease.get("owner") == self.owner:
+        if lease is None or lease.get("owner") == self.owner or _holder_gone(lease):
             return
         age = time.time() - float(lease.get("heartbeat", 0))
         if age < self.ttl_s:
@@ -92,9 +103,17 @@ class Lease:
     def _beat(self) -> None:
         while not self._stop.wait(self.beat_s):
             try:
+                lease = self._read()
+                if lease is not None and lease.get("owner") != self.owner:
+                    self.lost = lease  # taken over while this process was stopped: never written back
+                    return
                 self._write()
             except storage.StorageError:
                 pass  # a passing outage: the next beat tries again, well within the ttl
+
+    def verify(self) -> None:
+        """``error`` unless this process still holds the lease (before a write)."""
+        fence(self.folder, self.owner, self.error, self.what)
 
     def release(self) -> None:
         if self._beating is None:
@@ -112,3 +131,40 @@ class Lease:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def fence(folder: str, owner: str, error: type[PipelineError] = PipelineError, what: str = "output") -> None:
+    """``error`` unless ``folder``'s lease is still ``owner``'s: the check before each write of a
+    run whose driver holds the lease (an unreadable lease is a passing state, not a takeover)."""
+    try:
+        lease = json.loads(storage.read_bytes(storage.join(folder, LEASE_FILE)))
+    except ValueError:
+        return
+    except storage.StorageError:
+        if storage.exists(storage.join(folder, LEASE_FILE)):
+            raise
+        raise error(
+            f"{what} {folder} lost its lease (lease.json is gone: another run ended there): this run "
+            "stops without writing more; rerun it to resume from its last checkpoint"
+        ) from None
+    if isinstance(lease, dict) and lease.get("owner") != owner:
+        raise error(
+            f"{what} {folder} was taken over by another run (host {lease.get('host')}, pid {lease.get('pid')}) "
+            f"while this one was stopped for over {TTL_S:.0f} s: this run stops without writing more; the "
+            "other run carries on from the checkpoints"
+        )
+
+
+def _holder_gone(lease: dict) -> bool:
+    """Whether ``lease``'s process is known to be gone: on this host, no process has its pid."""
+    if lease.get("host") != socket.gethostname() or not isinstance(lease.get("pid"), int):
+        return False
+    if lease["pid"] == os.getpid():
+        return False
+    try:
+        os.kill(lease["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False

@@ -26,8 +26,10 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import sys
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -71,6 +73,12 @@ first wait is said on stderr), while a transfer that keeps moving is never cut."
 DEFAULT_MAX_ATTEMPTS = 4
 """Total tries per request (AWS_MAX_ATTEMPTS overrides): bounded so an unreachable endpoint fails within
 seconds (a refused connection: ~0.5 s here), while throttling still gets three jittered backoffs."""
+UNANSWERED_HOLD_S = 60.0
+"""An endpoint that has never answered this process and let every attempt of a request time out is
+not waited for again for this long: the stage's next request (its error path's, another input's)
+fails at once, so a stage given an endpoint that never answers fails within a minute, not one
+full wait per request. An endpoint that has answered before (a pause in a long run) gets every
+request's full attempts, so runs ride out an outage as before."""
 
 
 class StorageError(PipelineError):
@@ -303,9 +311,19 @@ class LocalBackend:
 
     def open_read(self, path: str) -> BinaryIO:
         with _local_errors(path):
-            if os.path.isdir(path):
+            mode = os.stat(path).st_mode  # follows a link, never blocks (opening a FIFO would)
+            if stat.S_ISDIR(mode):
                 raise IsADirectoryError(path)
+            if not stat.S_ISREG(mode):  # a device (a link to /dev/zero reads forever), FIFO or socket
+                raise StorageError(f"{path}: not a regular file (a device, FIFO or socket)")
             return open(path, "rb")
+
+    def size(self, path: str) -> int:
+        with _local_errors(path):
+            found = os.stat(path)
+            if not stat.S_ISREG(found.st_mode):
+                raise StorageError(f"{path}: not a regular file")
+            return found.st_size
 
     def start_write(self, path: str) -> _LocalWrite:
         return _LocalWrite(path)
@@ -394,7 +412,34 @@ def _new_client(endpoint: str | None):
     )
     client = boto3.session.Session().client("s3", endpoint_url=endpoint, config=config)
     client.meta.events.register("needs-retry.s3", _say_waiting)
+    client.meta.events.register("before-call.s3", _fail_fast_when_never_answered)
+    client.meta.events.register("after-call.s3", _note_answered)
     return client
+
+
+_answered: set[str] = set()
+_unanswered: dict[str, float] = {}
+"""Endpoint label -> when a request to it, never answered in this process, last ran out of attempts."""
+
+
+class _NeverAnswered(Exception):
+    """Raised before a request to an endpoint known not to answer (``UNANSWERED_HOLD_S``)."""
+
+    def __init__(self, seconds_ago: float):
+        super().__init__(seconds_ago)
+        self.seconds_ago = seconds_ago
+
+
+def _note_answered(**_) -> None:
+    label = _endpoint_label()
+    _answered.add(label)
+    _unanswered.pop(label, None)
+
+
+def _fail_fast_when_never_answered(**_) -> None:
+    since = _unanswered.get(_endpoint_label())
+    if since is not None and time.monotonic() - since < UNANSWERED_HOLD_S:
+        raise _NeverAnswered(time.monotonic() - since)
 
 
 _said_waiting: set[str] = set()
@@ -469,10 +514,17 @@ def _s3_errors(path: str) -> Iterator[None]:
             f"{path}: no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile)"
         ) from exc
     except (ReadTimeoutError, ConnectTimeoutError) as exc:
+        if _endpoint_label() not in _answered:
+            _unanswered[_endpoint_label()] = time.monotonic()
         raise StorageError(
             f"{path}: S3 endpoint {_endpoint_label()} did not answer (no byte within {READ_TIMEOUT_S} s, "
             f"{_retry_config()['total_max_attempts']} attempts)"
         ) from exc
+    except _NeverAnswered as exc:
+        raise StorageError(
+            f"{path}: S3 endpoint {_endpoint_label()} did not answer (no byte within {READ_TIMEOUT_S} s, "
+            f"{_retry_config()['total_max_attempts']} attempts, {exc.seconds_ago:.0f} s ago); not waited for again"
+        ) from None
     except BotoConnectionError as exc:
         raise StorageError(
             f"{path}: cannot reach S3 endpoint {_endpoint_label()} ({type(exc).__name__})"
@@ -718,6 +770,11 @@ class S3Backend:
             # a HEAD miss says nothing about the bucket and a 403 has no detail: a listing tells both
             return bool(_first_keys(bucket, key.rstrip("/") + "/" if key else ""))
 
+    def size(self, path: str) -> int:
+        bucket, key = _object(path)
+        with _s3_errors(path):
+            return int(s3_client().head_object(Bucket=bucket, Key=key)["ContentLength"])
+
     def is_object(self, path: str) -> bool:
         bucket, key = split_s3(path)
         with _s3_errors(path):
@@ -807,8 +864,12 @@ def append_local(path: str | os.PathLike, data: bytes) -> None:
     path = _path(path)
     if is_s3(path):
         raise ValueError(f"{path}: appends are for local files only")
-    with _local_errors(path), open(path, "ab") as f:
-        f.write(data)
+    with _local_errors(path):
+        if os.path.islink(path):  # appending would write into whatever it points to
+            raise StorageError(f"{path}: a link, not a file this run wrote; not appended to")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        with os.fdopen(fd, "ab") as f:
+            f.write(data)
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -821,6 +882,39 @@ def exists(path: str | os.PathLike) -> bool:
     """True for an existing file/directory, an object, or an S3 prefix with objects under ``prefix/``."""
     path = _path(path)
     return _backend(path).exists(path)
+
+
+def folder_links_out(folder: str | os.PathLike) -> list[str]:
+    """The links inside a local ``folder`` to folders outside it (``/``-separated, relative to it,
+    sorted): ``list_names`` does not descend into them, and a file written under one lands in
+    someone else's folder. Links within the folder (wandb's ``latest-run``) and links to files
+    (every write replaces the link itself; ``append_local`` refuses one) are not listed; S3 has
+    no links."""
+    folder = _path(folder)
+    if is_s3(folder) or not os.path.isdir(folder):
+        return []
+    root = os.path.realpath(folder)
+    found = []
+    for dirpath, dirnames, _ in os.walk(folder):
+        for name in dirnames:
+            full = os.path.join(dirpath, name)
+            target = os.path.realpath(full)
+            if os.path.islink(full) and os.path.commonpath([root, target]) != root:
+                found.append(os.path.relpath(full, folder).replace(os.sep, "/"))
+    return sorted(found)
+
+
+def size(path: str | os.PathLike) -> int:
+    """Bytes of the file or object ``path`` (StorageError for a missing one, a folder, or a local
+    path that is not a regular file)."""
+    path = _path(path)
+    return _backend(path).size(path)
+
+
+def is_file(path: str | os.PathLike) -> bool:
+    """True for an existing file or object at exactly ``path`` (not a folder or a prefix)."""
+    path = _path(path)
+    return _backend(path).is_object(path)
 
 
 def delete(path: str | os.PathLike) -> None:
@@ -889,6 +983,8 @@ def _expand_one(item: str) -> list[str]:
                 raise StorageError(
                     f"{item}: a folder, not a file; name its files or a glob ({join(item, '*.txt')})"
                 )
+            if not is_s3(item) and os.path.exists(item):
+                raise StorageError(f"{item}: not a regular file (a device, FIFO or socket); name a file")
             raise StorageError(f"{item}: no such file or object")
         return [item]
     hits = backend.glob(item)

@@ -30,14 +30,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.embed.config import LayerMode, Pool, StoredDType
+from pipeline.embed.config import LayerMode, Pool, Precision, StoredDType
 from pipeline.embed.embedder import EmbedSettings, LoadedModel, pick_device, work_settings
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.model_files import resolve_model
 from pipeline.embed.parquet_shard import vectors_column
 from pipeline.embed.pass_size import pass_size, per_position
-from pipeline.embed.sentences import prepare_lines
+from pipeline.embed.sentences import PreparedLines, prepare_lines, prepare_token_lists
 from pipeline.embed.shard_work import work_from_lines
 
 
@@ -76,6 +76,7 @@ class ElmoEmbedder:
         max_sentence_tokens: int = 1000,
         threads: int = 1,
     ):
+        _check_choices(layers=layers, pool=pool, dtype=dtype, precision=precision, device=device)
         source = resolve_model(model_dir, options_file, weights_file)
         kind = pick_device(device).type
         output = _output_spec(layers, pool, dtype)
@@ -104,12 +105,13 @@ class ElmoEmbedder:
 
     def __call__(self, batch: Any) -> pa.Table:
         table = _as_table(batch)
-        lines = self._lines(table)
-        prepared = prepare_lines(
-            lines, 0, max_tokens=self.settings.max_sentence_tokens, long_sentences="split",
-            invalid_utf8="replace", where="batch",
-        )  # fmt: skip
-        spec = ShardSpec(0, 0, len(lines), segments=(), input_sha256="")
+        if self.output_column in table.column_names:
+            raise EmbedError(
+                f"ElmoEmbedder: the batch already has a column {self.output_column!r}; set output_column= "
+                "to a new name"
+            )
+        prepared = self._prepared(table)
+        spec = ShardSpec(0, 0, prepared.num_lines, segments=(), input_sha256="")
         shard = self.model.embed(work_from_lines(spec, True, prepared, self.work))
         try:  # the column must not view the model's pooled buffer, which the next batch reuses
             own = dataclasses.replace(shard, vectors=np.array(shard.vectors))
@@ -117,19 +119,51 @@ class ElmoEmbedder:
             self.model.buffers.release(shard)
         return table.append_column(self.output_column, vectors_column(own))
 
-    def _lines(self, table: pa.Table) -> list[bytes]:
-        """The batch's sentences as raw lines, as the stage reads them from a file."""
+    def _prepared(self, table: pa.Table) -> PreparedLines:
+        """The batch's sentences: a text column tokenized as the stage tokenizes a line of a file
+        (bytes taken as the raw line, invalid UTF-8 and lone surrogates replaced), or a tokens
+        column taken as given."""
+        max_tokens = self.settings.max_sentence_tokens
         if self.tokens_column:
             if self.tokens_column not in table.column_names:
                 raise EmbedError(f"ElmoEmbedder: the batch has no column {self.tokens_column!r}")
             rows = table.column(self.tokens_column).to_pylist()
-            return [" ".join(tokens or ()).encode("utf-8") for tokens in rows]
+            return prepare_token_lists(
+                rows, max_tokens=max_tokens, where=f"ElmoEmbedder: column {self.tokens_column!r}"
+            )
         if self.text_column not in table.column_names:
             raise EmbedError(
                 f"ElmoEmbedder: the batch has no column {self.text_column!r} (its columns: "
                 f"{', '.join(table.column_names)}); set text_column= or tokens_column="
             )
-        return [(text or "").encode("utf-8") for text in table.column(self.text_column).to_pylist()]
+        lines = [
+            _raw_line(text, row, self.text_column)
+            for row, text in enumerate(table.column(self.text_column).to_pylist())
+        ]
+        return prepare_lines(
+            lines, 0, max_tokens=max_tokens, long_sentences="split", invalid_utf8="replace", where="batch"
+        )
+
+
+def _raw_line(text: Any, row: int, column: str) -> bytes:
+    """A text cell as the bytes of a line of a file: str as UTF-8 (a lone surrogate becomes bytes
+    that are not UTF-8, replaced as a file's would be), bytes as they are, None as empty."""
+    if text is None:
+        return b""
+    if isinstance(text, bytes):
+        return text
+    if isinstance(text, str):
+        return text.encode("utf-8", errors="surrogatepass")
+    raise EmbedError(f"ElmoEmbedder: row {row} of column {column!r} is {type(text).__name__}, not text")
+
+
+def _check_choices(**chosen: str) -> None:
+    """One line naming a setting whose value is not one of its choices."""
+    kinds = {"layers": LayerMode, "pool": Pool, "dtype": StoredDType, "precision": Precision}
+    for key, value in chosen.items():
+        names = [m.value for m in kinds[key]] if key in kinds else ["auto", "cuda", "cpu"]
+        if value not in names:
+            raise EmbedError(f"ElmoEmbedder: {key}={value!r} is not one of {', '.join(names)}")
 
 
 def _output_spec(layers: str, pool: str, dtype: str):
@@ -150,19 +184,47 @@ def _free_memory() -> int:
 
 
 def _as_table(batch: Any) -> pa.Table:
+    """The batch as an Arrow table; a cell Arrow cannot hold is one line naming its row and column."""
     if isinstance(batch, pa.Table):
         return batch
-    if isinstance(batch, dict):
-        return pa.table({name: _column(values) for name, values in batch.items()})
     try:
         import pandas as pd
     except ImportError:  # pandas comes with Ray Data; without it, a batch is never a DataFrame
         pd = None
-    if pd is not None and isinstance(batch, pd.DataFrame):
-        return pa.Table.from_pandas(batch, preserve_index=False).replace_schema_metadata(None)
-    raise EmbedError(
-        f"ElmoEmbedder: a batch is a pandas DataFrame, a pyarrow Table or a dict, not {type(batch).__name__}"
-    )
+    is_frame = pd is not None and isinstance(batch, pd.DataFrame)
+    if not (isinstance(batch, dict) or is_frame):
+        raise EmbedError(
+            f"ElmoEmbedder: a batch is a pandas DataFrame, a pyarrow Table or a dict, not {type(batch).__name__}"
+        )
+    try:
+        if is_frame:
+            return pa.Table.from_pandas(batch, preserve_index=False).replace_schema_metadata(None)
+        return pa.table({name: _column(values) for name, values in batch.items()})
+    except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeEncodeError):
+        columns = {name: list(batch[name]) for name in (batch.columns if is_frame else batch)}
+        for name, values in columns.items():
+            if (problem := _first_bad_cell(values)) is not None:
+                raise EmbedError(f"ElmoEmbedder: row {problem[0]} of column {name!r} {problem[1]}") from None
+        raise
+
+
+def _first_bad_cell(values: list) -> tuple[int, str] | None:
+    """(row, what is wrong) of the first cell of a column that Arrow cannot hold: a string that is
+    not text (a lone surrogate), or a value of another type than the column's first."""
+    first = next((type(v) for v in values if v is not None), None)
+    for row, value in enumerate(values):
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as err:
+                return row, f"holds {value[err.start]!r} (a lone surrogate), which is not text"
+        if value is not None and not isinstance(value, first):
+            return row, f"is {type(value).__name__}, not {first.__name__} as the rows before it"
+        if isinstance(value, list | np.ndarray):
+            inner = _first_bad_cell([v.item() if isinstance(v, np.generic) else v for v in value])
+            if inner is not None:
+                return row, f"item {inner[0]} {inner[1]}"
+    return None
 
 
 def _column(values: Any) -> pa.Array:

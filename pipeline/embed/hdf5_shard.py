@@ -113,12 +113,15 @@ def iter_shard(path: str) -> Iterator[tuple[int, np.ndarray]]:
     yield from iter_hdf5(data, path)
 
 
-def iter_hdf5(data: bytes, where: str) -> Iterator[tuple[int, np.ndarray]]:
+def iter_hdf5(data: bytes, where: str, rows: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
     """``(line, value)`` pairs of a shard's bytes (either layout), in line order, in AllenNLP's
-    shapes; every dataset checked before it is read (stored in the file itself, floats)."""
+    shapes; every dataset checked before it is read (stored in the file itself, floats, no more
+    bytes than the file holds: a tiny file cannot make a reader allocate gigabytes). ``rows``: the
+    vectors the manifest counts (tokens; sentences when pooled), which the packed layout's must
+    equal before any is read."""
     with _open(data, where) as shard:
         if shard.attrs.get("layout") == "packed":
-            yield from _iter_packed(shard, where)
+            yield from _iter_packed(shard, where, rows)
             return
         yield from iter_line_datasets(shard, where)
 
@@ -136,15 +139,23 @@ def iter_line_datasets(handle: h5py.File, where: str) -> Iterator[tuple[int, np.
 
 def checked_dataset(shard: h5py.File, key: str, where: str) -> h5py.Dataset:
     """Dataset ``key``, stored in the file itself (no link, external storage or virtual dataset
-    takes values from elsewhere) and holding floats."""
+    takes values from elsewhere), holding numbers, and no larger than the file: the stage writes
+    every dataset uncompressed, so a shape that claims more bytes than the file has (a 1,400-byte
+    file whose dataset claims (3, 2,000,000, 1024)) is refused before a read allocates it."""
     require_stored_here(shard, key, where, EmbedError)
     dataset = shard.get(key)
     if not isinstance(dataset, h5py.Dataset) or dataset.dtype.kind not in "fi":
         raise EmbedError(f"{where}: '{key}' is not a dataset of numbers")
+    held = shard.id.get_filesize()
+    if dataset.nbytes > held:
+        raise EmbedError(
+            f"{where}: '{key}' claims shape {dataset.shape} ({dataset.nbytes:,} bytes), more than the file's "
+            f"{held:,} bytes: damaged"
+        )
     return dataset
 
 
-def _iter_packed(shard: h5py.File, path: str) -> Iterator[tuple[int, np.ndarray]]:
+def _iter_packed(shard: h5py.File, path: str, rows: int | None) -> Iterator[tuple[int, np.ndarray]]:
     """A packed shard's sentences in the AllenNLP shapes, its datasets checked before use."""
     if not all(isinstance(shard.get(name, getlink=True), h5py.HardLink) for name in PACKED):
         raise EmbedError(f"{path}: a packed shard needs the datasets {', '.join(PACKED)} in the file itself")
@@ -160,6 +171,8 @@ def _iter_packed(shard: h5py.File, path: str) -> Iterator[tuple[int, np.ndarray]
         or vectors.ndim not in (2, 3)
     ):
         raise EmbedError(f"{path}: packed datasets do not agree (offsets, lines and vectors' shapes)")
+    if rows is not None and vectors.shape[0] != rows:
+        raise EmbedError(f"{path}: holds {vectors.shape[0]:,} vectors, its manifest counts {rows:,}")
     pooled = bool(shard.attrs.get("pooled", False))
     for i, line in enumerate(lines.tolist()):
         value = vectors[offsets[i] : offsets[i + 1]]

@@ -92,9 +92,34 @@ def _leaf(kind: pa.DataType) -> tuple[pa.DataType, tuple[int, ...]]:
     return kind, tuple(sizes)
 
 
-def iter_shard(data: bytes, where: str, pooled: bool) -> Iterator[tuple[int, np.ndarray]]:
+def _check_metadata(data: bytes, where: str) -> None:
+    """Before the table is read: what decoding would allocate is bounded by the file. The stage
+    writes its shards uncompressed, plainly encoded and without nulls, so every value a column
+    chunk counts is stored in the file: a compressed chunk, or one counting more values than the
+    file has bytes (run-length-encoded nulls cost a bit each), is refused."""
+    try:
+        meta = pq.ParquetFile(pa.BufferReader(data)).metadata
+    except (pa.ArrowInvalid, OSError) as err:
+        raise EmbedError(f"{where}: not a readable Parquet file ({str(err).splitlines()[0]})") from None
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            if chunk.compression != "UNCOMPRESSED" or chunk.num_values > len(data):
+                raise EmbedError(
+                    f"{where}: column {chunk.path_in_schema} is {chunk.compression.lower()} with "
+                    f"{chunk.num_values:,} values in a {len(data):,}-byte file: not a shard this stage wrote"
+                )
+
+
+def iter_shard(
+    data: bytes, where: str, pooled: bool, rows: int | None = None
+) -> Iterator[tuple[int, np.ndarray]]:
     """``(line, value)`` of a Parquet shard's bytes in line order, in AllenNLP's shapes ((n, 2P),
-    (N+1, n, 2P); pooled (2P,) or (N+1, 2P)), its schema and counts checked before use."""
+    (N+1, n, 2P); pooled (2P,) or (N+1, 2P)), its schema and counts checked before use: what
+    reading it allocates is bounded by the file first (``_check_metadata``). ``rows``: the vectors
+    the manifest counts (tokens; lines when pooled)."""
+    _check_metadata(data, where)
     try:
         table = pq.read_table(pa.BufferReader(data))
     except (pa.ArrowInvalid, OSError) as err:
@@ -116,6 +141,8 @@ def iter_shard(data: bytes, where: str, pooled: bool) -> Iterator[tuple[int, np.
         )
     lines = table.column("line").to_numpy()
     tokens = table.column("tokens").to_numpy()
+    if rows is not None and (len(lines) if pooled else int(tokens.sum())) != rows:
+        raise EmbedError(f"{where}: holds vectors other than the {rows:,} its manifest counts")
     if not pooled:
         offsets = vectors.offsets.to_numpy()
         if not np.array_equal(np.diff(offsets), tokens):

@@ -40,7 +40,7 @@ def read_embeddings(output: str) -> Iterator[tuple[int, np.ndarray]]:
         return
     document = _manifest(output)
     pooled = document.get("pool") == "mean"
-    for entry in document["shards"]:
+    for entry in _entries(output, document):
         yield from _shard(output, entry, pooled)
 
 
@@ -62,19 +62,70 @@ def _manifest(output: str) -> dict:
     return document
 
 
+REQUIRED = {"name": str, "index": int, "first_line": int, "end_line": int, "sha256": str}
+CHECKED = ("sentences", "tokens", "bytes")
+"""Counts an entry has had since the first version; checked against the shard and the totals."""
+
+
+def _entries(output: str, document: dict) -> list[dict]:
+    """The manifest's shard entries, checked as a whole before any shard is read: well formed,
+    indices 0, 1, ... covering the input's lines once each in order (a shard listed twice or left
+    out is refused, not read twice or silently missing), and adding up to the manifest's totals."""
+    path = manifest.manifest_path(output)
+    entries, totals = document.get("shards"), document.get("totals")
+    if not isinstance(entries, list) or not isinstance(totals, dict):
+        raise EmbedError(f"{path}: not an elmo embed manifest (no list of shards and their totals)")
+    end = 0
+    for i, entry in enumerate(entries):
+        fields = {**REQUIRED, **{k: int for k in CHECKED if isinstance(entry, dict) and k in entry}}
+        if not isinstance(entry, dict) or not all(
+            type(entry.get(k)) is kind and (kind is str or entry[k] >= 0) for k, kind in fields.items()
+        ):
+            raise EmbedError(
+                f"{path}: shard entry {i} is malformed (it needs {', '.join(REQUIRED)}; counts are whole numbers)"
+            )
+        if entry["index"] != i or entry["first_line"] != end or entry["end_line"] < end:
+            raise EmbedError(
+                f"{path}: shard entry {i} ({entry['name']}) is out of place: the entries must cover lines 0 "
+                f"to the end once each, in order (it holds lines {entry['first_line']}-{entry['end_line'] - 1}, "
+                f"line {end} comes next)"
+            )
+        if entry.get("sentences", entry["end_line"] - end) != entry["end_line"] - end:
+            raise EmbedError(
+                f"{path}: shard entry {i} ({entry['name']}) counts sentences other than its lines"
+            )
+        end = entry["end_line"]
+    if totals.get("shards") != len(entries) or any(
+        key in totals and totals[key] != sum(int(e.get(key, 0)) for e in entries) for key in CHECKED
+    ):
+        raise EmbedError(
+            f"{path}: its {len(entries)} shard entries do not add up to its totals (a shard listed twice or "
+            "left out)"
+        )
+    return entries
+
+
 def _shard(output: str, entry: dict, pooled: bool) -> Iterator[tuple[int, np.ndarray]]:
-    name = entry.get("name", "")
-    if not SHARD_NAME.fullmatch(str(name)):  # a shard of this output, nothing outside it
+    name = entry["name"]
+    if not SHARD_NAME.fullmatch(name):  # a shard of this output, nothing outside it
         raise EmbedError(f"{manifest.manifest_path(output)}: {name!r} is not a shard name of this output")
     path = storage.join(output, name)
     try:
+        size = storage.size(path)  # before reading: a regular file of the manifest's size
+        if "bytes" in entry and size != entry["bytes"]:
+            raise EmbedError(
+                f"{path} is damaged or was replaced: {size:,} bytes, its manifest says {entry['bytes']:,}"
+            )
         data = storage.read_bytes(path)
     except storage.StorageError as err:
         raise EmbedError(str(err)) from None
-    if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise EmbedError(f"{path} is damaged or was replaced: its sha256 is not the manifest's")
+    rows_expected = entry["end_line"] - entry["first_line"] if pooled else entry.get("tokens")
     rows = (
-        parquet_shard.iter_shard(data, path, pooled) if name.endswith(".parquet") else iter_hdf5(data, path)
+        parquet_shard.iter_shard(data, path, pooled, rows_expected)
+        if name.endswith(".parquet")
+        else iter_hdf5(data, path, rows_expected)
     )
     expected = int(entry["first_line"])
     for line, value in rows:
@@ -91,6 +142,10 @@ def _shard(output: str, entry: dict, pooled: bool) -> Iterator[tuple[int, np.nda
 def _single_file(output: str) -> Iterator[tuple[int, np.ndarray]]:
     with tempfile.TemporaryDirectory(prefix="elmo-read-") as tmp:
         local = output
+        try:
+            storage.size(output)  # a regular file (not a device or a FIFO, which h5py would read)
+        except storage.StorageError as err:
+            raise EmbedError(str(err)) from None
         if storage.is_s3(output):
             local = os.path.join(tmp, "embeddings.hdf5")
             storage.download_file(output, local)

@@ -145,9 +145,14 @@ def claim_output(output: str, run: dict) -> bool:
     path = manifest.run_path(output)
     if storage.exists(path):
         try:
-            previous = manifest.with_defaults(json.loads(storage.read_bytes(path)))
+            recorded = json.loads(storage.read_bytes(path))
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise EmbedError(f"{path} is damaged (not JSON); delete the output {output} and rerun") from None
+            recorded = None
+        if not isinstance(recorded, dict):
+            raise EmbedError(
+                f"{path} is damaged (not a JSON object of the run's settings); delete the output {output} and rerun"
+            )
+        previous = manifest.with_defaults(recorded)
         current = manifest.with_defaults(run)
         for key in sorted(set(current) | set(previous)):
             if previous.get(key) != current.get(key):
@@ -165,6 +170,15 @@ def _entry_ok(output: str, entry: dict, verify: bool, file_format: str) -> bool:
     if not storage.exists(path):
         return False
     return not verify or storage.sha256(path) == entry["sha256"]
+
+
+def _well_formed(entry: object, index: int) -> bool:
+    """Whether ``entry`` is a shard record as ``commit_shard`` writes it, for shard ``index``."""
+    return (
+        isinstance(entry, dict)
+        and entry.get("index") == index
+        and all(isinstance(entry.get(k), str) for k in ("name", "sha256", "input_sha256"))
+    )
 
 
 def complete_shards(
@@ -186,6 +200,8 @@ def complete_shards(
             entry = json.loads(storage.read_bytes(path))
         except (json.JSONDecodeError, UnicodeDecodeError):
             continue  # unreadable entry: the shard is simply redone
+        if not _well_formed(entry, index):
+            continue  # not a record commit_shard wrote ([], {}, torn): redone the same way
         spec = specs[index]
         if entry.get("input_sha256") != spec.input_sha256:
             raise EmbedError(

@@ -100,3 +100,23 @@ def prepare_lines(
         out.texts.append(text)
         out.pieces.append(split_tokens(tokens, max_tokens))
     return out
+
+
+def prepare_token_lists(
+    rows: Sequence[Sequence[str] | None], *, max_tokens: int, where: str
+) -> PreparedLines:
+    """Sentences given as token lists (a user's own tokenization): each token embedded as given,
+    never joined and split again (``["New York", "is"]`` is two tokens), a row of none the empty
+    sentence, a row over ``max_tokens`` embedded in pieces. A token that is not a non-empty string
+    is one line of error naming its row."""
+    out = PreparedLines(first_line=0)
+    for row, tokens in enumerate(rows):
+        tokens = list(tokens or ())
+        for token in tokens:
+            if not isinstance(token, str) or not token:
+                raise EmbedError(f"{where}: row {row} has the token {token!r}; tokens are non-empty strings")
+        out.empty_sentences += not tokens
+        out.split_sentences += len(tokens) > max_tokens
+        out.texts.append(" ".join(tokens))
+        out.pieces.append(split_tokens(tokens, max_tokens))
+    return out

@@ -100,7 +100,7 @@ def plot(result: dict) -> bytes:
 
 
 def write(output: str, result: dict) -> tuple[str, str]:
-    """``probe.json`` (first: it makes the folder a probe's) and ``probe.png`` into ``output``."""
+    """``probe.json`` and ``probe.png`` into ``output`` (after the runner's marker)."""
     json_path, png_path = storage.join(output, JSON_FILE), storage.join(output, PLOT_FILE)
     storage.write_bytes(json_path, (json.dumps(result, indent=2) + "\n").encode("utf-8"))
     storage.write_bytes(png_path, plot(result))

@@ -9,6 +9,7 @@ random control's initialisation is seeded.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -19,7 +20,7 @@ import torch
 
 from elmo_model import BiLM, BiLMOptions, OptionsError
 from pipeline import storage
-from pipeline.output_owner import OwnFiles, check_owned
+from pipeline.output_owner import OwnFiles, check_owned, read_marker
 from pipeline.probe import report
 from pipeline.probe.config import ProbeConfig
 from pipeline.probe.features import token_features
@@ -27,9 +28,41 @@ from pipeline.probe.pos_probe import probe_pos
 from pipeline.probe.probe_set import ProbeError, ProbeSet, load_probe_set
 from pipeline.probe.wsd_probe import probe_wsd
 
+MARKER_FILE = "probe_run.json"
+"""``{"stage": "probe", "model": {"options_file", "weights_file"}}``: written first, read before a
+later probe writes into the folder (``probe.json``, the report, is a name any probing tool writes)."""
 OWN_FILES = OwnFiles(
-    "probe", report.JSON_FILE, re.compile(rf"{re.escape(report.JSON_FILE)}|{re.escape(report.PLOT_FILE)}")
+    "probe",
+    MARKER_FILE,
+    re.compile("|".join(re.escape(name) for name in (MARKER_FILE, report.JSON_FILE, report.PLOT_FILE))),
 )
+
+
+def check_output(output: str, model: dict) -> None:
+    """Before any work: ``output`` is new, empty, or an earlier probe of the same ``model`` (its two
+    files); ProbeError, one line, for anything else (a file, a user's ``probe.json``, another
+    model's probe)."""
+    try:
+        if check_owned(output, OWN_FILES, ProbeError):
+            theirs = read_marker(output, OWN_FILES, ProbeError).get("model")
+            if theirs != model:
+                what = theirs.get("weights_file") if isinstance(theirs, dict) else theirs
+                raise ProbeError(
+                    f"output {output} holds the probe of another model ({what}, {MARKER_FILE}): choose "
+                    "another output"
+                )
+    except storage.StorageError as err:
+        raise ProbeError(f"output {output}: {err}") from None
+
+
+def write_report(output: str, result: dict) -> tuple[str, str]:
+    """The marker first (it makes the folder a probe's), then ``report.write``'s two files."""
+    marker = {
+        "stage": OWN_FILES.stage,
+        "model": {k: result["model"][k] for k in ("options_file", "weights_file")},
+    }
+    storage.write_bytes(storage.join(output, MARKER_FILE), json.dumps(marker).encode())
+    return report.write(output, result)
 
 
 def model_paths(cfg: ProbeConfig) -> tuple[str, str]:
@@ -96,11 +129,8 @@ def run_probe(cfg: ProbeConfig) -> dict:
     ``cfg.output`` and return it (``report``'s ``probe.json`` document)."""
     started = time.perf_counter()
     output = cfg.output.rstrip("/")
-    try:
-        check_owned(output, OWN_FILES, ProbeError)
-    except storage.StorageError as err:
-        raise ProbeError(f"output {output}: {err}") from None
     options_file, weights_file = model_paths(cfg)
+    check_output(output, {"options_file": options_file, "weights_file": weights_file})
     probe_set = load_probe_set(
         cfg.probe_set, cfg.pos_train_sentences, cfg.pos_test_sentences, cfg.wsd_examples
     )
@@ -130,7 +160,7 @@ def run_probe(cfg: ProbeConfig) -> dict:
         "wsd_examples": len(probe_set.wsd.sentences),
     }
     result["seconds"] = round(time.perf_counter() - started, 1)
-    json_path, png_path = report.write(output, result)
+    json_path, png_path = write_report(output, result)
     result["written"] = [json_path, png_path]
     return result
 

@@ -7,14 +7,25 @@ the prediction. An example is scored when its sense has another example (most Wo
 one, whose centroid is gone once it is left out: such an example is only a competitor for the
 others). Baseline: the most frequent of the lemma's senses (by SemCor's counts, WordNet's sense
 order) among those with examples, on the same scored examples.
+
+Ties back off to the most frequent sense, as the paper's evaluation backs off to WordNet's first
+sense: senses within ``TIE`` of the nearest are equally near. The char CNN's layer is context-free,
+so every example of a lemma spelled the same way has the same vector and every centroid the same
+direction: without the back-off the prediction was float rounding and the alphabetical order of
+the sense names, a different figure on another machine for the same model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+TIE = 1e-5
+"""Cosine similarities this close are a tie: far above what float32 features computed in another
+order (another machine, thread count or batch) move a cosine by, far below the gaps between senses
+that a layer tells apart."""
 
 
 @dataclass(frozen=True)
@@ -26,9 +37,12 @@ class WsdResult:
     """Examples scored."""
 
 
-def nearest_sense(vectors: np.ndarray, senses: Sequence[str]) -> np.ndarray:
+def nearest_sense(
+    vectors: np.ndarray, senses: Sequence[str], rank: Mapping[str, int] | None = None
+) -> np.ndarray:
     """One lemma's examples, (E, D) and their senses: the predicted sense of each (leave one out),
-    as an index into ``sorted(set(senses))``.
+    as an index into ``sorted(set(senses))``; of senses tied within ``TIE``, the most frequent
+    (lowest ``rank``, then the first name).
 
     The cosine with a centroid is the cosine with the sum of its unit vectors, so each example is
     compared with every sense's sum, its own sense's sum less itself (a sense it is the only example
@@ -48,7 +62,10 @@ def nearest_sense(vectors: np.ndarray, senses: Sequence[str]) -> np.ndarray:
         np.maximum(np.square(np.linalg.norm(sums[labels], axis=1)) - 2 * dots[rows, labels] + 1.0, 0)
     )
     similarity[rows, labels] = np.where(counts[labels] > 1, own_dot / np.maximum(own_norm, 1e-12), -np.inf)
-    return np.argmax(similarity, axis=1)
+    tied = similarity >= similarity.max(axis=1, keepdims=True) - TIE
+    frequency = np.array([rank[name] for name in names] if rank is not None else range(len(names)))
+    order = np.argsort(frequency, kind="stable")  # most frequent first; equal ranks by name
+    return order[np.argmax(tied[:, order], axis=1)]
 
 
 def probe_wsd(
@@ -70,10 +87,10 @@ def probe_wsd(
         if not reachable.any():
             continue
         scored += int(reachable.sum())
-        for layer in range(features.shape[1]):
-            predicted = nearest_sense(features[members, layer], own)
-            correct[layer] += int(((predicted == truth) & reachable).sum())
         rank = {senses[i]: ranks[i] for i in members}
+        for layer in range(features.shape[1]):
+            predicted = nearest_sense(features[members, layer], own, rank)
+            correct[layer] += int(((predicted == truth) & reachable).sum())
         first = names.index(min(names, key=lambda s: rank[s]))
         baseline += int(((truth == first) & reachable).sum())
     total = max(scored, 1)

@@ -481,6 +481,7 @@ def _run_shard(config: dict, session: RaySession) -> StageResult:
             raise ShardError(
                 f"shards in {output} do not add up to the counted tokens; delete the output and rerun"
             )
+        lease.verify()  # still this run's folder (not taken over while it was stopped): then commit
         storage.write_bytes(storage.join(output, MANIFEST_FILE), encode_json(manifest))
         seconds = time.perf_counter() - started
         print(summary(manifest, seconds, output, reused=len(done), baseline_seconds=baseline_seconds))

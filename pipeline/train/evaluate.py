@@ -36,6 +36,12 @@ def check_heldout_split(shard_sentences: list[int], batch_size: int, world_size:
     With unroll 1 each row of the first batch starts on a sentence of its own, and every sentence
     yields at least one prediction (its ``</S>``): a rank needs ``batch_size`` sentences, no more.
     """
+    if not sum(shard_sentences):
+        raise TrainError(
+            "the shards have no held-out split (sharded with heldout_fraction=0 and no heldout_input), so "
+            "held-out perplexity cannot be measured: shard the corpus again into a new output with "
+            "heldout_fraction above 0 (the same output would find its run complete)"
+        )
     have = [rank_sentence_count(shard_sentences, rank, world_size) for rank in range(world_size)]
     fewest = min(have)
     if fewest < batch_size:

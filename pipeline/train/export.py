@@ -1,8 +1,9 @@
 """Export a trained biLM in the original format: options.json + weights.hdf5 (bilm-tf / AllenNLP
 readable, via ``BiLM.save_files``), the softmax in its own HDF5, and the vocabulary.
 
-Layout of ``OUT/``: ``export.json`` (what was exported: the run and step, or the checkpoint; written
-first, it makes the folder an export's, ``pipeline/output_owner.py``), ``options.json``,
+Layout of ``OUT/``: ``export.json`` (``{"stage": "export", "run": RUN, ...}``: what was exported, the
+run and step or the checkpoint; written first, it makes the folder an export's and is read before a
+later export writes there, ``pipeline/output_owner.py``), ``options.json``,
 ``weights.hdf5``, ``softmax.hdf5`` (datasets ``softmax/W`` (V, P) and ``softmax/b`` (V,), bilm-tf's
 ``lm/softmax/{W,b}``), ``vocab.txt``.
 """
@@ -21,10 +22,11 @@ import torch
 from elmo_model import BiLM, OptionsError
 from elmo_model.weights import require_stored_here
 from pipeline import storage
-from pipeline.output_owner import OwnFiles, check_owned
+from pipeline.output_owner import OwnFiles, check_owned, read_marker
 from pipeline.train import checkpoint as ckpt
 from pipeline.train.errors import TrainError
 from pipeline.train.objective import SharedSoftmax
+from pipeline.train.run_dir import CHECKPOINTS
 
 OPTIONS_FILE = "options.json"
 WEIGHTS_FILE = "weights.hdf5"
@@ -63,7 +65,8 @@ def read_softmax(path: str) -> tuple[np.ndarray, np.ndarray]:
 def export_model(bilm: BiLM, softmax: SharedSoftmax, vocab: bytes, out_dir: str, source: dict) -> list[str]:
     """Write the export to ``out_dir`` (local or ``s3://``): ``export.json`` (``source``: what was
     exported) first, then the four model files; returns their paths."""
-    storage.write_bytes(storage.join(out_dir, MARKER_FILE), json.dumps(source, sort_keys=True).encode())
+    marker = {"stage": OWN_FILES.stage, **source}
+    storage.write_bytes(storage.join(out_dir, MARKER_FILE), json.dumps(marker, sort_keys=True).encode())
     written = []
     with tempfile.TemporaryDirectory(prefix="elmo-export-") as tmp:
         local = {name: os.path.join(tmp, name) for name in EXPORT_FILES}
@@ -128,13 +131,39 @@ def load_pretrained(source: str, bilm: BiLM, softmax: SharedSoftmax, vocab: byte
             softmax.bias.copy_(torch.from_numpy(bias))
 
 
-def check_export_folder(out_dir: str, overwrite: bool) -> None:
-    """Refuse (TrainError, one line) an ``out_dir`` that is not new, empty or an earlier export
-    (``export.json`` and the export's files, nothing else) unless ``overwrite``: ``elmo export``
-    must not replace a user's ``options.json`` and ``weights.hdf5`` (released ELMo files, say)."""
-    if not overwrite:
-        hint = ", or pass --overwrite to replace its export files and keep the rest"
-        check_owned(out_dir, OWN_FILES, TrainError, overwrite_hint=hint)
+def source_run(source: dict) -> str:
+    """The run directory an export's ``source`` (its ``export.json``) comes from: ``run``, or the
+    run holding ``checkpoint`` (``RUN/checkpoints/step-N``), or the checkpoint itself."""
+    if source.get("run"):
+        return str(source["run"]).rstrip("/")
+    checkpoint = str(source.get("checkpoint", "")).rstrip("/")
+    parent, _, _ = checkpoint.rpartition("/")
+    run, _, folder = parent.rpartition("/")
+    return run if folder == CHECKPOINTS and run else checkpoint
+
+
+def check_export_folder(out_dir: str, overwrite: bool, source: dict) -> None:
+    """Refuse (TrainError, one line) an ``out_dir`` that is not new, empty or an earlier export of
+    the run ``source`` comes from (``export.json`` naming it, and the export's files, nothing else)
+    unless ``overwrite``: ``elmo export`` must not replace a user's ``options.json`` and
+    ``weights.hdf5`` (released ELMo files, say), nor another run's export."""
+    if overwrite:
+        return
+    hint = ", or pass --overwrite to replace its export files and keep the rest"
+    if not check_owned(out_dir, OWN_FILES, TrainError, overwrite_hint=hint):
+        return
+    marker = read_marker(out_dir, OWN_FILES, TrainError)
+    if not (marker.get("run") or marker.get("checkpoint")):
+        raise TrainError(
+            f"{storage.join(out_dir, MARKER_FILE)} names no run or checkpoint: not an elmo export marker; "
+            f"choose another output{hint}"
+        )
+    theirs, ours = source_run(marker), source_run(source)
+    if theirs != ours:
+        raise TrainError(
+            f"output {out_dir} holds the export of {theirs} ({MARKER_FILE}), not of {ours}: choose another "
+            f"output{hint}"
+        )
 
 
 def export_checkpoint(path: str, out_dir: str, overwrite: bool = False) -> list[str]:
@@ -145,7 +174,9 @@ def export_checkpoint(path: str, out_dir: str, overwrite: bool = False) -> list[
         if latest is None:
             raise ckpt.CheckpointError(f"{path}: neither a checkpoint nor a run directory with checkpoints")
         path = latest
-    check_export_folder(out_dir, overwrite)
+    source = {"checkpoint": path}
+    source["run"] = source_run(source)
+    check_export_folder(out_dir, overwrite, source)
     bilm, softmax, payload = model_from_checkpoint(path)
     with torch.no_grad():
-        return export_model(bilm, softmax, payload["vocab"], out_dir, {"checkpoint": path})
+        return export_model(bilm, softmax, payload["vocab"], out_dir, source)

@@ -115,23 +115,34 @@ GPU_MEMORY_BOUND = 256 * 2**30
 """More memory than any one GPU has: a step that needs more cannot run on a GPU either."""
 
 
-def check_step_fits(cfg: TrainConfig, options: dict) -> None:
+def check_step_fits(cfg: TrainConfig, options: dict, use_gpu: bool) -> None:
     """Refuse, before Ray starts, a step no worker can hold: its LSTM gates alone (kept for the
     backward pass: N layers x 2 directions x 4C per position, in bfloat16 at best) against this
     machine's memory (CPU workers share it) or, for GPUs, more than any GPU has."""
     lstm = options["lstm"]
     positions = cfg.batch_size * cfg.unroll_steps
     per_position = lstm["n_layers"] * 2 * 4 * lstm["dim"] * 2
-    need = positions * per_position * (1 if cfg.use_gpu is UseGPU.true else cfg.workers)
+    need = positions * per_position * (1 if use_gpu else cfg.workers)
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    bound = host if cfg.use_gpu is UseGPU.false else max(host, GPU_MEMORY_BOUND)
+    bound = max(host, GPU_MEMORY_BOUND) if use_gpu else host
     if need > bound:
         raise TrainError(
             f"batch_size x unroll_steps = {positions:,} positions a step need at least {need / 2**30:,.0f} GiB "
             f"(the LSTM gates a step keeps, {per_position:,} bytes a position"
-            f"{'' if cfg.use_gpu is UseGPU.true else f', {cfg.workers} workers'}); the most a worker here can "
+            f"{'' if use_gpu else f', {cfg.workers} workers'}); the most a worker here can "
             f"have is {bound / 2**30:,.0f} GiB: lower batch_size or unroll_steps"
         )
+
+
+def gpus_possible(cfg: TrainConfig) -> bool:
+    """Before Ray starts: whether the run may train on GPUs. ``auto`` on a machine without one
+    trains on its CPUs unless it joins a cluster (``ray_address`` or ``RAY_ADDRESS``), whose
+    nodes are only known once it is joined (``_cluster_check`` sizes the step again then)."""
+    if cfg.use_gpu is not UseGPU.auto:
+        return cfg.use_gpu is UseGPU.true
+    import torch
+
+    return torch.cuda.is_available() or bool(cfg.ray_address or os.environ.get("RAY_ADDRESS"))
 
 
 def run_lease(run_dir: str) -> Lease:
@@ -156,6 +167,10 @@ def _claim_run_dir(run_dir: str, name: str, data: dict) -> str:
                 "holds; restore it from a copy, or choose another output"
             )
         owner = claim.get("name")
+        if not isinstance(owner, str) or not owner or not run_name_ok(owner):
+            raise TrainError(
+                f"{path} names no run ({owner!r}): it is damaged; restore it from a copy, or choose another output"
+            )
         if owner != name:
             raise TrainError(
                 f"run directory {run_dir} belongs to run {owner!r}; use name={owner} to resume it or another output"
@@ -198,7 +213,7 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
             "use fewer or softmax.sampled=false"
         )
     options = _model_options(cfg)
-    check_step_fits(cfg, options)
+    check_step_fits(cfg, options, gpus_possible(cfg))
     name = cfg.name or run_dir.rstrip("/").rsplit("/", 1)[-1]
     if not run_name_ok(name):
         raise TrainError(f"run name {name!r} (the output folder's name) is not {NAME_RULE}: set name=...")
@@ -276,10 +291,12 @@ def run_training(
     try:
         (session or RaySession.joined()).start()
         plan = dataclasses.replace(plan, use_gpu=_cluster_check(cfg))
+        check_step_fits(cfg, plan.options, plan.use_gpu)  # the cluster's devices now known
         started = time.perf_counter()
         relay = relay_actor()
         try:
-            with run_lease(plan.run_dir):
+            with run_lease(plan.run_dir) as lease:
+                plan = dataclasses.replace(plan, lease_owner=lease.owner)  # every write checks it
                 steps_before = _logged_steps(plan.run_dir)
                 with RelayFollower(relay, plan.total_steps, from_step=steps_before) as follower:
                     _fit_with_restarts(cfg, plan, relay)

@@ -29,3 +29,6 @@ class RunPlan:
     storage_endpoint: str
     wandb_id: str
     use_gpu: bool = False
+    lease_owner: str = ""
+    """The owner token of the driver's lease on ``run_dir``, set once it holds it: every write of the
+    workers checks that it still does (empty: no driver, nothing to check)."""

@@ -14,12 +14,14 @@ order, errors raised at the next call, waited for at the end of the run) in two 
 slow checkpoint upload never holds back the metrics and wandb files: ``records`` and
 ``checkpoints``. Local files are appended to; an ``s3://`` directory (no appends) gets the whole
 metrics file again at each log interval and the new wandb files at each checkpoint, so a crash
-loses at most one interval there.
+loses at most one interval there. Under a driver, every write first checks that the driver's
+lease on the directory is still this run's (``pipeline.lease.fence``).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline import storage
@@ -95,9 +97,11 @@ class RunWriter:
     wandb files) and ``checkpoints``, each a ``WriteQueue``. ``close()`` at the end of the run
     waits for both and raises the first error."""
 
-    def __init__(self) -> None:
-        self.records = WriteQueue("run-records")
-        self.checkpoints = WriteQueue("run-checkpoints")
+    def __init__(self, fence: Callable[[], None] | None = None) -> None:
+        """``fence``: checked before every write (``pipeline.lease.fence``: the run still holds
+        its directory's lease)."""
+        self.records = WriteQueue("run-records", fence)
+        self.checkpoints = WriteQueue("run-checkpoints", fence)
 
     def close(self) -> None:
         try:

@@ -13,6 +13,7 @@ Every rank runs the same number of steps, because the row streams never run dry 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from typing import Any
@@ -22,6 +23,7 @@ import torch
 from pipeline import shard_format, storage
 from pipeline.config import to_dict
 from pipeline.errors import PipelineError
+from pipeline.lease import fence
 from pipeline.probe.dashboard import DashboardProbe
 from pipeline.train import export as export_mod
 from pipeline.train.char_cache import CharCache
@@ -30,6 +32,7 @@ from pipeline.train.config import OnDivergence, TrainConfig
 from pipeline.train.data import open_lm_batches
 from pipeline.train.distributed import barrier
 from pipeline.train.divergence import DivergenceGuard, GuardReading
+from pipeline.train.errors import TrainError
 from pipeline.train.evaluate import EVAL_UNROLL_STEPS, Evaluator, perplexity
 from pipeline.train.metrics import RunLog, measure_matmul_peak, plot_perplexity
 from pipeline.train.plan import RunPlan
@@ -51,7 +54,7 @@ class Trainer:
         if plan.storage_endpoint:
             storage.configure(endpoint_url=plan.storage_endpoint)
         self.run_dir = RunDir(plan.run_dir)
-        self.writer = RunWriter()
+        self.writer = RunWriter(fence=self._lease_fence(plan))
         self.runner = runner = StepRunner(cfg, plan.options, plan.vocab_size, device)
         self.rank, self.world = runner.rank, runner.world
         self.vocab_bytes, vocab = shard_format.read_shard_vocab(plan.shards, plan.manifest)
@@ -90,6 +93,14 @@ class Trainer:
         self.probe = DashboardProbe(cfg.probe_every if self.rank == 0 else 0)  # rank 0 probes alone
         self.flops_per_step = runner.flops_per_step(cfg.batch_size, cfg.unroll_steps)
         self.peak_flops = measure_matmul_peak(device, runner.autocast_dtype or torch.float32)
+
+    @staticmethod
+    def _lease_fence(plan: RunPlan):
+        """The check before each write that the driver still holds the run directory (None without
+        a driver): a run whose directory was taken over writes nothing more and stops."""
+        if not plan.lease_owner:
+            return None
+        return functools.partial(fence, plan.run_dir, plan.lease_owner, TrainError, "run directory")
 
     def _batches(self, split: str, batch_size: int, unroll_steps: int, **kwargs):
         return open_lm_batches(

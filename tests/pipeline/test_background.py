@@ -112,3 +112,26 @@ def test_one_queued_write_of_the_newest_state_stands_for_later_ones():
     gate.set()
     queue.close()
     assert written == [5]  # four submits found one still queued: it wrote the newest state
+
+
+def test_a_fenced_write_queue_writes_nothing_once_its_fence_refuses():
+    allowed, done = [True], []
+
+    def fence():
+        if not allowed[0]:
+            raise PermissionError("taken over")
+
+    queue = WriteQueue("test", fence)
+    queue.submit(lambda: done.append(1))
+    queue.wait()
+    allowed[0] = False
+    queue.submit(lambda: done.append(2))
+    with pytest.raises(PermissionError, match="taken over"):
+        queue.wait()
+    allowed[0] = True  # for good: a fence that passes again writes nothing either
+    for call in (lambda: queue.submit(lambda: done.append(3)), queue.check, queue.wait):
+        with pytest.raises(PermissionError, match="taken over"):
+            call()
+    with pytest.raises(PermissionError, match="taken over"):
+        queue.close()  # raises, and ends the queue's thread
+    assert done == [1]

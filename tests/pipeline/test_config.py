@@ -13,6 +13,7 @@ from pipeline.config import (
     load_config,
     preset_names,
     resolve_config,
+    resolver_calls,
     stage_schema,
     to_dict,
     to_object,
@@ -26,6 +27,8 @@ from pipeline.model_config import ModelConfig, to_options
 class _Inner:
     lr: float = 0.2
     """learning rate"""
+    kind: str = "adagrad"
+    """optimizer"""
 
 
 @dataclass
@@ -154,7 +157,7 @@ def test_resolved_config_is_the_schema_dataclass_and_serialisable():
     cfg = load_config(_Schema)
     assert isinstance(cfg, _Schema) and isinstance(cfg.optim, _Inner) and cfg.workers == 1
     assert "workers: 1" in to_yaml(cfg)
-    assert to_dict(cfg)["optim"] == {"lr": 0.2}
+    assert to_dict(cfg)["optim"] == {"lr": 0.2, "kind": "adagrad"}
 
 
 def test_valid_keys_are_dotted():
@@ -195,8 +198,82 @@ def test_a_value_read_from_the_environment_is_refused_in_one_line(tmp_path, monk
         load_config(_Schema, overrides=["optim.lr=${oc.decode:'0.5'}"])
 
 
+GRAMMAR_FORMS = [
+    ("name", "\\\\${oc.env:ELMO_TEST_SECRET}", "oc.env"),  # an escaped backslash, then a live call
+    ("name", "${${optim.kind}:ELMO_TEST_SECRET}", "${optim.kind}"),  # the resolver's name from a key
+    ("name", "${oc.${optim.kind}:ELMO_TEST_SECRET}", "oc.${optim.kind}"),
+    ("name", "${optim.${oc.env:ELMO_TEST_SECRET}}", "oc.env"),  # nested inside a key reference
+    ("name", "a ${b:${oc.env:ELMO_TEST_SECRET}} c", "b"),  # any resolver, nested calls too
+    ("name", "'${oc.env:ELMO_TEST_SECRET}'", "oc.env"),  # quoted
+    ("model.char_cnn.filters", "[[1, '${oc.env:ELMO_TEST_SECRET}']]", "oc.env"),  # in a list
+]
+
+
+@pytest.mark.parametrize("where", ["override", "file"])
+@pytest.mark.parametrize(("key", "value", "resolver"), GRAMMAR_FORMS)
+def test_every_resolver_call_the_grammar_allows_is_refused(
+    tmp_path, monkeypatch, where, key, value, resolver
+):
+    """The refusal reads a value as OmegaConf's own grammar does, not as text: each form here
+    resolved the secret past the earlier pattern match (or would)."""
+    monkeypatch.setenv("ELMO_TEST_SECRET", "hunter2")
+    overrides = ["optim.kind=oc.env"]
+    cfg_file = tmp_path / "c.yaml"
+    if where == "override":
+        overrides.append(f"{key}={value}")
+        cfg_file.write_text("workers: 2\n")
+    else:
+        section, _, leaf = key.rpartition(".")
+        indent = (
+            "".join(f"{'  ' * i}{part}:\n" for i, part in enumerate(section.split("."))) if section else ""
+        )
+        depth = len(section.split(".")) if section else 0
+        cfg_file.write_text(indent + f"{'  ' * depth}{leaf}: {yaml_quoted(value)}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(_Schema, config_file=cfg_file, overrides=overrides)
+    message = str(err.value)
+    assert f"calls the resolver {resolver!r}" in message, message
+    assert "hunter2" not in message and "\n" not in message
+
+
+def yaml_quoted(value: str) -> str:
+    """``value`` as one YAML scalar of exactly that text (a list stays a flow list)."""
+    return value if value.startswith("[") else "'" + value.replace("'", "''") + "'"
+
+
+def test_a_resolver_call_in_a_keys_name_is_refused(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("optim:\n  ${oc.env:ELMO_TEST_SECRET}: 1\n")
+    with pytest.raises(
+        ConfigError, match=r"config key 'optim.\$\{oc.env:ELMO_TEST_SECRET\}' .*calls the resolver 'oc.env'"
+    ):
+        load_config(_Schema, config_file=cfg_file)
+
+
+def test_text_that_only_looks_like_a_call_is_kept():
+    assert resolver_calls("\\${oc.env:X}") == []  # escaped: the text ${oc.env:X}
+    assert resolver_calls("${train.name}") == [] and resolver_calls("plain: text") == []
+    assert resolver_calls("${oc.env:X") == []  # never parsed, so never resolved
+    assert load_config(_Schema, overrides=["name=\\${oc.env:X}"]).name == "${oc.env:X}"
+
+
 def test_a_reference_to_another_key_resolves_and_a_dangling_one_is_one_line():
     assert load_config(_Schema, overrides=["name=run-${workers}", "workers=4"]).name == "run-4"
     assert load_config(_Schema, overrides=["name=\\${oc.env:X}"]).name == "${oc.env:X}"  # escaped: text
     with pytest.raises(ConfigError, match=r"config key 'name': cannot resolve its interpolation"):
         load_config(_Schema, overrides=["name=${no.such.key}"])
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "kind"),
+    [("name: !!set {a, b}\n", "name", "set"), ("optim:\n  kind: !!set {x}\n", "optim.kind", "set")],
+)
+def test_a_yaml_type_no_config_holds_is_one_line(tmp_path, text, key, kind):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(_Schema, config_file=cfg_file)
+    assert str(err.value) == (
+        f"config file {cfg_file}: key {key!r} holds a YAML {kind}, which a config cannot hold (numbers, "
+        "strings, booleans, lists and mappings only)"
+    )

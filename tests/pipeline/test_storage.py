@@ -8,6 +8,9 @@ import io
 import os
 import socket
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import boto3
 import numpy as np
@@ -180,6 +183,20 @@ def test_a_local_folder_named_as_a_file_says_so(tmp_path):
         StorageError, match=r"corpus: a folder, not a file; name its files or a glob \(.*corpus/\*.txt\)"
     ):
         storage.expand(str(tmp_path / "corpus"))
+
+
+def test_a_fifo_or_device_is_named_as_one_not_missing_and_never_opened(tmp_path):
+    """A FIFO opened for reading waits for a writer for ever; a device (a link to /dev/zero) reads
+    for ever: both are refused, as what they are, before anything opens them."""
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    for name in ("pipe", "zero"):
+        with pytest.raises(StorageError, match=rf"{name}: not a regular file \(a device, FIFO or socket\)"):
+            storage.expand(str(tmp_path / name))
+        with pytest.raises(StorageError, match=rf"{name}: not a regular file"):
+            storage.read_bytes(str(tmp_path / name))
+        with pytest.raises(StorageError, match=rf"{name}: not a regular file"):
+            storage.size(str(tmp_path / name))
 
 
 def test_listed_sizes_are_the_files_sizes(root):
@@ -577,21 +594,21 @@ def test_a_full_disk_is_named_and_leaves_nothing(small_filesystem):
         assert os.listdir(small_filesystem / "run") == []
 
 
-@pytest.mark.timeout(60)
-def test_an_endpoint_that_never_answers_fails_in_one_line_and_says_so_while_waiting(
-    fresh_clients, monkeypatch, capsys
-):
-    """It accepts connections and sends nothing: each try ends after READ_TIMEOUT_S without a
-    byte (here 0.5 s), the first wait is said once on stderr, the last one fails in one line."""
+@contextmanager
+def silent_endpoint(monkeypatch, read_timeout_s: float, attempts: int) -> Iterator[tuple[str, list]]:
+    """An S3 endpoint that accepts connections and never sends a byte, configured for this test's
+    clients: (its URL, the connections it has held so far)."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKSILENT")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "silent-secret")
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
-    monkeypatch.setattr(storage, "READ_TIMEOUT_S", 0.5)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", str(attempts))
+    monkeypatch.setattr(storage, "READ_TIMEOUT_S", read_timeout_s)
     monkeypatch.setattr(storage, "_said_waiting", set())
-    held = []
+    monkeypatch.setattr(storage, "_unanswered", {})
+    monkeypatch.setattr(storage, "_answered", set())
+    held: list = []
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
-        server.listen(8)
+        server.listen(16)
         stop = threading.Event()
 
         def accept() -> None:
@@ -607,16 +624,51 @@ def test_an_endpoint_that_never_answers_fails_in_one_line_and_says_so_while_wait
         endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
         storage.configure(endpoint_url=endpoint)
         try:
-            with pytest.raises(StorageError) as excinfo:
-                storage.read_bytes("s3://bkt/key.bin")
+            yield endpoint, held
         finally:
             stop.set()
             thread.join()
             for conn in held:
                 conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_endpoint_that_never_answers_fails_in_one_line_and_says_so_while_waiting(
+    fresh_clients, monkeypatch, capsys
+):
+    """It accepts connections and sends nothing: each try ends after READ_TIMEOUT_S without a
+    byte (here 0.5 s), the first wait is said once on stderr, the last one fails in one line."""
+    with silent_endpoint(monkeypatch, 0.5, 3) as (endpoint, held):
+        with pytest.raises(StorageError) as excinfo:
+            storage.read_bytes("s3://bkt/key.bin")
+        assert len(held) == 3  # every attempt reached it
     one_line_error(excinfo, "s3://bkt/key.bin", f"S3 endpoint {endpoint} did not answer", "3 attempts")
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("storage:")]
     assert said == [
         f"storage: S3 endpoint {endpoint} did not answer within 0.5 s; trying again (attempt 2 of 3)"
     ]
-    assert len(held) == 3  # every attempt reached it
+
+
+@pytest.mark.timeout(60)
+def test_an_endpoint_that_never_answered_is_not_waited_for_again_and_one_that_did_is(
+    fresh_clients, monkeypatch
+):
+    """A stage makes several requests before it can fail (an input, its error path's cleanup):
+    waiting out every one of them took 81 s for ``elmo shard``. Once a request to an endpoint
+    that never answered runs out of attempts, the next ones fail at once; an endpoint that has
+    answered this process (a pause in a long run) is waited for in full every time."""
+    with silent_endpoint(monkeypatch, 0.3, 2) as (endpoint, held):
+        with pytest.raises(StorageError, match="did not answer"):
+            storage.read_bytes("s3://bkt/a.bin")
+        reached, start = len(held), time.monotonic()
+        with pytest.raises(StorageError) as excinfo:
+            storage.exists("s3://bkt/b.bin")
+        assert time.monotonic() - start < 0.2 and len(held) == reached  # not sent at all
+        one_line_error(
+            excinfo, "s3://bkt/b.bin", f"S3 endpoint {endpoint} did not answer", "not waited for again"
+        )
+        storage._note_answered()  # as an answer does: the endpoint has answered this process
+        start = time.monotonic()
+        with pytest.raises(StorageError, match="did not answer"):
+            storage.read_bytes("s3://bkt/c.bin")
+        assert time.monotonic() - start >= 0.6 and len(held) == reached + 2  # waited out in full

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from embed_fixtures import OPTIONS, WEIGHTS, expected_value, load_model, sample_lines
+from embed_fixtures import OPTIONS, WEIGHTS, direct, expected_value, load_model, sample_lines
 
 from pipeline.embed import ElmoEmbedder, read_embeddings
 from pipeline.embed.errors import EmbedError
@@ -80,3 +80,56 @@ def test_inside_map_batches_on_the_cluster_it_gives_what_the_stage_wrote(ray_loc
     for row in rows:
         value = np.array([np.asarray(v) for v in row["vectors"]], dtype=np.float32).reshape(-1, 32)
         np.testing.assert_allclose(value, stage[row["line"]], atol=1e-6, rtol=1e-5)
+
+
+def test_a_users_tokens_are_embedded_as_given_never_split_again():
+    """``["New York", "is", "big"]`` is three tokens: one vector for "New York" (its characters,
+    the space among them), not four vectors of other tokens."""
+    model = load_model()
+    embed = ElmoEmbedder(**FILES, tokens_column="tokens", threads=1)
+    table = embed(pa.table({"tokens": [["New York", "is", "big"], [], None]}))
+    rows = table.column("vectors").to_pylist()
+    assert [len(r) for r in rows] == [3, 0, 0]
+    np.testing.assert_allclose(np.array(rows[0]), direct(model, ["New York", "is", "big"], "top"), atol=1e-6)
+    with pytest.raises(EmbedError, match=r"row 0 has the token ''; tokens are non-empty strings"):
+        embed(pa.table({"tokens": [["a", ""]]}))
+    mixed = np.empty(1, dtype=object)
+    mixed[0] = ["a", 3]
+    with pytest.raises(
+        EmbedError, match=r"row 0 of column 'tokens' item 1 is int, not str as the rows before it"
+    ):
+        embed({"tokens": mixed})
+
+
+def test_what_is_not_text_or_not_a_choice_is_one_line():
+    embed = ElmoEmbedder(**FILES, threads=1)
+    model = load_model()
+    # bytes are a raw line, as read from a file (its invalid UTF-8 replaced); None the empty line
+    table = embed(pa.table({"text": pa.array([b"In the beginning", b"God\xff created", None], pa.binary())}))
+    rows = table.column("vectors").to_pylist()
+    np.testing.assert_allclose(
+        np.array(rows[0]), expected_value(model, b"In the beginning", "top"), atol=1e-6
+    )
+    assert len(rows[1]) == 2 and rows[2] == []
+    with pytest.raises(EmbedError, match=r"row 1 of column 'text' is int, not str as the rows before it"):
+        embed({"text": np.array(["a", 7], dtype=object)})
+    with pytest.raises(
+        EmbedError, match=r"row 1 of column 'text' holds '\\ud800' \(a lone surrogate\), which is not text"
+    ):
+        embed({"text": np.array(["a", "God\ud800 created"], dtype=object)})
+    with pytest.raises(EmbedError, match=r"row 0 of column 'text' is float, not text"):
+        embed(pa.table({"text": [1.5]}))
+    with pytest.raises(EmbedError, match=r"the batch already has a column 'text'; set output_column="):
+        ElmoEmbedder(**FILES, output_column="text", threads=1)(pa.table({"text": ["a b"]}))
+    for key, value in (
+        ("layers", "bogus"),
+        ("pool", "max"),
+        ("dtype", "int8"),
+        ("precision", "fp8"),
+        ("device", "tpu"),
+    ):
+        with pytest.raises(EmbedError) as err:
+            ElmoEmbedder(**FILES, **{key: value})
+        assert str(err.value).startswith(f"ElmoEmbedder: {key}={value!r} is not one of ") and "\n" not in str(
+            err.value
+        )

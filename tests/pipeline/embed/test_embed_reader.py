@@ -3,8 +3,11 @@ layout, packed, Parquet, one file), locally and on S3, checking what it opens.""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 
+import h5py
 import numpy as np
 import pytest
 from embed_fixtures import OPTIONS, WEIGHTS, expected_value, load_model, sample_lines
@@ -69,3 +72,76 @@ def test_what_the_manifest_does_not_vouch_for_is_refused(ray_local, tmp_path):
     manifest_file.write_text(json.dumps(document))
     with pytest.raises(EmbedError, match=r"'../in.txt' is not a shard name of this output"):
         list(read_embeddings(output))
+
+
+def _rewrite(manifest_file, change) -> None:
+    document = json.loads(manifest_file.read_text())
+    change(document)
+    manifest_file.write_text(json.dumps(document))
+
+
+def test_a_manifest_is_checked_whole_and_each_shard_sized_before_it_is_read(ray_local, tmp_path):
+    output = _embed(str(tmp_path), "out", {})
+    manifest_file = tmp_path / "out" / "manifest.json"
+    original = manifest_file.read_text()
+    cases = [
+        (lambda d: d["shards"].insert(1, dict(d["shards"][0])), r"shard entry 1 \(embeddings-000000.hdf5\) is out of place"),
+        (lambda d: d["shards"].pop(1), r"shard entry 1 \(embeddings-000002.hdf5\) is out of place"),
+        (lambda d: d["shards"][0].update(first_line="zero"), r"shard entry 0 is malformed"),
+        (lambda d: d["shards"].__setitem__(0, []), r"shard entry 0 is malformed"),
+        (lambda d: d["shards"][2].pop("sha256"), r"shard entry 2 is malformed"),
+        (lambda d: d["totals"].update(tokens=d["totals"]["tokens"] + 1), r"do not add up to its totals"),
+        (lambda d: d.update(shards={}), r"not an elmo embed manifest"),
+    ]  # fmt: skip
+    for change, message in cases:
+        manifest_file.write_text(original)
+        _rewrite(manifest_file, change)
+        with pytest.raises(EmbedError, match=message):
+            list(read_embeddings(output))
+    manifest_file.write_text(original)
+    shard = tmp_path / "out" / "embeddings-000001.hdf5"
+    data = shard.read_bytes()
+    shard.write_bytes(data + b"\0")
+    with pytest.raises(
+        EmbedError,
+        match=rf"is damaged or was replaced: {len(data) + 1:,} bytes, its manifest says {len(data):,}",
+    ):
+        list(read_embeddings(output))
+    shard.unlink()
+    shard.symlink_to("/dev/zero")  # read whole, it would never end
+    with pytest.raises(EmbedError, match="embeddings-000001.hdf5: not a regular file"):
+        list(read_embeddings(output))
+    shard.unlink()
+    os.mkfifo(shard)  # opened for reading, it would wait for a writer for ever
+    with pytest.raises(EmbedError, match="embeddings-000001.hdf5: not a regular file"):
+        list(read_embeddings(output))
+    shard.unlink()
+    shard.write_bytes(data)
+    assert len(list(read_embeddings(output))) == len(LINES)
+
+
+def test_a_tiny_shard_whose_dataset_claims_gigabytes_is_refused_before_it_is_read(ray_local, tmp_path):
+    """Manifest and shard can both be forged (the sha256 vouches only for consistency): a
+    1,400-byte file whose dataset claims (3, 2,000,000, 1024) floats would allocate 22.9 GiB."""
+    output = _embed(str(tmp_path), "out", {})
+    shard = tmp_path / "out" / "embeddings-000000.hdf5"
+    with h5py.File(shard, "w") as forged:
+        forged.create_dataset("0", shape=(3, 2_000_000, 1024), dtype="float32")  # no storage allocated
+    assert shard.stat().st_size < 4096
+    data = shard.read_bytes()
+
+    def forge(document):
+        entry = document["shards"][0]
+        document["totals"]["bytes"] += len(data) - entry["bytes"]
+        entry.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+
+    _rewrite(tmp_path / "out" / "manifest.json", forge)
+    with pytest.raises(
+        EmbedError,
+        match=r"'0' claims shape \(3, 2000000, 1024\) \(24,576,000,000 bytes\), more than the file's",
+    ):
+        list(read_embeddings(output))
+    single = tmp_path / "single.hdf5"
+    single.symlink_to("/dev/zero")
+    with pytest.raises(EmbedError, match="single.hdf5: not a regular file"):
+        list(read_embeddings(str(single)))

@@ -84,6 +84,27 @@ def test_what_is_not_the_stages_parquet_is_refused():
         ),
     ]:
         out = io.BytesIO()
-        pq.write_table(change, out)
+        pq.write_table(change, out, compression="none")
         with pytest.raises(EmbedError, match=message):
             list(iter_shard(out.getvalue(), "shard", False))
+
+
+def test_what_decoding_would_allocate_is_bounded_by_the_file_before_it_is_read():
+    """The stage writes uncompressed, plain, null-free columns: a compressed chunk (a few bytes
+    that decode to gigabytes), or a chunk counting more values than the file has bytes (nulls
+    run-length encoded), is refused before the table is decoded; so is a count of vectors other
+    than the manifest's."""
+    data, _ = _bytes(shard_of(0, _values([2, 3], False, False)))
+    table = pq.read_table(io.BytesIO(data))
+    out = io.BytesIO()
+    pq.write_table(table, out, compression="zstd")
+    with pytest.raises(EmbedError, match="column line is zstd with 2 values in a .*-byte file"):
+        list(iter_shard(out.getvalue(), "shard", False))
+    nulls = pa.table({"line": pa.nulls(200_000, pa.int64())})
+    out = io.BytesIO()
+    pq.write_table(nulls, out, compression="none")
+    with pytest.raises(EmbedError, match="column line is uncompressed with 200,000 values"):
+        list(iter_shard(out.getvalue(), "shard", False))
+    with pytest.raises(EmbedError, match="holds vectors other than the 6 its manifest counts"):
+        list(iter_shard(data, "shard", False, rows=6))
+    assert len(list(iter_shard(data, "shard", False, rows=5))) == 2

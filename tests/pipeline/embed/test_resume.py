@@ -63,6 +63,30 @@ def test_a_shard_counts_as_complete_only_with_its_entry_its_file_and_its_input(t
     assert resume.complete_shards(out, shards, verify=False) == {}  # an unreadable entry is redone
 
 
+@pytest.mark.parametrize(
+    "record",
+    ["[]", "{}", '"text"', '{"index": 0}', '{"index": 1, "name": "x", "sha256": "y", "input_sha256": "in0"}'],
+)
+def test_a_progress_record_that_is_not_one_is_redone_not_trusted(tmp_path, record):
+    """A shard's record is JSON anyone can edit: one that is not a record this stage wrote (a list,
+    an empty object, another shard's) makes its shard be done again, not a traceback or a false
+    "input changed"."""
+    out, shards = str(tmp_path / "emb"), specs(2)
+    commit(out, shards[0])
+    commit(out, shards[1])
+    (tmp_path / "emb" / "_progress" / "embeddings-000000.json").write_text(record)
+    assert sorted(resume.complete_shards(out, shards, verify=True)) == [1]
+
+
+@pytest.mark.parametrize("record", ["[]", '"text"', "3"])
+def test_a_claim_that_is_not_an_object_is_named_damaged(tmp_path, record):
+    out = str(tmp_path / "emb")
+    resume.claim_output(out, RUN)
+    (tmp_path / "emb" / "_progress" / "run.json").write_text(record)
+    with pytest.raises(EmbedError, match=r"run.json is damaged \(not a JSON object of the run's settings\)"):
+        resume.claim_output(out, RUN)
+
+
 def test_a_changed_input_is_refused_not_mixed(tmp_path):
     out, shards = str(tmp_path / "emb"), specs(3)
     commit(out, shards[2])

@@ -13,7 +13,7 @@ from jobs.probe import main as probe_main
 from pipeline.config import load_config
 from pipeline.probe.config import ProbeConfig
 from pipeline.probe.probe_set import ProbeError, load_probe_set
-from pipeline.probe.runner import run_probe
+from pipeline.probe.runner import check_output, run_probe
 
 MODEL = Path(__file__).resolve().parents[2] / "data" / "reference" / "allennlp"
 FILES = [f"options_file={MODEL / 'options.json'}", f"weights_file={MODEL / 'lm_weights.hdf5'}"]
@@ -57,6 +57,38 @@ def test_the_cli_prints_the_table_and_refuses_what_it_cannot_probe_in_one_line(t
         assert probe_main([*argv, *SMALL]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and message in err and "\n" not in err, err
+
+
+def test_the_output_is_checked_by_its_marker_before_any_work(tmp_path):
+    """``probe_run.json`` (written first) names the stage and the model: a user's own ``probe.json``,
+    another model's probe, a damaged marker or a file are refused in one line, before the model is
+    even loaded; an earlier probe of the same model is rewritten (above)."""
+    model = {"options_file": "m/options.json", "weights_file": "m/weights.hdf5"}
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "probe.json").write_text('{"my": "results"}')
+    with pytest.raises(ProbeError, match="holds probe.json but no probe_run.json"):
+        check_output(str(mine), model)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "probe_run.json").write_text(
+        json.dumps({"stage": "probe", "model": {**model, "weights_file": "x.hdf5"}})
+    )
+    with pytest.raises(ProbeError, match=r"holds the probe of another model \(x.hdf5, probe_run.json\)"):
+        check_output(str(other), model)
+    for damaged in ("{}", "[]", "not json", json.dumps({"stage": "export", "run": "r"})):
+        (other / "probe_run.json").write_text(damaged)
+        with pytest.raises(ProbeError) as err:
+            check_output(str(other), model)
+        assert (
+            "not an elmo probe marker" in str(err.value) or "another model" in str(err.value)
+        ) and "\n" not in str(err.value)
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ProbeError, match="is a file, not a folder"):
+        check_output(str(tmp_path / "a-file"), model)
+    (other / "probe_run.json").write_text(json.dumps({"stage": "probe", "model": model}))
+    check_output(str(other), model)  # its own: fine
+    assert (mine / "probe.json").read_text() == '{"my": "results"}'
 
 
 def test_a_malformed_probe_set_is_named_in_one_line(tmp_path):

@@ -17,7 +17,7 @@ from pipeline.config import ConfigError, load_config
 from pipeline.kneser_ney import BaselineError
 from pipeline.shard_format import FormatError
 from pipeline.train.config import TrainConfig
-from pipeline.train.launch import TrainError, _cluster_check, prepare_run
+from pipeline.train.launch import TrainError, _cluster_check, _model_options, gpus_possible, prepare_run
 from pipeline.unigram import heldout_unigram_perplexity
 
 
@@ -332,6 +332,33 @@ def test_a_step_no_machine_holds_is_refused_before_ray_starts(shards, tmp_path, 
     assert not (tmp_path / "run").exists()
 
 
+def test_with_use_gpu_auto_a_step_is_sized_for_the_device_it_will_run_on(shards, tmp_path, monkeypatch):
+    """``auto`` without a GPU here, and no cluster to join, trains on this machine's CPUs: a step
+    over its memory is refused before Ray starts (it was sized as for a 256 GiB GPU). Joining a
+    cluster, whose devices are known only once joined, the GPU bound holds until then."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    lstm = _model_options(cfg_for(shards, str(tmp_path / "run"), SMALL))["lstm"]
+    per_position = lstm["n_layers"] * 2 * 4 * lstm["dim"] * 2  # the gates a step keeps, bf16
+    # one worker, over this machine's memory and under 256 GiB: held only by a (large) GPU
+    unroll = int(min(1.5 * host, 200 * 2**30) / (per_position * 20)) + 1
+    cfg = cfg_for(
+        shards, str(tmp_path / "run"), f"unroll_steps={unroll}", "batch_size=20", "workers=1", SMALL
+    )
+    assert not gpus_possible(cfg)
+    with pytest.raises(
+        TrainError, match=r"positions a step need at least [\d,]+ GiB .*the most a worker here can have is"
+    ):
+        prepare_run(cfg)
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    assert gpus_possible(cfg)
+    prepare_run(cfg)  # not refused for its size before the cluster's devices are known
+
+
 def test_an_allocation_that_failed_is_not_retried():
     import torch
 
@@ -358,6 +385,17 @@ def test_a_damaged_run_json_is_named_in_one_line(shards, tmp_path):
     with pytest.raises(TrainError, match=r"run.json is damaged \(not a JSON object\)") as err:
         prepare_run(cfg_for(shards, str(run), SMALL))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", [None, 3, ""])
+def test_a_run_json_that_names_no_run_is_damaged_not_name_none(shards, tmp_path, name):
+    run = tmp_path / "run"
+    prepare_run(cfg_for(shards, str(run), SMALL))
+    claim = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**claim, "name": name}))
+    with pytest.raises(TrainError, match=rf"run.json names no run \({name!r}\): it is damaged") as err:
+        prepare_run(cfg_for(shards, str(run), SMALL))
+    assert "name=None" not in str(err.value)
 
 
 def test_the_same_shards_copied_elsewhere_resume(shards, tmp_path):

@@ -94,6 +94,15 @@ def test_every_worker_needs_a_batch_of_sentences_of_its_own():
         check_heldout_split([5], batch_size=3, world_size=2)
 
 
+def test_shards_without_a_held_out_split_say_what_gives_one():
+    """Not "lower eval_batch_size to 1": no batch size helps, and rerunning the shard command into
+    the same output finds its run complete."""
+    with pytest.raises(
+        TrainError, match=r"no held-out split .*into a new output with heldout_fraction above 0"
+    ):
+        check_heldout_split([], batch_size=32, world_size=1)
+
+
 def cfg(**keys) -> TrainConfig:
     return load_config(
         TrainConfig, overrides=["shards=s", "output=o", *(f"{k}={v}" for k, v in keys.items())]

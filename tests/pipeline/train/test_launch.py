@@ -241,6 +241,40 @@ def test_export_refuses_a_folder_of_other_files_unless_overwrite(trained, tmp_pa
     assert (released / "weights.hdf5").read_bytes() == b"released weights"
 
 
+def test_export_reads_its_marker_before_writing_over_an_earlier_export(trained, tmp_path, capsys):
+    """``export.json`` names the stage and the run: another run's export, or a marker that is not
+    an export's ({}, [], text), is refused in one line and left as it was; --overwrite replaces."""
+    from jobs.export import main as export_main
+
+    run_dir, _ = trained
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    marker = {"stage": "export", "run": "/elsewhere/run", "step": 3}
+    (theirs / "export.json").write_text(json.dumps(marker))
+    (theirs / "options.json").write_text('{"theirs": true}')
+    assert export_main([run_dir, str(theirs)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(
+        f"error: output {theirs} holds the export of /elsewhere/run (export.json), not of {run_dir}"
+    )
+    assert "\n" not in err and (theirs / "options.json").read_text() == '{"theirs": true}'
+    for damaged in ("{}", "[]", "some text", json.dumps({"stage": "probe", "model": {}})):
+        (theirs / "export.json").write_text(damaged)
+        assert export_main([run_dir, str(theirs)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert (
+            "not an elmo export marker" in err or "names no run or checkpoint" in err
+        ) and "\n" not in err, err
+        assert (theirs / "options.json").read_text() == '{"theirs": true}'
+    assert export_main([run_dir, str(theirs), "--overwrite"]) == 0
+    written = json.loads((theirs / "export.json").read_text())
+    assert written["stage"] == "export" and written["run"] == run_dir
+    assert export_main([run_dir, str(theirs)]) == 0  # now this run's: exported again
+    (tmp_path / "a-file").write_text("x")
+    assert export_main([run_dir, str(tmp_path / "a-file")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
 def test_continue_pretraining_from_exported_weights(trained, shards, tmp_path):
     run_dir, _ = trained
     cfg = tiny(

@@ -4,6 +4,8 @@ logged row (a metrics row, a checkpoint, a row for the driver's console) makes a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import threading
 import time
 import traceback
@@ -16,8 +18,10 @@ from shard_builder import sample_sentences, write_sample_shards
 
 from pipeline import storage
 from pipeline.config import load_config
+from pipeline.lease import LEASE_FILE
 from pipeline.train import checkpoint as ckpt
 from pipeline.train.config import TrainConfig
+from pipeline.train.errors import TrainError
 from pipeline.train.launch import prepare_run
 from pipeline.train.metrics import read_metrics
 from pipeline.train.run_dir import METRICS_FILE, RunDir
@@ -48,18 +52,19 @@ class HeldRelay:
         return self.taken
 
 
-def test_no_step_waits_for_the_storage_or_the_driver(tmp_path, ray_local, monkeypatch):
+def tiny_run(tmp_path, steps: int) -> TrainConfig:
+    """``tiny`` on the sample's shards for ``steps`` steps: a row and a checkpoint every 1 and 2."""
     sentences = sample_sentences(600)
     shards = str(tmp_path / "shards")
     write_sample_shards(shards, sentences[:-100], sentences[-100:])
-    cfg = load_config(
+    return load_config(
         TrainConfig,
         preset="tiny",
         overrides=[
             f"shards={shards}",
             f"output={tmp_path / 'run'}",
             "workers=1",
-            f"max_steps={STEPS}",
+            f"max_steps={steps}",
             "log_every=1",
             "checkpoint_every=2",
             "eval_max_batches=1",
@@ -67,6 +72,10 @@ def test_no_step_waits_for_the_storage_or_the_driver(tmp_path, ray_local, monkey
             "wandb.mode=disabled",
         ],
     )
+
+
+def test_no_step_waits_for_the_storage_or_the_driver(tmp_path, ray_local, monkeypatch):
+    cfg = tiny_run(tmp_path, STEPS)
     plan = prepare_run(cfg)
     gate, written = threading.Event(), []
 
@@ -131,3 +140,22 @@ def test_a_workers_pipeline_error_leaves_without_its_chained_internals(monkeypat
     assert err.value.__cause__ is None and err.value.__suppress_context__
     printed = "".join(traceback.format_exception(err.value))
     assert "urllib3" not in printed and "def run" not in printed and printed.count("\n") <= 6, printed
+
+
+def test_a_run_whose_directory_was_taken_over_writes_nothing_more(tmp_path):
+    """A driver stopped past its lease's ttl (Ctrl-Z, a frozen VM) while its workers trained on
+    lost the directory to another run: the workers' next write finds another owner in lease.json
+    and the run stops in one line, with nothing of it written beside the other run's files."""
+    cfg = tiny_run(tmp_path, 6)
+    plan = dataclasses.replace(prepare_run(cfg), lease_owner="this-driver:1:aa")
+    other = {"owner": "other-driver:2:bb", "host": "elsewhere", "pid": 2, "heartbeat": time.time()}
+    storage.write_bytes(storage.join(plan.run_dir, LEASE_FILE), json.dumps(other).encode())
+    with pytest.raises(TrainError) as err:
+        Trainer(cfg, plan, torch.device("cpu")).run()
+    message = str(err.value)
+    assert message.startswith(
+        f"run directory {plan.run_dir} was taken over by another run (host elsewhere, pid 2)"
+    )
+    assert "\n" not in message
+    assert not storage.exists(RunDir(plan.run_dir).metrics)
+    assert ckpt.list_checkpoints(plan.run_dir) == []
