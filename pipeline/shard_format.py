@@ -247,33 +247,8 @@ def read_shard(path: str) -> Iterator[Block]:
         yield from blocks
 
 
-class _HashingReader(io.RawIOBase):
-    """A read-only stream that hashes every byte read through it and keeps the last ``TAIL``."""
-
-    TAIL = 2 * 512  # a tar ends with two zero blocks
-
-    def __init__(self, raw: BinaryIO):
-        self.raw, self.digest, self.size, self.tail = raw, hashlib.sha256(), 0, b""
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.raw.read(size)
-        self.digest.update(data)
-        self.size += len(data)
-        # the last TAIL bytes, without copying a large read whole
-        self.tail = data[-self.TAIL :] if len(data) >= self.TAIL else (self.tail + data)[-self.TAIL :]
-        return data
-
-    def readinto(self, buffer) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def drain(self) -> None:
-        while self.read(1 << 20):
-            pass
+TAR_TAIL = 2 * 512
+"""A tar ends with two zero blocks: the bytes a shard's reader keeps to see that it is whole."""
 
 
 @contextmanager
@@ -283,7 +258,7 @@ def open_shard(path: str, sha256: str = "") -> Iterator[Iterator[Block]]:
     on exit and the whole file checked against it: a damaged, truncated or replaced shard is a
     FormatError naming it, also when the damage first showed as an undecodable block."""
     with storage.open_read(path) as raw:
-        stream = _HashingReader(raw)
+        stream = storage.HashingReader(raw, tail=TAR_TAIL)
         try:
             yield (decode_block(sample) for sample in iter_tar_samples(stream, url=path))
         except FormatError:
@@ -294,12 +269,12 @@ def open_shard(path: str, sha256: str = "") -> Iterator[Iterator[Block]]:
             _check_hash(stream, path, sha256)
 
 
-def _check_hash(stream: _HashingReader, path: str, sha256: str) -> None:
+def _check_hash(stream: storage.HashingReader, path: str, sha256: str) -> None:
     stream.drain()
-    got = stream.digest.hexdigest()
+    got = stream.hexdigest()
     if got == sha256:
         return
-    if stream.tail.strip(b"\0") or stream.size < stream.TAIL:
+    if stream.tail.strip(b"\0") or stream.size < TAR_TAIL:
         raise FormatError(
             f"shard {path} is truncated ({stream.size:,} bytes, no end-of-archive marker; its sha256 "
             f"differs from the manifest's): copy it again or reshard"

@@ -1011,6 +1011,64 @@ def probe_writable(prefix: str | os.PathLike) -> None:
     delete(probe)
 
 
+class HashingWriter(io.RawIOBase):
+    """``out`` (a stream of :func:`open_write`, or any binary sink) with every byte written also
+    hashed (sha256) and counted: what a stage writes is known by its hash without reading it
+    back. ``hexdigest()`` and ``size`` once written; ``tell()`` is the bytes written so far."""
+
+    def __init__(self, out: BinaryIO):
+        self.out, self.digest, self.size = out, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.out.write(data)
+        self.digest.update(data)
+        size = memoryview(data).nbytes
+        self.size += size
+        return size
+
+    def tell(self) -> int:
+        return self.size
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()
+
+
+class HashingReader(io.RawIOBase):
+    """``raw`` (a stream of :func:`open_read`) with every byte read also hashed (sha256) and
+    counted, keeping the last ``tail`` bytes read (a tar's end-of-archive marker, say);
+    ``drain()`` reads the rest, so that ``hexdigest()`` is the whole file's."""
+
+    def __init__(self, raw: BinaryIO, tail: int = 0):
+        self.raw, self.digest, self.size = raw, hashlib.sha256(), 0
+        self.keep, self.tail = tail, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.digest.update(data)
+        self.size += len(data)
+        if self.keep:  # the last bytes, without copying a large read whole
+            self.tail = data[-self.keep :] if len(data) >= self.keep else (self.tail + data)[-self.keep :]
+        return data
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def drain(self) -> None:
+        while self.read(HASH_CHUNK):
+            pass
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()
+
+
 HASH_CHUNK = 8 * 1024 * 1024
 """Bytes read per step when hashing a file, streamed so memory stays flat for any file size."""
 
@@ -1024,9 +1082,10 @@ def hash_into(digest: Any, path: str | os.PathLike) -> None:
 
 def sha256(path: str | os.PathLike) -> str:
     """sha256 hex digest of a local or s3:// file, streamed."""
-    digest = hashlib.sha256()
-    hash_into(digest, path)
-    return digest.hexdigest()
+    with open_read(path) as stream:
+        reader = HashingReader(stream)
+        reader.drain()
+    return reader.hexdigest()
 
 
 def download_file(path: str | os.PathLike, local_path: str | os.PathLike) -> None:

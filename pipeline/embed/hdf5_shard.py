@@ -17,7 +17,6 @@ sha256).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -51,12 +50,7 @@ def write_shard(shard: ShardVectors, layout: str, out: BinaryIO) -> str:
     written: the vectors are neither copied into an HDF5 buffer nor read back. ``allennlp``: a
     dataset per line (the format's cost; docs/outputs.md#embeddings) into a local temp file, then
     copied to ``out``. Timestamps are off: the same vectors give the same bytes."""
-    digest = hashlib.sha256()
-
-    def send(data) -> None:
-        out.write(data)
-        digest.update(data)
-
+    sink = storage.HashingWriter(out)
     with tempfile.TemporaryDirectory(prefix="elmo-shard-") as tmp:
         local = os.path.join(tmp, "shard.hdf5")
         if layout == "packed":
@@ -64,19 +58,19 @@ def write_shard(shard: ShardVectors, layout: str, out: BinaryIO) -> str:
             address = _packed_skeleton(shard, vectors, local)
             data = memoryview(vectors.reshape(-1)).cast("B")
             with open(local, "rb") as skeleton:
-                send(skeleton.read(address))
+                sink.write(skeleton.read(address))
                 for start in range(0, len(data), WRITE_CHUNK):
-                    send(data[start : start + WRITE_CHUNK])
+                    sink.write(data[start : start + WRITE_CHUNK])
                 skeleton.seek(address + len(data))
-                send(skeleton.read())
+                sink.write(skeleton.read())
         else:
             with h5py.File(local, "w", track_order=False) as file:
                 for i in range(shard.num_lines):
                     file.create_dataset(str(shard.first_line + i), data=shard.value(i), track_times=False)
             with open(local, "rb") as written:
                 while chunk := written.read(WRITE_CHUNK):
-                    send(chunk)
-    return digest.hexdigest()
+                    sink.write(chunk)
+    return sink.hexdigest()
 
 
 def _packed_skeleton(shard: ShardVectors, vectors: np.ndarray, path: str) -> int:

@@ -16,8 +16,6 @@ The columns are Arrow views of the shard's one array (no copy); the file is writ
 
 from __future__ import annotations
 
-import hashlib
-import io
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -25,31 +23,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline import storage
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.shard_vectors import ShardVectors
 
 COLUMNS = ("line", "tokens", "vectors")
 ARROW_FLOATS = {np.dtype(np.float16): pa.float16(), np.dtype(np.float32): pa.float32()}
-
-
-class _HashingWriter(io.RawIOBase):
-    """``out`` with every byte written also fed to ``digest``."""
-
-    def __init__(self, out: BinaryIO, digest) -> None:
-        self.out, self.digest, self.written = out, digest, 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:
-        self.out.write(data)
-        self.digest.update(data)
-        size = memoryview(data).nbytes
-        self.written += size
-        return size
-
-    def tell(self) -> int:
-        return self.written
 
 
 def vectors_column(shard: ShardVectors) -> pa.Array:
@@ -77,10 +56,9 @@ def shard_table(shard: ShardVectors) -> pa.Table:
 
 def write_shard(shard: ShardVectors, out: BinaryIO) -> str:
     """Write ``shard`` as a Parquet file to the stream ``out``; the sha256 (hex) of its bytes."""
-    digest = hashlib.sha256()
-    sink = _HashingWriter(out, digest)
+    sink = storage.HashingWriter(out)
     pq.write_table(shard_table(shard), sink, compression="none", use_dictionary=False, write_statistics=False)
-    return digest.hexdigest()
+    return sink.hexdigest()
 
 
 def _leaf(kind: pa.DataType) -> tuple[pa.DataType, tuple[int, ...]]:

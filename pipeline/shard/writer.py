@@ -9,10 +9,8 @@ while hashing it.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
 
 import numpy as np
 
@@ -132,30 +130,16 @@ def shard_samples(
         yield encode_text_block(text, block_ids, lengths[lo:hi], block_key(split, shard, b))
 
 
-class _HashingStream:
-    """Forwards writes to a stream while hashing and counting them."""
-
-    def __init__(self, stream: BinaryIO):
-        self.stream = stream
-        self.sha = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data) -> int:
-        self.sha.update(data)
-        self.size += len(data)
-        return self.stream.write(data)
-
-
 def write_shard(path: str, samples: Iterator[dict]) -> tuple[int, str, int]:
     """Write ``samples`` as a tar at ``path`` atomically; ``(blocks, sha256, bytes)``."""
     blocks = 0
     with storage.open_write(path) as stream:
-        hashing = _HashingStream(stream)
+        hashing = storage.HashingWriter(stream)
         with tar_writer(hashing) as tar:
             for sample in samples:
                 tar.write(sample)
                 blocks += 1
-    return blocks, hashing.sha.hexdigest(), hashing.size
+    return blocks, hashing.hexdigest(), hashing.size
 
 
 def build_shard(
@@ -188,28 +172,13 @@ def build_shard(
     )
 
 
-class _HashingReader:
-    """Forwards reads from a stream while hashing and counting them."""
-
-    def __init__(self, stream: BinaryIO):
-        self.stream = stream
-        self.sha = hashlib.sha256()
-        self.size = 0
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.stream.read(size)
-        self.sha.update(data)
-        self.size += len(data)
-        return data
-
-
 def describe_shard(path: str, name: str, unk_id: int, log_probs: np.ndarray | None = None) -> ShardRecord:
     """The record of a shard that already exists (a rerun reusing it), read back and checked
     (``log_probs`` as for :func:`build_shard`)."""
     sentences = tokens = blocks = unk = 0
     scored: list[tuple[np.ndarray, int]] = []  # the blocks' targets, for the unigram
     with storage.open_read(path) as stream:
-        reader = _HashingReader(stream)
+        reader = storage.HashingReader(stream)
         for sample in iter_tar_samples(reader, url=path):
             block = decode_block(sample)
             blocks += 1
@@ -218,9 +187,8 @@ def describe_shard(path: str, name: str, unk_id: int, log_probs: np.ndarray | No
             unk += int((block.ids == unk_id).sum())
             if log_probs is not None:
                 scored.append((block.ids, len(block.lengths)))
-        while reader.read(1 << 20):
-            pass
+        reader.drain()
     nll = None
     if log_probs is not None:
         nll = targets_nll(log_probs, heldout_target_counts(scored, len(log_probs)))
-    return ShardRecord(name, sentences, tokens, blocks, reader.size, reader.sha.hexdigest(), unk, nll)
+    return ShardRecord(name, sentences, tokens, blocks, reader.size, reader.hexdigest(), unk, nll)

@@ -672,3 +672,22 @@ def test_an_endpoint_that_never_answered_is_not_waited_for_again_and_one_that_di
         with pytest.raises(StorageError, match="did not answer"):
             storage.read_bytes("s3://bkt/c.bin")
         assert time.monotonic() - start >= 0.6 and len(held) == reached + 2  # waited out in full
+
+
+def test_one_hashing_writer_and_reader_for_every_stage(tmp_path):
+    """What a stage writes is hashed as it goes (``HashingWriter``), what it reads back likewise
+    (``HashingReader``, keeping the last bytes: a tar's end marker): sha256 and size of the bytes."""
+    data = payload(3 * 1024 * 1024 + 17)
+    path = str(tmp_path / "f.bin")
+    with storage.open_write(path) as out:
+        sink = storage.HashingWriter(out)
+        for start in range(0, len(data), 1 << 20):
+            sink.write(memoryview(data)[start : start + (1 << 20)])
+        assert sink.tell() == len(data)
+    assert sink.hexdigest() == hashlib.sha256(data).hexdigest() == storage.sha256(path)
+    with storage.open_read(path) as raw:
+        reader = storage.HashingReader(raw, tail=1024)
+        head = reader.read(100)
+        reader.drain()
+    assert head == data[:100] and reader.size == len(data) and reader.tail == data[-1024:]
+    assert reader.hexdigest() == sink.hexdigest()
