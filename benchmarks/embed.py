@@ -41,13 +41,13 @@ from elmo_model.static_inference import OutputSpec  # noqa: E402
 from pipeline import storage  # noqa: E402
 from pipeline.embed.embedder import EmbedSettings, SentenceEncoder, work_settings  # noqa: E402
 from pipeline.embed.inputs import ShardSpec  # noqa: E402
-from pipeline.embed.model_files import resolve_model  # noqa: E402
 from pipeline.embed.pass_size import PassSize, pass_size, per_position  # noqa: E402
 from pipeline.embed.sentences import prepare_lines  # noqa: E402
 from pipeline.embed.shard_vectors import BufferPool  # noqa: E402
 from pipeline.embed.shard_work import work_from_lines  # noqa: E402
 from pipeline.local_s3 import REGION, LocalS3Server  # noqa: E402
 from pipeline.model_config import preset_options  # noqa: E402
+from pipeline.model_loader import resolve_model  # noqa: E402
 
 SAMPLE = REPO / "pipeline" / "data" / "kjv-sample.txt.gz"
 BUCKET = "bench"

@@ -3,7 +3,8 @@
 Modules, in the order a run uses them:
 
 - ``config``: EmbedConfig (every key documented) and the up-front setting checks;
-- ``model_files``: find, check, hash and load the model (folder or two files, local or s3://);
+- ``pipeline.model_loader`` (shared with the probe): find, check, hash and load the model (folder or
+  two files, local or s3://), and the device it runs on;
 - ``inputs``: cut the input (text files or a shard directory) into fixed line ranges, read one back;
 - ``resume``: claim the output, find complete shards, commit a shard atomically (exactly-once);
 - ``dataflow``: the Ray Data graph: CPU tasks preparing shards (``shard_work``) feeding an actor

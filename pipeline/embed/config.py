@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
+from elmo_model.static_inference import Precision
 from pipeline.config import ConfigError, UseGPU, check_rules
 
 
@@ -26,15 +27,6 @@ class LayerMode(enum.Enum):
 class StoredDType(enum.Enum):
     float32 = "float32"
     float16 = "float16"
-
-
-class Precision(enum.Enum):
-    float32 = "float32"
-    """Exact: the original model's arithmetic (TF32 off on GPUs)."""
-    tf32 = "tf32"
-    """TF32 matrix products on CUDA GPUs (the same as float32 on a CPU)."""
-    bf16 = "bf16"
-    """bfloat16 matrix products, the cell state and the outputs' arithmetic in float32."""
 
 
 class Pool(enum.Enum):

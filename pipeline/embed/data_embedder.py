@@ -31,14 +31,14 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.embed.config import LayerMode, Pool, Precision, StoredDType
-from pipeline.embed.embedder import EmbedSettings, LoadedModel, pick_device, work_settings
+from pipeline.embed.embedder import EmbedSettings, LoadedModel, work_settings
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import ShardSpec
-from pipeline.embed.model_files import resolve_model
 from pipeline.embed.parquet_shard import vectors_column
 from pipeline.embed.pass_size import pass_size, per_position
 from pipeline.embed.sentences import PreparedLines, prepare_lines, prepare_token_lists
 from pipeline.embed.shard_work import work_from_lines
+from pipeline.model_loader import Device, pick_device, resolve_model
 
 
 class ElmoEmbedder:
@@ -77,7 +77,7 @@ class ElmoEmbedder:
         threads: int = 1,
     ):
         _check_choices(layers=layers, pool=pool, dtype=dtype, precision=precision, device=device)
-        source = resolve_model(model_dir, options_file, weights_file)
+        source = resolve_model(model_dir, options_file, weights_file, EmbedError)
         kind = pick_device(device).type
         output = _output_spec(layers, pool, dtype)
         free = _free_memory() if kind == "cuda" and not batch_tokens else 0
@@ -159,9 +159,9 @@ def _raw_line(text: Any, row: int, column: str) -> bytes:
 
 def _check_choices(**chosen: str) -> None:
     """One line naming a setting whose value is not one of its choices."""
-    kinds = {"layers": LayerMode, "pool": Pool, "dtype": StoredDType, "precision": Precision}
+    kinds = {"layers": LayerMode, "pool": Pool, "dtype": StoredDType, "precision": Precision, "device": Device}
     for key, value in chosen.items():
-        names = [m.value for m in kinds[key]] if key in kinds else ["auto", "cuda", "cpu"]
+        names = [m.value for m in kinds[key]]
         if value not in names:
             raise EmbedError(f"ElmoEmbedder: {key}={value!r} is not one of {', '.join(names)}")
 

@@ -36,8 +36,8 @@ from ray.data import ActorPoolStrategy, DataContext, TaskPoolStrategy
 from pipeline.embed.embedder import EmbedSettings, ShardEmbedder, concurrent_calls, work_settings
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import ShardSpec
-from pipeline.embed.model_files import ModelSource
 from pipeline.embed.shard_work import WorkSettings, prepare_shard
+from pipeline.model_loader import ModelSource
 from pipeline.ray_runtime import logger_level
 
 

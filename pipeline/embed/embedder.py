@@ -34,11 +34,11 @@ from pipeline.embed.config import (
 )
 from pipeline.embed.errors import WORKER_ERRORS, EmbedError
 from pipeline.embed.inputs import ShardSpec
-from pipeline.embed.model_files import ModelSource, load_bilm
 from pipeline.embed.resume import commit_shard
 from pipeline.embed.sentences import PreparedLines
 from pipeline.embed.shard_vectors import BufferPool, ShardAssembler, ShardVectors
 from pipeline.embed.shard_work import ShardWork, WorkSettings, work_from_lines
+from pipeline.model_loader import ModelSource, load_bilm, pick_device
 
 
 @dataclass(frozen=True)
@@ -280,13 +280,6 @@ def release_free_memory() -> None:
         _MALLOC_TRIM(0)
 
 
-def pick_device(name: str) -> torch.device:
-    """``auto``: cuda when this process sees a GPU, else cpu."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 class LoadedModel:
     """The model part of an embedding actor, one implementation for the stage's ``ShardEmbedder``
     and users' ``ElmoEmbedder`` (``data_embedder.py``): the biLM loaded once on the actor's device
@@ -303,7 +296,7 @@ class LoadedModel:
             # fp32 vectors must equal a CPU float32 run (docs/model.md#reference-outputs): no TF32 shortcuts
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        self.bilm = load_bilm(source).to(self.device)
+        self.bilm = load_bilm(source, EmbedError).to(self.device)
         self.bilm.stateful = settings.stateful
         self.encoder = SentenceEncoder(self.bilm, settings, self.device)
         self.lock = threading.Lock()

@@ -25,7 +25,6 @@ from pipeline.embed.dataflow import ActorPool, embed_stream
 from pipeline.embed.embedder import EmbedSettings
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import plan_shards, resolve_inputs
-from pipeline.embed.model_files import ModelSource, load_bilm, resolve_model
 from pipeline.embed.pass_size import PassSize, gpu_free_bytes, pass_size, per_position
 from pipeline.embed.resume import (
     ClaimGuard,
@@ -36,6 +35,7 @@ from pipeline.embed.resume import (
     taken_back_on_failure,
 )
 from pipeline.embed.single_file import delete_parts, merge, parts_path
+from pipeline.model_loader import ModelSource, load_bilm, resolve_model
 from pipeline.ray_runtime import RaySession
 from pipeline.stage_result import StageResult
 
@@ -153,8 +153,8 @@ def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> StageResul
     before committing a shard leaves the output as it found it (no claim, no new folder)."""
     single = is_single_file(cfg.output)
     target = parts_path(cfg.output) if single else cfg.output
-    source = resolve_model(cfg.model, cfg.options_file, cfg.weights_file)
-    load_bilm(source)  # a broken weights file fails here, in one line, not inside an actor
+    source = resolve_model(cfg.model, cfg.options_file, cfg.weights_file, EmbedError)
+    load_bilm(source, EmbedError)  # a broken weights file fails here, in one line, not inside an actor
     kind, paths = resolve_inputs(cfg.input)
     check_output(cfg.output, target, single, cfg.overwrite)
     job = _EmbedJob(cfg, single, target, source, kind, paths, session or RaySession.joined())

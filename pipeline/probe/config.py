@@ -6,10 +6,9 @@ from dataclasses import dataclass
 
 from omegaconf import MISSING
 
+from elmo_model.static_inference import Precision
 from pipeline.config import check_rules, seed_rule
-
-PRECISIONS = ("float32", "tf32", "bf16")
-DEVICES = ("auto", "cpu", "cuda")
+from pipeline.model_loader import Device
 
 
 @dataclass
@@ -40,9 +39,9 @@ class ProbeConfig:
     layers know before any pretraining) and show both."""
     seed: int = 0
     """Seed of the random control's initialisation."""
-    device: str = "auto"
+    device: Device = Device.auto
     """``auto`` (a GPU when this process sees one), ``cuda`` or ``cpu``."""
-    precision: str = "float32"
+    precision: Precision = Precision.float32
     """The forward's arithmetic: ``float32`` (exact), ``tf32`` or ``bf16`` (on GPUs)."""
     threads: int = 0
     """torch threads on a CPU; 0: all of this machine's cores."""
@@ -64,13 +63,6 @@ class ProbeConfig:
                     ">= 0 (0: all)",
                 ),
                 ("wsd_examples", self.wsd_examples, self.wsd_examples >= 0, ">= 0 (0: all)"),
-                ("device", self.device, self.device in DEVICES, f"one of {', '.join(DEVICES)}"),
-                (
-                    "precision",
-                    self.precision,
-                    self.precision in PRECISIONS,
-                    f"one of {', '.join(PRECISIONS)}",
-                ),
                 ("threads", self.threads, self.threads >= 0, ">= 0 (0: all cores)"),
                 seed_rule(self.seed),
             ]

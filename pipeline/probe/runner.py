@@ -10,16 +10,15 @@ random control's initialisation is seeded.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import time
 
 import numpy as np
 import torch
 
-from elmo_model import BiLM, BiLMOptions, OptionsError
+from elmo_model import BiLM, BiLMOptions
 from pipeline import storage
+from pipeline.model_loader import check_files, load_files, model_paths, pick_device
 from pipeline.output_owner import OwnFiles, check_owned, read_marker
 from pipeline.probe import report
 from pipeline.probe.config import ProbeConfig
@@ -65,41 +64,6 @@ def write_report(output: str, result: dict) -> tuple[str, str]:
     return report.write(output, result)
 
 
-def model_paths(cfg: ProbeConfig) -> tuple[str, str]:
-    if cfg.model and (cfg.options_file or cfg.weights_file):
-        raise ProbeError("give either model=DIR or options_file + weights_file, not both")
-    if cfg.model:
-        return storage.join(cfg.model, "options.json"), storage.join(cfg.model, "weights.hdf5")
-    if not (cfg.options_file and cfg.weights_file):
-        raise ProbeError(
-            "no model given: pass --model DIR (with options.json + weights.hdf5) or --options F --weights F"
-        )
-    return cfg.options_file, cfg.weights_file
-
-
-def load_model(options_file: str, weights_file: str) -> BiLM:
-    """The biLM (eval, float32, stateless) from its two files, local or s3://; ProbeError, one line."""
-    with tempfile.TemporaryDirectory(prefix="elmo-probe-model-") as tmp:
-        local = []
-        for path, name in ((options_file, "options.json"), (weights_file, "weights.hdf5")):
-            try:
-                if not storage.exists(path):
-                    raise ProbeError(f"model file {path} does not exist")
-                if storage.is_s3(path):
-                    storage.download_file(path, os.path.join(tmp, name))
-                    path = os.path.join(tmp, name)
-            except storage.StorageError as err:
-                raise ProbeError(f"model: {err}") from None
-            local.append(path)
-        try:
-            return BiLM.from_files(*local)
-        except OptionsError as err:
-            raise ProbeError(f"model options {options_file}: {err}") from None
-        except Exception as err:  # h5py, shapes, JSON: the file named, one line
-            first = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise ProbeError(f"model {weights_file}: cannot load ({first})") from None
-
-
 def random_control(bilm: BiLM, seed: int) -> BiLM:
     """A model of ``bilm``'s size with the bilm-tf random initialisation (seeded), eval, stateless."""
     torch.manual_seed(seed)
@@ -129,30 +93,27 @@ def run_probe(cfg: ProbeConfig) -> dict:
     ``cfg.output`` and return it (``report``'s ``probe.json`` document)."""
     started = time.perf_counter()
     output = cfg.output.rstrip("/")
-    options_file, weights_file = model_paths(cfg)
+    options_file, weights_file = model_paths(cfg.model, cfg.options_file, cfg.weights_file, ProbeError)
     check_output(output, {"options_file": options_file, "weights_file": weights_file})
+    check_files(options_file, weights_file, cfg.model, ProbeError)
     probe_set = load_probe_set(
         cfg.probe_set, cfg.pos_train_sentences, cfg.pos_test_sentences, cfg.wsd_examples
     )
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    device = torch.device(
-        "cuda"
-        if cfg.device == "auto" and torch.cuda.is_available()
-        else ("cpu" if cfg.device == "auto" else cfg.device)
-    )
-    bilm = load_model(options_file, weights_file).to(device)
+    device = pick_device(cfg.device)
+    bilm = load_files(options_file, weights_file, ProbeError).to(device)
     result = {
         "model": {
             "options_file": options_file,
             "weights_file": weights_file,
             "device": device.type,
-            "precision": cfg.precision,
+            "precision": cfg.precision.value,
         },
-        "probes": probe_model(bilm, probe_set, cfg.precision),
+        "probes": probe_model(bilm, probe_set, cfg.precision.value),
     }
     if cfg.control:
-        result["control"] = probe_model(random_control(bilm, cfg.seed), probe_set, cfg.precision)
+        result["control"] = probe_model(random_control(bilm, cfg.seed), probe_set, cfg.precision.value)
     result["set"] = {
         "where": probe_set.where,
         "pos_train_sentences": len(probe_set.train.sentences),

@@ -13,8 +13,8 @@ from pipeline.embed import dataflow
 from pipeline.embed.config import EmbedConfig
 from pipeline.embed.dataflow import ActorPool, build_dataset, spec_blocks
 from pipeline.embed.inputs import plan_shards
-from pipeline.embed.model_files import resolve_model
 from pipeline.embed.runner import actor_pool, default_readers, settings_for
+from pipeline.model_loader import resolve_model
 
 
 def _config(**overrides) -> EmbedConfig:

@@ -8,8 +8,8 @@ import torch
 from elmo_model.static_inference import OutputSpec, device_bytes_per_position
 from pipeline.config import ConfigError, load_config
 from pipeline.embed.config import EmbedConfig
-from pipeline.embed.model_files import ModelSource
 from pipeline.embed.pass_size import PassSize, gpu_tokens, pass_size, per_position
+from pipeline.model_loader import ModelSource
 
 ORIGINAL = ModelSource("o", "w", "", num_layers=3, output_dim=1024, cell_dim=4096)
 TOP_F16 = OutputSpec("top", dtype=torch.float16)
