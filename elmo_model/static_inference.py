@@ -39,7 +39,6 @@ from elmo_model.lstm import fused_cell_for
 from elmo_model.static_batches import BOUNDARIES, StaticBatch
 
 
-
 class Precision(enum.Enum):
     """A forward's arithmetic: the one list of choices for every caller (embed, probe, benchmarks)."""
 

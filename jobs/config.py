@@ -7,7 +7,8 @@ import sys
 from collections.abc import Sequence
 
 from jobs.stage_args import add_config_args, main_argv, run_main
-from pipeline.config import STAGES, resolve_config, stage_schema, to_yaml
+from jobs.stages import STAGES, stage_schema
+from pipeline.config import resolve_config, to_yaml
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
-import importlib
 import typing
 from collections.abc import Iterable, Sequence
 from importlib import resources
@@ -36,16 +35,6 @@ T = TypeVar("T")
 PRESETS = resources.files("pipeline") / "presets"
 """Preset YAML files (``pipeline/presets/<name>.yaml``): package data, read through importlib.resources
 so that an installed wheel finds them wherever it is installed."""
-
-STAGES = {
-    "shard": "pipeline.shard.config:ShardConfig",
-    "train": "pipeline.train.config:TrainConfig",
-    "embed": "pipeline.embed.config:EmbedConfig",
-    "pipeline": "pipeline.pipeline_config:PipelineConfig",
-    "probe": "pipeline.probe.config:ProbeConfig",
-}
-"""Stage name -> ``module:Class`` of its schema, imported lazily so that ``elmo config shard``
-does not import torch or Ray."""
 
 
 class ConfigError(PipelineError, ValueError):
@@ -83,14 +72,6 @@ def seed_rule(seed: int) -> tuple[str, Any, bool, str]:
     return ("seed", seed, 0 <= seed < 2**63, "in [0, 2**63 - 1]")
 
 
-def stage_schema(stage: str) -> type:
-    """The schema dataclass of a stage name (``shard``, ``train``, ``embed``, ``pipeline``)."""
-    if stage not in STAGES:
-        raise ConfigError(f"unknown stage {stage!r}; choose one of {', '.join(STAGES)}")
-    module_name, class_name = STAGES[stage].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
-
-
 def preset_names() -> list[str]:
     """Names of the presets in ``pipeline/presets/`` (``tiny``, ``small``, ...)."""
     return sorted(
@@ -105,6 +86,13 @@ def preset_path(name: str) -> Traversable:
     if not resource.is_file():
         raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(preset_names())}")
     return resource
+
+
+def preset_section(name: str, section: str) -> DictConfig:
+    """One section (``model``, ...) of preset ``name``, as the preset file holds it."""
+    with resources.as_file(preset_path(name)) as path:  # a real file even from a zipped package
+        preset = _load_yaml(path)
+    return preset.get(section) or OmegaConf.create({})
 
 
 def valid_keys(schema: Any, prefix: str = "") -> list[str]:

@@ -50,9 +50,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.errors import PipelineError
-from pipeline.shard_format import BOS_ID, EOS_ID
+from pipeline.shard_format import BOS_ID, EOS_ID, KNESER_NEY_MAX_ORDER
 
-MAX_ORDER = 5
+MAX_ORDER = KNESER_NEY_MAX_ORDER
 PART_BYTES = 2 << 30
 """Largest memory a partition's task aims at (its last merge holds two halves and the result)."""
 BYTES_PER_TOKEN = {2: 25, 3: 65, 4: 115, 5: 175}
@@ -433,29 +433,3 @@ def build(counts: NgramCounts, vocab_size: int, parts: int = 1) -> KneserNey:
 
 def perplexity(nll: float, targets: int) -> float:
     return math.exp(nll / targets)
-
-
-def manifest_kneser_ney(manifest: dict, where: str) -> dict | None:
-    """The Kneser-Ney record of a shard manifest's ``baselines`` (``order``, ``perplexity``,
-    ``targets``, ...), checked; None when its shard stage counted none (turned off, nothing held
-    out, or a manifest from before the baseline). ``where``: the manifest, for the error."""
-    baselines = manifest.get("baselines", {})
-    record = baselines.get("kneser_ney") if isinstance(baselines, dict) else "?"
-    if record is None:
-        return None
-    ok = isinstance(record, dict)
-    order, ppl, targets = (record.get(k) for k in ("order", "perplexity", "targets")) if ok else (0, 0, 0)
-    if not (
-        type(order) is int
-        and 2 <= order <= MAX_ORDER
-        and isinstance(ppl, int | float)
-        and math.isfinite(ppl)
-        and ppl >= 1.0
-        and type(targets) is int
-        and targets > 0
-    ):
-        raise BaselineError(
-            f"manifest {where}: baselines.kneser_ney needs an order in 2..{MAX_ORDER}, a finite "
-            "perplexity >= 1 and a positive count of targets"
-        )
-    return record

@@ -90,6 +90,9 @@ def to_options(model: ModelConfig) -> dict:
 def preset_options(name: str) -> dict:
     """The options.json dict of preset ``name``'s model (``pipeline/presets/<name>.yaml``), e.g. for a
     randomly initialised model of a released size in a benchmark."""
-    from pipeline.config import resolve_config, stage_schema, to_object
+    from omegaconf import OmegaConf
 
-    return to_options(to_object(resolve_config(stage_schema("train"), preset=name, allow_missing=True).model))
+    from pipeline.config import preset_section
+
+    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), preset_section(name, "model"))
+    return to_options(OmegaConf.to_object(merged))

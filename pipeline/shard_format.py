@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import re
 import tarfile
 from collections.abc import Iterator, Sequence
@@ -477,3 +478,33 @@ def read_shard_vocab(shard_dir: str, manifest: dict | None = None) -> tuple[byte
     except UnicodeDecodeError as err:
         raise FormatError(f"vocabulary {path} is not UTF-8 ({err})") from None
     return data, parse_vocab(text, path)
+
+
+KNESER_NEY_MAX_ORDER = 5
+"""The highest n-gram order of the shard stage's Kneser-Ney baseline (``pipeline.kneser_ney``)."""
+
+
+def manifest_kneser_ney(manifest: dict, where: str) -> dict | None:
+    """The Kneser-Ney record of a shard manifest's ``baselines`` (``order``, ``perplexity``,
+    ``targets``, ...), checked; None when its shard stage counted none (turned off, nothing held
+    out, or a manifest from before the baseline). ``where``: the manifest, for the error."""
+    baselines = manifest.get("baselines", {})
+    record = baselines.get("kneser_ney") if isinstance(baselines, dict) else "?"
+    if record is None:
+        return None
+    ok = isinstance(record, dict)
+    order, ppl, targets = (record.get(k) for k in ("order", "perplexity", "targets")) if ok else (0, 0, 0)
+    if not (
+        type(order) is int
+        and 2 <= order <= KNESER_NEY_MAX_ORDER
+        and isinstance(ppl, int | float)
+        and math.isfinite(ppl)
+        and ppl >= 1.0
+        and type(targets) is int
+        and targets > 0
+    ):
+        raise FormatError(
+            f"manifest {where}: baselines.kneser_ney needs an order in 2..{KNESER_NEY_MAX_ORDER}, a finite "
+            "perplexity >= 1 and a positive count of targets"
+        )
+    return record

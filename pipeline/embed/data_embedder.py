@@ -159,7 +159,13 @@ def _raw_line(text: Any, row: int, column: str) -> bytes:
 
 def _check_choices(**chosen: str) -> None:
     """One line naming a setting whose value is not one of its choices."""
-    kinds = {"layers": LayerMode, "pool": Pool, "dtype": StoredDType, "precision": Precision, "device": Device}
+    kinds = {
+        "layers": LayerMode,
+        "pool": Pool,
+        "dtype": StoredDType,
+        "precision": Precision,
+        "device": Device,
+    }
     for key, value in chosen.items():
         names = [m.value for m in kinds[key]]
         if value not in names:

@@ -240,23 +240,23 @@ class _Window:
 @dataclass(frozen=True)
 class _ShardRun:
     """The facts of one shard run that every pass reads: the input ``paths`` (main inputs, then
-    held-out ones), the ``output``, the resolved ``config`` (as plain data), the line ``settings``,
+    held-out ones), the ``output``, the resolved ``config``, the line ``settings``,
     and ``window``: how many Ray tasks may be unfinished at once."""
 
     paths: list[str]
     output: str
-    config: dict
+    config: ShardConfig
     settings: LineSettings
     window: int
 
 
-def _settings(config: dict, main_sources: int) -> LineSettings:
+def _settings(config: ShardConfig, main_sources: int) -> LineSettings:
     return LineSettings(
-        tokenizer=config["tokenizer"],
-        moses_lang=config["moses_lang"],
-        lowercase=config["lowercase"],
-        max_line_bytes=config["max_line_bytes"],
-        heldout_fraction=config["heldout_fraction"],
+        tokenizer=config.tokenizer.value,
+        moses_lang=config.moses_lang,
+        lowercase=config.lowercase,
+        max_line_bytes=config.max_line_bytes,
+        heldout_fraction=config.heldout_fraction,
         main_sources=main_sources,
     )
 
@@ -284,24 +284,24 @@ def _count(run: _ShardRun, progress: Progress) -> tuple[list[ChunkSummary], Toke
         progress.update(summary_.stats.lines, summary_.stats.train_tokens + summary_.stats.heldout_tokens)
 
     window = _Window(run.window, absorb)
-    for chunk in iter_chunks(run.paths, run.config["chunk_bytes"], run.config["max_line_bytes"]):
+    for chunk in iter_chunks(run.paths, run.config.chunk_bytes, run.config.max_line_bytes):
         result_ref, sentences_ref = _count_task.remote(chunk, run.settings)
         window.add(result_ref, tag=sentences_ref)
     window.drain()
     return [summaries[i] for i in range(len(summaries))], counts, kept
 
 
-def _check_counts(total: LineStats, config: dict) -> None:
+def _check_counts(total: LineStats, config: ShardConfig) -> None:
     if total.train_sentences + total.heldout_sentences == 0:
         raise ShardError(
             f"empty corpus: no sentences in the inputs ({total.lines} lines read, {total.empty} empty, "
-            f"{total.overlong} longer than max_line_bytes={config['max_line_bytes']})"
+            f"{total.overlong} longer than max_line_bytes={config.max_line_bytes})"
         )
     if total.train_sentences == 0:
         raise ShardError(f"no training sentences: all {total.heldout_sentences} sentences are held out")
-    if total.max_sentence_tokens > config["shard_tokens"]:
+    if total.max_sentence_tokens > config.shard_tokens:
         raise ShardError(
-            f"a sentence has {total.max_sentence_tokens} tokens, more than shard_tokens={config['shard_tokens']}; "
+            f"a sentence has {total.max_sentence_tokens} tokens, more than shard_tokens={config.shard_tokens}; "
             "raise shard_tokens or lower max_line_bytes"
         )
 
@@ -369,7 +369,7 @@ def _write(run: _ShardRun, out: _ShardOutput, chunks, vocab, layouts, done, kept
             settings=run.settings,
             vocab_box=vocab_box,
             vocab_sha=vocab.sha256,
-            shard_tokens=run.config["shard_tokens"],
+            shard_tokens=run.config.shard_tokens,
             out=out,
             offsets={split: layouts[split].offsets[index] for split in SPLITS},
             shards={split: layouts[split].chunk_shards[index] for split in SPLITS},
@@ -404,20 +404,19 @@ def run_shard(cfg: ShardConfig, session: RaySession | None = None) -> StageResul
 
     A run that fails before writing anything (an empty corpus, an unreadable input) leaves no
     folder it created; one that wrote something keeps it, for a rerun to complete."""
-    config = to_dict(cfg)
-    with removed_on_failure(config["output"]):
+    with removed_on_failure(cfg.output):
         try:
-            return _run_shard(config, session or RaySession.joined())
+            return _run_shard(cfg, session or RaySession.joined())
         except BaseException:
-            withdraw_claim(config["output"], OWN_FILES)
+            withdraw_claim(cfg.output, OWN_FILES)
             raise
 
 
-def _run_shard(config: dict, session: RaySession) -> StageResult:
+def _run_shard(config: ShardConfig, session: RaySession) -> StageResult:
     started = time.perf_counter()
-    output = config["output"]
-    inputs = resolve_inputs(config["input"], "input")
-    heldout = resolve_inputs(config["heldout_input"], "heldout_input")
+    output = config.output
+    inputs = resolve_inputs(config.input, "input")
+    heldout = resolve_inputs(config.heldout_input, "heldout_input")
     both = set(inputs) & set(heldout)
     if both:
         raise ShardError(f"{sorted(both)[0]} is both an input and a heldout_input")
@@ -426,7 +425,7 @@ def _run_shard(config: dict, session: RaySession) -> StageResult:
         versions = {path: storage.version(path) for path in paths}
     except storage.StorageError as err:
         raise ShardError(f"cannot read input: {err}") from None
-    identity = run_identity(config, inputs, heldout, versions)
+    identity = run_identity(to_dict(config), inputs, heldout, versions)
     lease = Lease(output, ShardError, "output")
     lease.check()  # a run still writing this folder: refused, whatever its files say so far
     manifest, _ = inspect_output(output, identity)
@@ -440,37 +439,37 @@ def _run_shard(config: dict, session: RaySession) -> StageResult:
         manifest, plan = inspect_output(output, identity)
         session.start()
         run = _ShardRun(
-            paths, output, config, _settings(config, len(inputs)), 2 * _cluster_workers(config["workers"])
+            paths, output, config, _settings(config, len(inputs)), 2 * _cluster_workers(config.workers)
         )
-        chunks = plan_chunks(plan, identity, config["chunk_bytes"]) if plan else None
+        chunks = plan_chunks(plan, identity, config.chunk_bytes) if plan else None
         vocab = read_vocabulary(output, plan["vocab_sha256"]) if chunks is not None else None
         distinct = plan.get("distinct_train_tokens", 0) if vocab is not None else 0
         kept: dict = {}  # chunk index -> ObjectRef of its tokenized chunk (none on a rerun from the plan)
         if vocab is None:
-            progress = Progress("shard: counting", config["progress"])
+            progress = Progress("shard: counting", config.progress)
             chunks, counts, kept = _count(run, progress)
             progress.close()
             total = LineStats()
             for chunk in chunks:
                 total.add(chunk.stats)
             _check_counts(total, config)
-            vocab = build_vocabulary(counts, total.train_sentences, config["min_count"], config["max_size"])
+            vocab = build_vocabulary(counts, total.train_sentences, config.min_count, config.max_size)
             distinct = len(counts)
             del counts
             storage.write_bytes(storage.join(output, VOCAB_FILE), vocab.vocab_bytes)
             storage.write_bytes(storage.join(output, COUNTS_FILE), vocab.counts_bytes)
             plan = {
-                **build_plan(identity, config["chunk_bytes"], chunks, vocab),
+                **build_plan(identity, config.chunk_bytes, chunks, vocab),
                 "distinct_train_tokens": distinct,
             }
             storage.write_bytes(storage.join(output, PLAN_FILE), encode_json(plan))
-        layouts = _layouts(chunks, config["shard_tokens"])
+        layouts = _layouts(chunks, config.shard_tokens)
         out = _ShardOutput(
-            output, config["seed"], config["block_tokens"], UNK_ID, [ray.put(_unigram(chunks, vocab))]
+            output, config.seed, config.block_tokens, UNK_ID, [ray.put(_unigram(chunks, vocab))]
         )
         done = _reusable_shards(run, layouts, manifest, out)
         total_tokens = sum(layouts[s].total_tokens for s in SPLITS)
-        progress = Progress("shard: writing", config["progress"])
+        progress = Progress("shard: writing", config.progress)
         written = _write(run, out, chunks, vocab, layouts, done, kept, progress)
         progress.close()
         records = {**done, **written}
@@ -491,11 +490,11 @@ def _run_shard(config: dict, session: RaySession) -> StageResult:
 def _baselines(run: _ShardRun, shards, vocab: Vocabulary) -> tuple[dict, float]:
     """The manifest's ``baselines`` (the Kneser-Ney model of ``kneser_ney_order``, unless 0 or
     nothing is held out) and the seconds its pass took."""
-    order = run.config["kneser_ney_order"]
+    order = run.config.kneser_ney_order
     if not order:
         return {}, 0.0
     started = time.perf_counter()
-    progress = Progress(f"shard: {order}-gram baseline", run.config["progress"])
+    progress = Progress(f"shard: {order}-gram baseline", run.config.progress)
     record = kneser_ney_baseline(run.output, shards, vocab.size, order, run.window, progress.update, _get)
     progress.close()
     return ({"kneser_ney": record} if record else {}), time.perf_counter() - started

@@ -18,6 +18,7 @@ from typing import Any
 
 from pipeline import storage
 from pipeline.output_owner import check_owned
+from pipeline.shard.config import ShardConfig
 from pipeline.shard.errors import ShardError
 from pipeline.shard.manifest import OWN_FILES, PLAN_FILE, RUN_FILE, encode_json, identity_of
 from pipeline.shard.passes import ChunkSummary
@@ -125,7 +126,7 @@ def read_vocabulary(output: str, expected_sha: str) -> Vocabulary | None:
 
 
 def chunk_sources(
-    paths, config, chunks: Sequence[ChunkSummary], feeding: set[int], kept: dict
+    paths, config: ShardConfig, chunks: Sequence[ChunkSummary], feeding: set[int], kept: dict
 ) -> Iterator[tuple[int, Any]]:
     """``(chunk index, source)`` for the chunks in ``feeding``, in order: the source is the
     counting pass's ObjectRef when it was kept (taken out of ``kept``, so the object store frees
@@ -144,7 +145,7 @@ def chunk_sources(
             yield from ((i, kept.pop(i)) for i in indices)
             continue
         reader = iter_chunks(
-            [paths[source]], config["chunk_bytes"], config["max_line_bytes"], first[source], source
+            [paths[source]], config.chunk_bytes, config.max_line_bytes, first[source], source
         )
         for chunk in reader:
             if chunk.index >= len(chunks) or chunks[chunk.index].source != source:

@@ -28,7 +28,6 @@ from elmo_model import BiLMOptions, OptionsError
 from pipeline import cluster_capacity, ray_runtime, shard_format, storage
 from pipeline.config import UseGPU
 from pipeline.errors import PipelineError, Terminated
-from pipeline.kneser_ney import manifest_kneser_ney
 from pipeline.lease import Lease
 from pipeline.model_config import to_options
 from pipeline.output_owner import check_owned, withdraw_claim
@@ -238,7 +237,7 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
 def _baselines(shards: str, manifest: dict) -> dict:
     """RunPlan.baselines: the unigram's, and the shard stage's Kneser-Ney model where it counted one."""
     baselines = {"eval/unigram_perplexity": float(heldout_unigram_perplexity(shards, manifest))}
-    kneser_ney = manifest_kneser_ney(manifest, shard_format.manifest_path(shards))
+    kneser_ney = shard_format.manifest_kneser_ney(manifest, shard_format.manifest_path(shards))
     if kneser_ney is not None:
         baselines["eval/kneser_ney_perplexity"] = float(kneser_ney["perplexity"])
         baselines["eval/kneser_ney_order"] = kneser_ney["order"]

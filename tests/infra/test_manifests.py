@@ -28,7 +28,8 @@ except ModuleNotFoundError:  # Python 3.10: pytest itself depends on tomli there
     import tomli as tomllib
 
 from jobs.stage_args import flag_overrides, parse_stage_args
-from pipeline.config import resolve_config, stage_schema, to_object
+from jobs.stages import stage_schema
+from pipeline.config import resolve_config, to_object
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 REPO = INFRA.parent

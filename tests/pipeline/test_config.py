@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import pytest
 
+from jobs.stages import stage_schema
 from pipeline.config import (
     ConfigError,
     UseGPU,
@@ -14,7 +15,6 @@ from pipeline.config import (
     preset_names,
     resolve_config,
     resolver_calls,
-    stage_schema,
     to_dict,
     to_object,
     to_yaml,

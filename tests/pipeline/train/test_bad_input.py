@@ -14,7 +14,6 @@ from shard_builder import sample_sentences, write_sample_shards
 from jobs.train import main as train_main
 from pipeline import cluster_capacity, shard_format, storage
 from pipeline.config import ConfigError, load_config
-from pipeline.kneser_ney import BaselineError
 from pipeline.shard_format import FormatError
 from pipeline.train.config import TrainConfig
 from pipeline.train.launch import TrainError, _cluster_check, _model_options, gpus_possible, prepare_run
@@ -82,7 +81,7 @@ def test_a_malformed_kneser_ney_record_is_one_line(shards, tmp_path, record):
     manifest = json.loads(storage.read_bytes(path))
     storage.write_bytes(path, json.dumps({**manifest, "baselines": {"kneser_ney": record}}).encode())
     with pytest.raises(
-        BaselineError, match=r"manifest .*manifest.json: baselines.kneser_ney needs an order in 2..5"
+        FormatError, match=r"manifest .*manifest.json: baselines.kneser_ney needs an order in 2..5"
     ):
         prepare_run(cfg_for(shards, str(tmp_path / "run"), "softmax.negatives=100"))
     assert not (tmp_path / "run").exists()  # refused before the run claims a folder
