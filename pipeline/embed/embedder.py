@@ -33,6 +33,7 @@ from pipeline.embed.config import (
     StoredDType,
 )
 from pipeline.embed.errors import WORKER_ERRORS, EmbedError
+from pipeline.embed.file_format import shard_format
 from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.resume import commit_shard
 from pipeline.embed.sentences import PreparedLines
@@ -350,7 +351,7 @@ class ShardEmbedder:
                 file_format=s.file_format.value,
                 pool=s.pool.value,
             )
-            return commit_shard(self.output, stats, shard, s.layout.value, s.file_format.value)
+            return commit_shard(self.output, stats, shard, s.layout.value, shard_format(s.file_format.value))
         finally:
             self.model.buffers.release(shard)
 

@@ -30,7 +30,7 @@ import numpy as np
 from elmo_model.weights import require_stored_here
 from pipeline import storage
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.shard_vectors import ShardVectors
+from pipeline.embed.shard_vectors import ShardVectors, line_value
 
 SENTENCE_TO_INDEX = "sentence_to_index"
 LAYOUTS = ("allennlp", "packed")
@@ -169,11 +169,7 @@ def _iter_packed(shard: h5py.File, path: str, rows: int | None) -> Iterator[tupl
         raise EmbedError(f"{path}: holds {vectors.shape[0]:,} vectors, its manifest counts {rows:,}")
     pooled = bool(shard.attrs.get("pooled", False))
     for i, line in enumerate(lines.tolist()):
-        value = vectors[offsets[i] : offsets[i + 1]]
-        if pooled:
-            yield line, value[0]
-        else:
-            yield line, value.transpose(1, 0, 2) if value.ndim == 3 else value
+        yield line, line_value(vectors, offsets, i, pooled)
 
 
 def write_sentence_to_index(out: h5py.File, sentence_to_index: Mapping[str, str]) -> None:

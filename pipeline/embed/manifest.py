@@ -16,8 +16,10 @@ A shard entry: ``name``, ``index``, ``first_line``, ``end_line`` (exclusive), ``
 from __future__ import annotations
 
 import json
+import re
 
 from pipeline import storage
+from pipeline.embed.file_format import FORMATS
 
 FORMAT = "elmo-embeddings/1"
 MANIFEST_FILE = "manifest.json"
@@ -45,12 +47,14 @@ def with_defaults(run: dict) -> dict:
     return {**RUN_DEFAULTS, **run}
 
 
-FILE_FORMATS = ("hdf5", "parquet")
-"""Shard file formats; a shard's name ends in its format."""
+SHARD_NAME = re.compile(rf"embeddings-(\d{{6,}})\.({'|'.join(FORMATS)})")
+"""A shard's file name: its index and its format's suffix (the one spelling of it)."""
+ENTRY_NAME = re.compile(r"embeddings-(\d{6,})\.json")
+"""A shard's progress record under ``_progress/``."""
 
 
 def shard_name(index: int, file_format: str = "hdf5") -> str:
-    return f"embeddings-{index:06d}.{file_format}"
+    return f"embeddings-{index:06d}{FORMATS[file_format].suffix}"
 
 
 def shard_path(output: str, index: int, file_format: str = "hdf5") -> str:
@@ -62,7 +66,7 @@ def progress_dir(output: str) -> str:
 
 
 def entry_path(output: str, index: int) -> str:
-    return storage.join(output, PROGRESS_DIR, f"embeddings-{index:06d}.json")
+    return storage.join(output, PROGRESS_DIR, f"embeddings-{index:06d}.json")  # ENTRY_NAME
 
 
 def run_path(output: str) -> str:

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from pipeline import storage
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.shard_vectors import ShardVectors
+from pipeline.embed.shard_vectors import ShardVectors, line_value
 
 COLUMNS = ("line", "tokens", "vectors")
 ARROW_FLOATS = {np.dtype(np.float16): pa.float16(), np.dtype(np.float32): pa.float32()}
@@ -133,8 +133,4 @@ def iter_shard(
         values = values.flatten()
     array = values.to_numpy(zero_copy_only=False).reshape(-1, *sizes)
     for i, line in enumerate(lines.tolist()):
-        rows = array[offsets[i] : offsets[i + 1]]
-        if pooled:
-            yield line, rows[0]
-        else:
-            yield line, rows.swapaxes(0, 1) if rows.ndim == 3 else rows
+        yield line, line_value(array, offsets, i, pooled)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import tempfile
 from collections.abc import Iterator
 
@@ -25,12 +24,11 @@ import h5py
 import numpy as np
 
 from pipeline import storage
-from pipeline.embed import manifest, parquet_shard
+from pipeline.embed import manifest
 from pipeline.embed.config import is_single_file
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.hdf5_shard import iter_hdf5, iter_line_datasets
-
-SHARD_NAME = re.compile(rf"embeddings-\d{{6,}}\.({'|'.join(manifest.FILE_FORMATS)})")
+from pipeline.embed.file_format import ShardFormat, shard_format
+from pipeline.embed.hdf5_shard import iter_line_datasets
 
 
 def read_embeddings(output: str) -> Iterator[tuple[int, np.ndarray]]:
@@ -40,8 +38,9 @@ def read_embeddings(output: str) -> Iterator[tuple[int, np.ndarray]]:
         return
     document = _manifest(output)
     pooled = document.get("pool") == "mean"
+    fmt = shard_format(document.get("file_format", manifest.RUN_DEFAULTS["file_format"]))
     for entry in _entries(output, document):
-        yield from _shard(output, entry, pooled)
+        yield from _shard(output, entry, pooled, fmt)
 
 
 def _manifest(output: str) -> dict:
@@ -105,10 +104,13 @@ def _entries(output: str, document: dict) -> list[dict]:
     return entries
 
 
-def _shard(output: str, entry: dict, pooled: bool) -> Iterator[tuple[int, np.ndarray]]:
+def _shard(output: str, entry: dict, pooled: bool, fmt: ShardFormat) -> Iterator[tuple[int, np.ndarray]]:
     name = entry["name"]
-    if not SHARD_NAME.fullmatch(name):  # a shard of this output, nothing outside it
-        raise EmbedError(f"{manifest.manifest_path(output)}: {name!r} is not a shard name of this output")
+    if name != manifest.shard_name(entry["index"], fmt.name):  # a shard of this output, nothing outside it
+        raise EmbedError(
+            f"{manifest.manifest_path(output)}: {name!r} is not the name of its shard {entry['index']} "
+            f"in this output's format ({fmt.name})"
+        )
     path = storage.join(output, name)
     try:
         size = storage.size(path)  # before reading: a regular file of the manifest's size
@@ -122,11 +124,7 @@ def _shard(output: str, entry: dict, pooled: bool) -> Iterator[tuple[int, np.nda
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise EmbedError(f"{path} is damaged or was replaced: its sha256 is not the manifest's")
     rows_expected = entry["end_line"] - entry["first_line"] if pooled else entry.get("tokens")
-    rows = (
-        parquet_shard.iter_shard(data, path, pooled, rows_expected)
-        if name.endswith(".parquet")
-        else iter_hdf5(data, path, rows_expected)
-    )
+    rows = fmt.read(data, path, pooled, rows_expected)
     expected = int(entry["first_line"])
     for line, value in rows:
         if line != expected:

@@ -25,21 +25,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pipeline import shard_format, storage
-from pipeline.embed import manifest, parquet_shard
+from pipeline.embed import manifest
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.hdf5_shard import write_shard
+from pipeline.embed.file_format import ShardFormat
 from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.shard_vectors import ShardVectors
 from pipeline.output_dirs import missing_dirs, remove_empty_dirs
 from pipeline.output_owner import OwnFiles, check_owned, withdraw_claim
 
-ENTRY_RE = re.compile(r"embeddings-(\d{6,})\.json$")
 OWN_FILES = OwnFiles(
     "embed",
     f"{manifest.PROGRESS_DIR}/{manifest.RUN_FILE}",
     re.compile(
-        rf"(embeddings-\d{{6,}}\.({'|'.join(manifest.FILE_FORMATS)})|{re.escape(manifest.MANIFEST_FILE)}"
-        rf"|{re.escape(manifest.PROGRESS_DIR)}/({re.escape(manifest.RUN_FILE)}|embeddings-\d{{6,}}\.json|\.write-probe))"
+        rf"({manifest.SHARD_NAME.pattern}|{re.escape(manifest.MANIFEST_FILE)}"
+        rf"|{re.escape(manifest.PROGRESS_DIR)}/({re.escape(manifest.RUN_FILE)}|{manifest.ENTRY_NAME.pattern}|\.write-probe))"
     ),
 )
 """The files this stage writes into an output (``pipeline/output_owner.py``)."""
@@ -187,7 +186,7 @@ def complete_shards(
     """Entries of the shards a previous run finished (index -> entry), checked against ``specs``."""
     found: dict[int, dict] = {}
     for path in storage.list_prefix(manifest.progress_dir(output) + "/"):
-        match = ENTRY_RE.search(path)
+        match = manifest.ENTRY_NAME.fullmatch(path.rsplit("/", 1)[-1])
         if not match:
             continue
         index = int(match.group(1))
@@ -213,18 +212,13 @@ def complete_shards(
     return found
 
 
-def commit_shard(
-    output: str, stats: dict, shard: ShardVectors, layout: str, file_format: str = "hdf5"
-) -> dict:
-    """Write a shard in ``file_format`` (hashed as it is written: ``hdf5_shard.write_shard`` in
-    ``layout``, or ``parquet_shard.write_shard``), then its entry (both atomic); returns the entry."""
+def commit_shard(output: str, stats: dict, shard: ShardVectors, layout: str, fmt: ShardFormat) -> dict:
+    """Write a shard in format ``fmt`` (hashed as it is written; ``layout`` for HDF5), then its
+    entry (both atomic); returns the entry."""
     index = stats["index"]
-    with storage.open_write(manifest.shard_path(output, index, file_format)) as out:
-        if file_format == "parquet":
-            digest = parquet_shard.write_shard(shard, out)
-        else:
-            digest = write_shard(shard, layout, out)
+    with storage.open_write(manifest.shard_path(output, index, fmt.name)) as out:
+        digest = fmt.write(shard, layout, out)
         size = out.tell()
-    entry = {"name": manifest.shard_name(index, file_format), **stats, "bytes": size, "sha256": digest}
+    entry = {"name": manifest.shard_name(index, fmt.name), **stats, "bytes": size, "sha256": digest}
     manifest.write_json(manifest.entry_path(output, index), entry)
     return entry

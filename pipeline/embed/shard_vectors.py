@@ -45,10 +45,18 @@ class ShardVectors:
     def value(self, i: int) -> np.ndarray:
         """Line ``i`` (counted from ``first_line``) in AllenNLP's shape: (n, 2P) or (L, n, 2P);
         pooled ([L,] 2P). A view, not a copy."""
-        if self.pooled:
-            return self.vectors[i]
-        rows = self.vectors[self.offsets[i] : self.offsets[i + 1]]
-        return rows.swapaxes(0, 1) if rows.ndim == 3 else rows
+        return line_value(self.vectors, self.offsets, i, self.pooled)
+
+
+def line_value(vectors, offsets, i: int, pooled: bool) -> np.ndarray:
+    """Line ``i`` of a shard's stored vectors (tokens first: ``vectors`` (tokens, [L,] 2P) and
+    ``offsets`` (S+1,); pooled, a row per line) in AllenNLP's shape: (n, 2P) or (L, n, 2P);
+    pooled ([L,] 2P). ``vectors`` may be an array or an h5py dataset (then only this line is read).
+    The one "offsets -> a line's vectors" of every reader and writer."""
+    if pooled:
+        return vectors[int(offsets[i])]
+    rows = vectors[int(offsets[i]) : int(offsets[i + 1])]
+    return rows.swapaxes(0, 1) if rows.ndim == 3 else rows
 
 
 class BufferPool:

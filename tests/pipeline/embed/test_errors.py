@@ -15,6 +15,7 @@ from jobs.embed import main
 from pipeline import cluster_capacity, storage
 from pipeline.embed import inputs, manifest, resume
 from pipeline.embed.errors import EmbedError
+from pipeline.embed.file_format import shard_format
 from pipeline.local_s3 import free_ports
 
 
@@ -234,7 +235,11 @@ def test_a_failed_run_takes_back_its_claim_and_the_folders_it_made(where, tmp_pa
                 guard.claimed = not resume.claim_output(output, run)
                 if commit:
                     resume.commit_shard(
-                        output, {"index": 0}, shard_of(0, [np.zeros((1, 4), np.float32)]), "packed"
+                        output,
+                        {"index": 0},
+                        shard_of(0, [np.zeros((1, 4), np.float32)]),
+                        "packed",
+                        shard_format("hdf5"),
                     )
                 raise EmbedError("a worker failed")
 
@@ -276,7 +281,9 @@ def test_rerun_with_other_settings_or_changed_input_is_refused(tmp_path):
     path.write_bytes(b"a\nb\nc\n")
     specs = inputs.plan_shards("text", [str(path)], 2)
     shard = shard_of(0, [np.zeros((1, 4), np.float32)] * 2)
-    entry = resume.commit_shard(out, {"index": 0, "input_sha256": specs[0].input_sha256}, shard, "allennlp")
+    entry = resume.commit_shard(
+        out, {"index": 0, "input_sha256": specs[0].input_sha256}, shard, "allennlp", shard_format("hdf5")
+    )
     assert resume.complete_shards(out, specs, verify=True) == {0: entry}
     storage.write_bytes(manifest.shard_path(out, 0), b"damaged")
     assert resume.complete_shards(out, specs, verify=True) == {}  # damaged: redone

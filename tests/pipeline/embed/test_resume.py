@@ -12,6 +12,7 @@ from embed_fixtures import shard_of
 
 from pipeline.embed import manifest, resume
 from pipeline.embed.errors import EmbedError
+from pipeline.embed.file_format import shard_format
 from pipeline.embed.inputs import ShardSpec
 
 RUN = {"input": "corpus.txt", "model_sha256": "ab" * 32, "layers": "all", "dtype": "float32"}
@@ -24,7 +25,11 @@ def specs(count: int, lines: int = 10) -> list[ShardSpec]:
 def commit(output: str, spec: ShardSpec, fill: float = 1.0) -> dict:
     shard = shard_of(spec.first_line, [np.full((2, 4), fill, dtype=np.float32)] * spec.num_lines)
     return resume.commit_shard(
-        output, {"index": spec.index, "input_sha256": spec.input_sha256}, shard, "packed"
+        output,
+        {"index": spec.index, "input_sha256": spec.input_sha256},
+        shard,
+        "packed",
+        shard_format("hdf5"),
     )
 
 
