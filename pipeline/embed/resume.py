@@ -31,7 +31,7 @@ from pipeline.embed.file_format import ShardFormat
 from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.shard_vectors import ShardVectors
 from pipeline.output_dirs import missing_dirs, remove_empty_dirs
-from pipeline.output_owner import OwnFiles, check_owned, withdraw_claim
+from pipeline.output_owner import OwnFiles, check_owned, read_marker, withdraw_claim
 
 OWN_FILES = OwnFiles(
     "embed",
@@ -143,15 +143,7 @@ def claim_output(output: str, run: dict) -> bool:
     """
     path = manifest.run_path(output)
     if storage.exists(path):
-        try:
-            recorded = json.loads(storage.read_bytes(path))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            recorded = None
-        if not isinstance(recorded, dict):
-            raise EmbedError(
-                f"{path} is damaged (not a JSON object of the run's settings); delete the output {output} and rerun"
-            )
-        previous = manifest.with_defaults(recorded)
+        previous = manifest.with_defaults(read_marker(output, OWN_FILES, EmbedError))
         current = manifest.with_defaults(run)
         for key in sorted(set(current) | set(previous)):
             if previous.get(key) != current.get(key):

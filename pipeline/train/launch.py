@@ -30,7 +30,7 @@ from pipeline.config import UseGPU
 from pipeline.errors import PipelineError, Terminated
 from pipeline.lease import Lease
 from pipeline.model_config import to_options
-from pipeline.output_owner import check_owned, withdraw_claim
+from pipeline.output_owner import check_owned, read_marker, withdraw_claim
 from pipeline.ray_runtime import RaySession
 from pipeline.stage_result import StageResult
 from pipeline.train import export as export_mod
@@ -156,15 +156,7 @@ def _claim_run_dir(run_dir: str, name: str, data: dict) -> str:
     path = RunDir(run_dir).run_file
     claim = {}
     if check_owned(run_dir, OWN_FILES, TrainError):
-        try:
-            claim = json.loads(storage.read_bytes(path))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            claim = None
-        if not isinstance(claim, dict):
-            raise TrainError(
-                f"{path} is damaged (not a JSON object): it says which run and data this directory "
-                "holds; restore it from a copy, or choose another output"
-            )
+        claim = read_marker(run_dir, OWN_FILES, TrainError)
         owner = claim.get("name")
         if not isinstance(owner, str) or not owner or not run_name_ok(owner):
             raise TrainError(

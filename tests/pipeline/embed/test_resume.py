@@ -43,7 +43,7 @@ def test_a_claim_is_written_once_and_resumed_only_with_the_same_settings(tmp_pat
     with pytest.raises(EmbedError, match=r"other settings \(layers: 'all', now 'top'\)"):
         resume.claim_output(out, {**RUN, "layers": "top"})
     (tmp_path / "emb" / "_progress" / "run.json").write_text("{not json")
-    with pytest.raises(EmbedError, match="run.json is damaged"):
+    with pytest.raises(EmbedError, match="run.json is not an elmo embed marker"):
         resume.claim_output(out, RUN)
 
 
@@ -88,7 +88,7 @@ def test_a_claim_that_is_not_an_object_is_named_damaged(tmp_path, record):
     out = str(tmp_path / "emb")
     resume.claim_output(out, RUN)
     (tmp_path / "emb" / "_progress" / "run.json").write_text(record)
-    with pytest.raises(EmbedError, match=r"run.json is damaged \(not a JSON object of the run's settings\)"):
+    with pytest.raises(EmbedError, match=r"run.json is not an elmo embed marker \(a JSON object naming the run"):
         resume.claim_output(out, RUN)
 
 
