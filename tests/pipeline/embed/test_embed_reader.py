@@ -70,7 +70,9 @@ def test_what_the_manifest_does_not_vouch_for_is_refused(ray_local, tmp_path):
     document = json.loads(manifest_file.read_text())
     document["shards"][0]["name"] = "../in.txt"
     manifest_file.write_text(json.dumps(document))
-    with pytest.raises(EmbedError, match=r"'../in.txt' is not the name of its shard 0 in this output's format"):
+    with pytest.raises(
+        EmbedError, match=r"'../in.txt' is not the name of its shard 0 in this output's format"
+    ):
         list(read_embeddings(output))
 
 

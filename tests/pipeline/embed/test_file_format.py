@@ -39,6 +39,8 @@ def test_every_format_round_trips_a_shard_through_the_registry(name, pooled):
 
 
 def test_a_format_this_version_does_not_know_is_one_line():
-    with pytest.raises(EmbedError, match=r"shard file format 'arrow' is not one this version reads \(hdf5, parquet\)"):
+    with pytest.raises(
+        EmbedError, match=r"shard file format 'arrow' is not one this version reads \(hdf5, parquet\)"
+    ):
         shard_format("arrow")
     assert not manifest.SHARD_NAME.fullmatch("embeddings-000001.arrow")

@@ -88,7 +88,9 @@ def test_a_claim_that_is_not_an_object_is_named_damaged(tmp_path, record):
     out = str(tmp_path / "emb")
     resume.claim_output(out, RUN)
     (tmp_path / "emb" / "_progress" / "run.json").write_text(record)
-    with pytest.raises(EmbedError, match=r"run.json is not an elmo embed marker \(a JSON object naming the run"):
+    with pytest.raises(
+        EmbedError, match=r"run.json is not an elmo embed marker \(a JSON object naming the run"
+    ):
         resume.claim_output(out, RUN)
 
 

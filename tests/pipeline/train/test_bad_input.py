@@ -381,7 +381,9 @@ def test_a_damaged_run_json_is_named_in_one_line(shards, tmp_path):
     prepare_run(cfg_for(shards, str(run), SMALL))
     claim = (run / "run.json").read_bytes()
     (run / "run.json").write_bytes(claim[: len(claim) // 2])  # cut short
-    with pytest.raises(TrainError, match=r"run.json is not an elmo train marker \(a JSON object naming the run") as err:
+    with pytest.raises(
+        TrainError, match=r"run.json is not an elmo train marker \(a JSON object naming the run"
+    ) as err:
         prepare_run(cfg_for(shards, str(run), SMALL))
     assert "\n" not in str(err.value)
 
