@@ -56,7 +56,7 @@ class WriteQueue:
 
     ``fence``: called before each write; once it raises, that write and every later one are
     dropped and its error is raised by every later call (a run that lost its output folder to
-    another run writes nothing more there: ``pipeline.lease.fence``).
+    another run writes nothing more there: ``pipeline.output_folder.fence``).
     """
 
     def __init__(self, name: str, fence: Callable[[], None] | None = None):

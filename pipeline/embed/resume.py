@@ -12,8 +12,8 @@ whatever the order of kills and reruns, the finished output holds every input li
 Before any of that, an output this stage does not own is refused (:func:`check_output`): a folder
 (or prefix) that holds anything but this stage's own files (a shard directory, a user's files, stray
 shards without ``_progress/run.json``), or an existing single file unless ``overwrite``. A run that
-fails before committing a shard takes its claim back (:func:`taken_back_on_failure`), so it leaves
-neither ``run.json`` nor a folder of its own making.
+fails before committing a shard takes its claim back (``output_folder.taken_back_on_failure``, every
+stage's lifecycle), so it leaves neither ``run.json`` nor a folder of its own making.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from pipeline import shard_format, storage
 from pipeline.embed import manifest
@@ -30,8 +28,11 @@ from pipeline.embed.errors import EmbedError
 from pipeline.embed.file_format import ShardFormat
 from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.shard_vectors import ShardVectors
-from pipeline.output_dirs import missing_dirs, remove_empty_dirs
-from pipeline.output_owner import OwnFiles, check_owned, read_marker, withdraw_claim
+from pipeline.output_folder import (
+    OwnFiles,
+    check_owned,
+    read_marker,
+)
 
 OWN_FILES = OwnFiles(
     "embed",
@@ -41,7 +42,7 @@ OWN_FILES = OwnFiles(
         rf"|{re.escape(manifest.PROGRESS_DIR)}/({re.escape(manifest.RUN_FILE)}|{manifest.ENTRY_NAME.pattern}|\.write-probe))"
     ),
 )
-"""The files this stage writes into an output (``pipeline/output_owner.py``)."""
+"""The files this stage writes into an output (``pipeline/output_folder.py``)."""
 
 
 def check_output(output: str, folder: str, single: bool, overwrite: bool) -> None:
@@ -72,7 +73,7 @@ def check_single_file(output: str, overwrite: bool) -> None:
 
 def check_own_folder(output: str) -> None:
     """Refuse a folder/prefix that holds files this stage did not write, or its files without the
-    ``_progress/run.json`` that makes them a resumable run (``output_owner.check_owned``); a shard
+    ``_progress/run.json`` that makes them a resumable run (``output_folder.check_owned``); a shard
     directory is named as such. New or empty: fine."""
     if manifest.MANIFEST_FILE in storage.list_names(output):
         _check_own_manifest(output)
@@ -100,31 +101,6 @@ def _check_own_manifest(output: str) -> None:
         f"output {output} is a shard directory (its {manifest.MANIFEST_FILE} is the shard stage's); "
         "write the embeddings to another folder"
     )
-
-
-class ClaimGuard:
-    """What a run has put into its output, so that a failure can take it back (see
-    :func:`taken_back_on_failure`): ``claimed`` is set once this run wrote ``run.json``."""
-
-    def __init__(self) -> None:
-        self.claimed = False
-
-
-@contextmanager
-def taken_back_on_failure(output: str) -> Iterator[ClaimGuard]:
-    """On an exception inside the block: when the block claimed ``output`` (``guard.claimed``)
-    and nothing but the claim is there (no shard committed), delete ``run.json``; then remove the
-    local folders the block created and left empty. Re-raises. Files of an earlier run, and a
-    run that committed a shard (which a rerun resumes), are left as they are."""
-    created = missing_dirs(manifest.progress_dir(output))
-    guard = ClaimGuard()
-    try:
-        yield guard
-    except BaseException:
-        if guard.claimed:
-            withdraw_claim(output, OWN_FILES)
-        remove_empty_dirs(created)
-        raise
 
 
 def check_writable(output: str) -> None:

@@ -27,15 +27,15 @@ from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import plan_shards, resolve_inputs
 from pipeline.embed.pass_size import PassSize, gpu_free_bytes, pass_size, per_position
 from pipeline.embed.resume import (
-    ClaimGuard,
+    OWN_FILES,
     check_output,
     check_writable,
     claim_output,
     complete_shards,
-    taken_back_on_failure,
 )
 from pipeline.embed.single_file import delete_parts, merge, parts_path
 from pipeline.model_loader import ModelSource, load_bilm, resolve_model
+from pipeline.output_folder import Claim, taken_back_on_failure
 from pipeline.ray_runtime import RaySession
 from pipeline.stage_result import StageResult
 
@@ -158,8 +158,9 @@ def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> StageResul
     kind, paths = resolve_inputs(cfg.input)
     check_output(cfg.output, target, single, cfg.overwrite)
     job = _EmbedJob(cfg, single, target, source, kind, paths, session or RaySession.joined())
-    with taken_back_on_failure(target) as guard:
-        return _run(job, guard)
+    # the claim is the run's once it wrote run.json (a resumed run's is an earlier run's)
+    with taken_back_on_failure(target, OWN_FILES, claimed=False) as claim:
+        return _run(job, claim)
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ class _EmbedJob:
     session: RaySession
 
 
-def _run(job: _EmbedJob, guard: ClaimGuard) -> StageResult:
+def _run(job: _EmbedJob, claim: Claim) -> StageResult:
     cfg, single, target, source, kind, paths = (
         job.cfg,
         job.single,
@@ -189,7 +190,7 @@ def _run(job: _EmbedJob, guard: ClaimGuard) -> StageResult:
     specs = plan_shards(kind, paths, cfg.lines_per_shard, cfg.shard_splits)
     run = run_settings(cfg, kind, paths, source.sha256)
     resumed = claim_output(target, run)
-    guard.claimed = not resumed
+    claim.claimed = not resumed
     done = complete_shards(target, specs, cfg.verify_resume, cfg.format.value) if resumed else {}
     if cfg.stateful and len(done) < len(specs):
         todo = [(spec, spec.index not in done) for spec in specs]  # done shards still carry the state

@@ -19,7 +19,7 @@ import torch
 from elmo_model import BiLM, BiLMOptions
 from pipeline import storage
 from pipeline.model_loader import check_files, load_files, model_paths, pick_device
-from pipeline.output_owner import OwnFiles, check_owned, read_marker
+from pipeline.output_folder import OwnFiles, check_owned, read_marker, taken_back_on_failure
 from pipeline.probe import report
 from pipeline.probe.config import ProbeConfig
 from pipeline.probe.features import token_features
@@ -55,13 +55,15 @@ def check_output(output: str, model: dict) -> None:
 
 
 def write_report(output: str, result: dict) -> tuple[str, str]:
-    """The marker first (it makes the folder a probe's), then ``report.write``'s two files."""
+    """The marker first (it makes the folder a probe's), then ``report.write``'s two files; a
+    failure in between takes the marker and the folders it made back."""
     marker = {
         "stage": OWN_FILES.stage,
         "model": {k: result["model"][k] for k in ("options_file", "weights_file")},
     }
-    storage.write_bytes(storage.join(output, MARKER_FILE), json.dumps(marker).encode())
-    return report.write(output, result)
+    with taken_back_on_failure(output, OWN_FILES):
+        storage.write_bytes(storage.join(output, MARKER_FILE), json.dumps(marker).encode())
+        return report.write(output, result)
 
 
 def random_control(bilm: BiLM, seed: int) -> BiLM:

@@ -18,7 +18,7 @@ Guarantees:
 - A rerun over a complete output does nothing; over a partial one it keeps the shards already
   written and writes the rest; over another run's output it refuses (one-line ShardError).
 - A run that fails before writing anything (an empty corpus, an unreadable input) leaves no folder
-  it created (:mod:`pipeline.output_dirs`).
+  it created (:func:`pipeline.output_folder.taken_back_on_failure`).
 
 Modules, in the order data flows through them: :mod:`.reader` (chunks of lines),
 :mod:`.tokenizer`, :mod:`.sentences` (line accounting), :mod:`.split` (held-out hash),

@@ -44,9 +44,7 @@ from ray.exceptions import RayTaskError
 
 from pipeline import storage
 from pipeline.config import to_dict
-from pipeline.lease import Lease
-from pipeline.output_dirs import removed_on_failure
-from pipeline.output_owner import withdraw_claim
+from pipeline.output_folder import Lease, taken_back_on_failure
 from pipeline.ray_runtime import RaySession
 from pipeline.shard.baseline import kneser_ney_baseline
 from pipeline.shard.config import ShardConfig
@@ -404,12 +402,8 @@ def run_shard(cfg: ShardConfig, session: RaySession | None = None) -> StageResul
 
     A run that fails before writing anything (an empty corpus, an unreadable input) leaves no
     folder it created; one that wrote something keeps it, for a rerun to complete."""
-    with removed_on_failure(cfg.output):
-        try:
-            return _run_shard(cfg, session or RaySession.joined())
-        except BaseException:
-            withdraw_claim(cfg.output, OWN_FILES)
-            raise
+    with taken_back_on_failure(cfg.output, OWN_FILES):
+        return _run_shard(cfg, session or RaySession.joined())
 
 
 def _run_shard(config: ShardConfig, session: RaySession) -> StageResult:

@@ -21,8 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.lease import LEASE_FILE
-from pipeline.output_owner import OwnFiles
+from pipeline.output_folder import LEASE_FILE, OwnFiles
 from pipeline.shard.config import RUNTIME_KEYS
 from pipeline.shard.passes import ChunkSummary
 from pipeline.shard.sentences import LineStats
@@ -33,7 +32,7 @@ from pipeline.shard_format import COUNTS_FILE, MANIFEST_FILE, SPLITS, VOCAB_FILE
 FORMAT_VERSION = 1
 RUN_FILE = "shard_run.json"
 """The run's identity, written before anything else: it makes the folder this stage's
-(``pipeline/output_owner.py``), and a rerun with another identity is refused."""
+(``pipeline/output_folder.py``), and a rerun with another identity is refused."""
 PLAN_FILE = "shard_plan.json"
 """Record of the counting pass (identity, chunk summaries, vocabulary hash), written before any
 shard and kept after the manifest; unlike the shards and manifest it depends on ``chunk_bytes``."""

@@ -7,7 +7,7 @@ before any shard) spares the counting pass, a vocabulary that matches the plan s
 it, and shards already written under their final names are described and kept
 (``job._reusable_shards``). An output that holds another run's files, anyone else's files, or this
 stage's file names without ``shard_run.json``, is refused, never overwritten
-(``pipeline/output_owner.py``).
+(``pipeline/output_folder.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pipeline import storage
-from pipeline.output_owner import check_owned
+from pipeline.output_folder import check_owned
 from pipeline.shard.config import ShardConfig
 from pipeline.shard.errors import ShardError
 from pipeline.shard.manifest import OWN_FILES, PLAN_FILE, RUN_FILE, encode_json, identity_of

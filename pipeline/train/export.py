@@ -3,7 +3,7 @@ readable, via ``BiLM.save_files``), the softmax in its own HDF5, and the vocabul
 
 Layout of ``OUT/``: ``export.json`` (``{"stage": "export", "run": RUN, ...}``: what was exported, the
 run and step or the checkpoint; written first, it makes the folder an export's and is read before a
-later export writes there, ``pipeline/output_owner.py``), ``options.json``,
+later export writes there, ``pipeline/output_folder.py``), ``options.json``,
 ``weights.hdf5``, ``softmax.hdf5`` (datasets ``softmax/W`` (V, P) and ``softmax/b`` (V,), bilm-tf's
 ``lm/softmax/{W,b}``), ``vocab.txt``.
 """
@@ -22,7 +22,7 @@ import torch
 from elmo_model import BiLM, OptionsError
 from elmo_model.weights import require_stored_here
 from pipeline import storage
-from pipeline.output_owner import OwnFiles, check_owned, read_marker
+from pipeline.output_folder import OwnFiles, check_owned, read_marker, taken_back_on_failure
 from pipeline.train import checkpoint as ckpt
 from pipeline.train.errors import TrainError
 from pipeline.train.objective import SharedSoftmax
@@ -178,5 +178,5 @@ def export_checkpoint(path: str, out_dir: str, overwrite: bool = False) -> list[
     source["run"] = source_run(source)
     check_export_folder(out_dir, overwrite, source)
     bilm, softmax, payload = model_from_checkpoint(path)
-    with torch.no_grad():
+    with taken_back_on_failure(out_dir, OWN_FILES), torch.no_grad():
         return export_model(bilm, softmax, payload["vocab"], out_dir, source)

@@ -28,9 +28,8 @@ from elmo_model import BiLMOptions, OptionsError
 from pipeline import cluster_capacity, ray_runtime, shard_format, storage
 from pipeline.config import UseGPU
 from pipeline.errors import PipelineError, Terminated
-from pipeline.lease import Lease
 from pipeline.model_config import to_options
-from pipeline.output_owner import check_owned, read_marker, withdraw_claim
+from pipeline.output_folder import Lease, check_owned, read_marker, taken_back_on_failure
 from pipeline.ray_runtime import RaySession
 from pipeline.stage_result import StageResult
 from pipeline.train import export as export_mod
@@ -279,7 +278,7 @@ def run_training(
     result's ``details`` are the final status row (end-of-run held-out perplexities); its tokens
     are this run's positions of one direction (a resumed run counts only the steps it ran)."""
     plan = prepare_run(cfg) if plan is None else plan
-    try:
+    with taken_back_on_failure(plan.run_dir, OWN_FILES):  # a run that wrote nothing does not hold the folder
         (session or RaySession.joined()).start()
         plan = dataclasses.replace(plan, use_gpu=_cluster_check(cfg))
         check_step_fits(cfg, plan.options, plan.use_gpu)  # the cluster's devices now known
@@ -293,9 +292,6 @@ def run_training(
                     _fit_with_restarts(cfg, plan, relay)
         finally:
             ray.kill(relay)
-    except BaseException:
-        withdraw_claim(plan.run_dir, OWN_FILES)  # a run that wrote nothing does not hold the folder
-        raise
     final = final_status(follower.status)
     if cfg.wandb.mode is WandbMode.offline:
         final["wandb_sync"] = sync_command(plan.run_dir, plan.wandb_id, cfg.wandb.project, cfg.wandb.entity)

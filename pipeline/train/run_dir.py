@@ -2,7 +2,7 @@
 
 Layout of ``RUN/``:
 - ``run.json``: the run's name, wandb id and the data it trains on (``launch``);
-- ``lease.json``: the heartbeat of the driver running it (``pipeline/lease.py``);
+- ``lease.json``: the heartbeat of the driver running it (``pipeline/output_folder.py``);
 - ``metrics.jsonl``: one JSON row per line, the run's record (``metrics``);
 - ``checkpoints/step-NNNNNNNNN/``: checkpoints (``checkpoint``);
 - ``wandb/attempt-NNN/``: each attempt's offline wandb files (``wandb_run``);
@@ -15,7 +15,7 @@ slow checkpoint upload never holds back the metrics and wandb files: ``records``
 ``checkpoints``. Local files are appended to; an ``s3://`` directory (no appends) gets the whole
 metrics file again at each log interval and the new wandb files at each checkpoint, so a crash
 loses at most one interval there. Under a driver, every write first checks that the driver's
-lease on the directory is still this run's (``pipeline.lease.fence``).
+lease on the directory is still this run's (``pipeline.output_folder.fence``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from dataclasses import dataclass
 
 from pipeline import storage
 from pipeline.background import WriteQueue
-from pipeline.lease import LEASE_FILE
-from pipeline.output_owner import OwnFiles
+from pipeline.output_folder import LEASE_FILE, OwnFiles
 
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
@@ -43,7 +42,7 @@ OWN_FILES = OwnFiles(
         rf"|({CHECKPOINTS}|{WANDB_DIR}|{EXPORT_DIR})/.+"
     ),
 )
-"""What a run writes into its directory (``pipeline/output_owner.py``): another folder is refused."""
+"""What a run writes into its directory (``pipeline/output_folder.py``): another folder is refused."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,7 @@ class RunWriter:
     waits for both and raises the first error."""
 
     def __init__(self, fence: Callable[[], None] | None = None) -> None:
-        """``fence``: checked before every write (``pipeline.lease.fence``: the run still holds
+        """``fence``: checked before every write (``pipeline.output_folder.fence``: the run still holds
         its directory's lease)."""
         self.records = WriteQueue("run-records", fence)
         self.checkpoints = WriteQueue("run-checkpoints", fence)

@@ -23,7 +23,7 @@ import torch
 from pipeline import shard_format, storage
 from pipeline.config import to_dict
 from pipeline.errors import PipelineError
-from pipeline.lease import fence
+from pipeline.output_folder import fence
 from pipeline.probe.dashboard import DashboardProbe
 from pipeline.train import export as export_mod
 from pipeline.train.char_cache import CharCache

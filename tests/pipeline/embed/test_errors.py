@@ -17,6 +17,7 @@ from pipeline.embed import inputs, manifest, resume
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.file_format import shard_format
 from pipeline.local_s3 import free_ports
+from pipeline.output_folder import taken_back_on_failure
 
 
 @pytest.fixture
@@ -230,7 +231,7 @@ def test_a_failed_run_takes_back_its_claim_and_the_folders_it_made(where, tmp_pa
 
     def failing_run(output: str, commit: bool = False) -> None:
         with pytest.raises(EmbedError, match="a worker failed"):
-            with resume.taken_back_on_failure(output) as guard:
+            with taken_back_on_failure(output, resume.OWN_FILES, claimed=False) as guard:
                 resume.check_writable(output)
                 guard.claimed = not resume.claim_output(output, run)
                 if commit:

@@ -14,6 +14,7 @@ from pipeline.embed import manifest, resume
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.file_format import shard_format
 from pipeline.embed.inputs import ShardSpec
+from pipeline.output_folder import taken_back_on_failure
 
 RUN = {"input": "corpus.txt", "model_sha256": "ab" * 32, "layers": "all", "dtype": "float32"}
 
@@ -106,13 +107,13 @@ def test_a_changed_input_is_refused_not_mixed(tmp_path):
 
 def test_a_failed_run_takes_back_its_claim_and_its_folders_unless_it_committed(tmp_path):
     out = str(tmp_path / "new" / "emb")
-    with pytest.raises(RuntimeError), resume.taken_back_on_failure(out) as guard:
+    with pytest.raises(RuntimeError), taken_back_on_failure(out, resume.OWN_FILES, claimed=False) as guard:
         resume.claim_output(out, RUN)
         guard.claimed = True
         raise RuntimeError("the model did not load")
     assert not (tmp_path / "new").exists()
 
-    with pytest.raises(RuntimeError), resume.taken_back_on_failure(out) as guard:
+    with pytest.raises(RuntimeError), taken_back_on_failure(out, resume.OWN_FILES, claimed=False) as guard:
         resume.claim_output(out, RUN)
         guard.claimed = True
         commit(out, specs(1)[0])

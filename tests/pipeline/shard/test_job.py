@@ -336,7 +336,7 @@ def test_a_users_files_are_never_written_over(ray_local, corpus, tmp_path, name)
 
 
 def test_a_second_run_into_a_folder_being_written_is_refused(ray_local, corpus, tmp_path):
-    from pipeline.lease import Lease
+    from pipeline.output_folder import Lease
 
     out = tmp_path / "out"
     with Lease(str(out), ShardError, "output"):  # another run, still writing
