@@ -39,10 +39,11 @@ from benchmarks.process_tree import TreeMonitor  # noqa: E402
 from elmo_model import BiLM  # noqa: E402
 from elmo_model.static_inference import OutputSpec  # noqa: E402
 from pipeline import storage  # noqa: E402
-from pipeline.embed.embedder import EmbedSettings, SentenceEncoder, work_settings  # noqa: E402
 from pipeline.embed.inputs import ShardSpec  # noqa: E402
+from pipeline.embed.pass_runner import PassRunner  # noqa: E402
 from pipeline.embed.pass_size import PassSize, pass_size, per_position  # noqa: E402
 from pipeline.embed.sentences import prepare_lines  # noqa: E402
+from pipeline.embed.settings import EmbedSettings, work_settings  # noqa: E402
 from pipeline.embed.shard_vectors import BufferPool  # noqa: E402
 from pipeline.embed.shard_work import work_from_lines  # noqa: E402
 from pipeline.local_s3 import REGION, LocalS3Server  # noqa: E402
@@ -159,7 +160,7 @@ def raw_pass_size(args, model_dir: Path, bilm: BiLM) -> PassSize:
     return pass_size(0, 0, "cuda", torch.cuda.mem_get_info()[0], position)
 
 
-def embed_shard(encoder: SentenceEncoder, work, buffers: BufferPool) -> None:
+def embed_shard(encoder: PassRunner, work, buffers: BufferPool) -> None:
     """One prepared shard through the encoder into its (pooled) vectors, as the actor does it."""
     assembler = encoder.assembler(work.spec.first_line, work.num_lines, work.owner, work.sizes, buffers)
     encoder.run(work, assembler)
@@ -167,7 +168,7 @@ def embed_shard(encoder: SentenceEncoder, work, buffers: BufferPool) -> None:
 
 
 def raw_forward(args, model_dir: Path, threads: int) -> dict:
-    """Forward passes only, one process: the stage's own compute (``SentenceEncoder.run``: static
+    """Forward passes only, one process: the stage's own compute (``PassRunner.run``: static
     shapes, on CUDA graphs and copies to and from pinned host memory, each pass's output placed
     into its shard's vectors) over the stage's shards and passes, prepared beforehand (the stage's
     CPU operator does that beside the actors); no shard is written."""
@@ -181,7 +182,7 @@ def raw_forward(args, model_dir: Path, threads: int) -> dict:
         invalid_utf8="replace", threads=threads, device=args.device, precision=args.precision, pool=args.pool,
         layout=args.layout,
     )  # fmt: skip
-    encoder = SentenceEncoder(bilm, settings, device)
+    encoder = PassRunner(bilm, settings, device)
     lines = corpus_lines(args.raw_sentences)
     prepare = work_settings(settings)
     shards = []  # prepared as the stage's CPU operator does, outside the timing

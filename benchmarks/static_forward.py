@@ -7,7 +7,7 @@ fixture check, for the embed stage's compute (``elmo_model.static_inference``).
 Random bilm-tf-initialised weights of each preset size, the shipped sample corpus's sentences,
 planned as the stage plans them (fixed bucket shapes replayed as CUDA graphs on CUDA; passes shrunk
 to their sentences on a CPU). Timing covers host batch building, the passes, their outputs compacted
-on the device, copied to the host and placed into one array (``SentenceEncoder.embed``), after one
+on the device, copied to the host and placed into one array (``PassRunner.embed``), after one
 warm-up pass over the same data (the graph captures). "max |err|" compares each precision's vectors
 with float32's, element by element; "real/pos" is the share of the passes' positions that hold real
 tokens (every position of a fixed shape is computed). ``--profile`` adds the kernels of one
@@ -35,23 +35,24 @@ from kernel_profile import print_kernel_summary, profile_kernels  # noqa: E402
 
 from elmo_model import BiLM  # noqa: E402
 from elmo_model.static_batches import build_passes  # noqa: E402
-from pipeline.embed.embedder import EmbedSettings, SentenceEncoder, bucket_plan  # noqa: E402
+from pipeline.embed.pass_runner import PassRunner  # noqa: E402
+from pipeline.embed.settings import EmbedSettings, bucket_plan  # noqa: E402
 from pipeline.embed.shard_vectors import BufferPool  # noqa: E402
 from pipeline.model_config import preset_options  # noqa: E402
 
 
 def encoder(
     bilm, device, precision: str, layers: str, dtype: str, batch_tokens: int, max_rows: int = 1024
-) -> SentenceEncoder:
+) -> PassRunner:
     settings = EmbedSettings(
         layers=layers, dtype=dtype, stateful=False, batch_tokens=batch_tokens, max_batch_sentences=max_rows,
         stateful_batch_size=64, max_sentence_tokens=1000, long_sentences="split", invalid_utf8="replace",
         threads=torch.get_num_threads(), device=device.type, precision=precision,
     )  # fmt: skip
-    return SentenceEncoder(bilm, settings, device)
+    return PassRunner(bilm, settings, device)
 
 
-def timed(enc: SentenceEncoder, data: list[list[str]], device) -> tuple[float, np.ndarray]:
+def timed(enc: PassRunner, data: list[list[str]], device) -> tuple[float, np.ndarray]:
     buffers = BufferPool()
     buffers.release(enc.embed(data, buffers))  # warm-up: graph captures, the host buffer
     if device.type == "cuda":
@@ -62,13 +63,13 @@ def timed(enc: SentenceEncoder, data: list[list[str]], device) -> tuple[float, n
     return time.perf_counter() - start, vectors
 
 
-def real_share(enc: SentenceEncoder, data: list[list[str]], device) -> tuple[float, int]:
+def real_share(enc: PassRunner, data: list[list[str]], device) -> tuple[float, int]:
     """(real tokens / positions computed, passes) of ``data`` as ``enc`` plans it."""
     passes = build_passes(data, bucket_plan(enc.settings, device.type))
     return sum(map(len, data)) / sum(batch.positions.size for _, batch in passes), len(passes)
 
 
-def profiled(enc: SentenceEncoder, data: list[list[str]], what: str) -> None:
+def profiled(enc: PassRunner, data: list[list[str]], what: str) -> None:
     """The kernels of one more run of ``enc`` over ``data`` (warmed up: graphs replay)."""
     buffers = BufferPool()
     share, passes = real_share(enc, data, enc.device)

@@ -8,8 +8,10 @@ Modules, in the order a run uses them:
 - ``inputs``: cut the input (text files or a shard directory) into fixed line ranges, read one back;
 - ``resume``: claim the output, find complete shards, commit a shard atomically (exactly-once);
 - ``dataflow``: the Ray Data graph: CPU tasks preparing shards (``shard_work``) feeding an actor
-  pool of ``ShardEmbedder`` (``embedder``);
-- ``sentences`` / ``shard_work`` / ``embedder``: lines -> tokens -> static forward passes (or, stateful,
+  pool of ``EmbedActor`` (``actor``: the stage's actor), each holding one ``LoadedModel``
+  (``loaded_model``: the model loaded once, shared with ``ElmoEmbedder``);
+- ``settings``: what actors and preparing tasks are told; ``sentences`` / ``shard_work`` /
+  ``pass_runner``: lines -> tokens -> static forward passes (``PassRunner``; or, stateful,
   input-order batches: ``batching``) -> values;
 - ``shard_vectors``: a shard's vectors assembled from the passes; ``hdf5_shard``: AllenNLP's HDF5 layout
   and the packed one; ``parquet_shard``: the Parquet form; ``manifest``: output names and manifest.json;

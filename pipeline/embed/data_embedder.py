@@ -15,7 +15,7 @@
 
 Each row's text is tokenized as ``elmo embed`` tokenizes a line (invalid UTF-8 replaced, control
 characters as spaces, whitespace-split; sentences longer than ``max_sentence_tokens`` embedded in
-pieces) and run through the same model code as the stage's actors (``embedder.LoadedModel``:
+pieces) and run through the same model code as the stage's actors (``loaded_model.LoadedModel``:
 static-shape passes, CUDA graphs on a GPU), so a sentence gets the stage's vectors. The batch comes
 back as an Arrow table with the vectors added as ``output_column``, typed as in the stage's Parquet
 shards (``parquet_shard``): per token a list of vectors, pooled one vector a row, float16 or float32
@@ -31,12 +31,13 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.embed.config import LayerMode, Pool, Precision, StoredDType
-from pipeline.embed.embedder import EmbedSettings, LoadedModel, work_settings
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import ShardSpec
+from pipeline.embed.loaded_model import LoadedModel
 from pipeline.embed.parquet_shard import vectors_column
 from pipeline.embed.pass_size import pass_size, per_position
 from pipeline.embed.sentences import PreparedLines, prepare_lines, prepare_token_lists
+from pipeline.embed.settings import EmbedSettings, work_settings
 from pipeline.embed.shard_work import work_from_lines
 from pipeline.model_loader import Device, pick_device, resolve_model
 

@@ -3,7 +3,7 @@
     shard specs (one row per shard, only the shards still to do; SPEC_BLOCKS blocks of them)
       -> map_batches(prepare_rows), CPU tasks: read the shard's lines, clean and tokenize them, plan
          the forward passes and build their arrays (``shard_work``) -> one prepared shard per row
-      -> map_batches(ShardEmbedder), actor pool of ``workers`` (model loaded once per actor; one GPU
+      -> map_batches(EmbedActor), actor pool of ``workers`` (model loaded once per actor; one GPU
          each when asked): run the passes, write the HDF5 shard and commit it (shard + entry,
          atomically), several shards at a time on threads of their own (one per CPU of the actor),
          so that the others write and upload while one's passes run -> entry
@@ -33,9 +33,10 @@ import numpy as np
 import ray
 from ray.data import ActorPoolStrategy, DataContext, TaskPoolStrategy
 
-from pipeline.embed.embedder import EmbedSettings, ShardEmbedder, concurrent_calls, work_settings
+from pipeline.embed.actor import EmbedActor
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import ShardSpec
+from pipeline.embed.settings import EmbedSettings, concurrent_calls, work_settings
 from pipeline.embed.shard_work import WorkSettings, prepare_shard
 from pipeline.model_loader import ModelSource
 from pipeline.ray_runtime import logger_level
@@ -156,7 +157,7 @@ def build_dataset(
             "ignore", message="`ray_remote_args` is deprecated", category=DeprecationWarning
         )
         return ds.map_batches(
-            ShardEmbedder,
+            EmbedActor,
             fn_constructor_kwargs={
                 "source": source,  # frozen dataclasses, as the driver made them
                 "settings": settings,

@@ -22,7 +22,6 @@ from pipeline.config import UseGPU, to_dict
 from pipeline.embed import manifest
 from pipeline.embed.config import EmbedConfig, Pool, StoredDType, is_single_file
 from pipeline.embed.dataflow import ActorPool, embed_stream
-from pipeline.embed.embedder import EmbedSettings
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import plan_shards, resolve_inputs
 from pipeline.embed.pass_size import PassSize, gpu_free_bytes, pass_size, per_position
@@ -33,6 +32,7 @@ from pipeline.embed.resume import (
     claim_output,
     complete_shards,
 )
+from pipeline.embed.settings import EmbedSettings
 from pipeline.embed.single_file import delete_parts, merge, parts_path
 from pipeline.model_loader import ModelSource, load_bilm, resolve_model
 from pipeline.output_folder import Claim, taken_back_on_failure

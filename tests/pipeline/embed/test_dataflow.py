@@ -41,8 +41,8 @@ def test_reading_runs_as_its_own_operator_before_the_actors(ray_local, tmp_path)
     assert [e["sentences"] for e in entries] == [4, 4, 4]
     stats = ds.stats()
     # two operators, not one fused task: fused, the actor would read and tokenize between its passes
-    assert "MapBatches(prepare_rows)" in stats and "MapBatches(ShardEmbedder)" in stats
-    assert "prepare_rows)->MapBatches(ShardEmbedder)" not in stats, stats
+    assert "MapBatches(prepare_rows)" in stats and "MapBatches(EmbedActor)" in stats
+    assert "prepare_rows)->MapBatches(EmbedActor)" not in stats, stats
 
 
 def test_readers_take_the_cpus_the_actors_leave(ray_local):

@@ -1,4 +1,4 @@
-"""pipeline.embed.embedder + hdf5_shard without Ray: values equal a direct BiLM call per sentence."""
+"""pipeline.embed.pass_runner (and loaded_model, settings) + hdf5_shard without Ray: values equal a direct BiLM call per sentence."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import pytest
 from embed_fixtures import direct, expected_value, load_model, sample_lines
 from tests_reference import fixture_expected, fixture_sentences_batch_major
 
-from pipeline.embed.embedder import EmbedSettings, SentenceEncoder, embed_lines
 from pipeline.embed.errors import EmbedError
+from pipeline.embed.pass_runner import PassRunner, embed_lines
 from pipeline.embed.sentences import prepare_lines
+from pipeline.embed.settings import EmbedSettings
 
 torch_device = __import__("torch").device("cpu")
 
@@ -41,7 +42,7 @@ def _embed(model, lines, settings):
         where="test",
     )
     model.stateful = settings.stateful
-    shard = embed_lines(SentenceEncoder(model, settings, torch_device), prepared)
+    shard = embed_lines(PassRunner(model, settings, torch_device), prepared)
     return [shard.value(i) for i in range(shard.num_lines)]
 
 
@@ -146,9 +147,9 @@ def test_cuda_passes_compacted_on_the_device_land_as_the_cpu_ones(model, mode, p
     prepared = prepare_lines(
         LINES, 0, max_tokens=20, long_sentences="split", invalid_utf8="replace", where="t"
     )
-    cpu = embed_lines(SentenceEncoder(model, settings, torch_device), prepared)
+    cpu = embed_lines(PassRunner(model, settings, torch_device), prepared)
     gpu_model = load_model().cuda()
-    encoder = SentenceEncoder(gpu_model, settings, torch.device("cuda"))
+    encoder = PassRunner(gpu_model, settings, torch.device("cuda"))
     for _ in range(2):  # the second time every shape replays its graph
         gpu = embed_lines(encoder, prepared)
         assert len(encoder.static.captured_shapes) > 1 and encoder._passes > len(encoder._pinned)

@@ -1,0 +1,71 @@
+"""The stage's Ray Data actor: one prepared shard per input row, embedded and committed."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from pipeline.embed.errors import WORKER_ERRORS, EmbedError
+from pipeline.embed.file_format import shard_format
+from pipeline.embed.loaded_model import LoadedModel, release_free_memory
+from pipeline.embed.resume import commit_shard
+from pipeline.embed.settings import EmbedSettings
+from pipeline.embed.shard_work import ShardWork
+from pipeline.model_loader import ModelSource
+
+
+class EmbedActor:
+    """Ray Data actor: loads the model once, then embeds and commits one prepared shard per input row.
+
+    Input batch: ``work`` (``ShardWork.to_bytes``; ``write`` false only in a stateful rerun for a
+    shard that is already complete: it still runs, to carry the state forward, but is not written).
+    Output batch: ``entry`` (JSON manifest entry, see resume.commit_shard) and ``written`` (bool).
+    A WORKER_ERRORS failure becomes the entry ``{"index", "error": message}``; the driver raises it.
+
+    Stateless, Ray runs ``concurrent_calls(settings)`` calls at once, each on a thread of its own:
+    the model lock lets one shard's passes run while the other threads write the shards before it
+    (HDF5 or Parquet, sha256, upload: bulk work on whole arrays that releases the GIL), so the host
+    side scales with the CPUs given to the actor and the device does not wait for it. Each shard's
+    vectors are assembled in a pooled buffer (``shard_vectors.BufferPool``).
+    """
+
+    def __init__(self, source: ModelSource, settings: EmbedSettings, output: str):
+        self.source, self.settings, self.output = source, settings, output
+        self.model = LoadedModel(source, settings)
+
+    def process(self, work: ShardWork) -> dict:
+        """Embed one prepared shard and, when ``work.write``, commit it; the manifest entry (or the stats)."""
+        if work.error:
+            raise EmbedError(work.error)
+        shard = self.model.embed(work)
+        try:
+            stats = dict(work.stats)
+            if not work.write:
+                return stats
+            s = self.settings
+            # each entry names what made it, so a shard copied out of its folder still says so
+            stats.update(
+                layers=s.layers.value,
+                dtype=s.dtype.value,
+                model_sha256=self.source.sha256,
+                layout=s.layout.value,
+                file_format=s.file_format.value,
+                pool=s.pool.value,
+            )
+            return commit_shard(self.output, stats, shard, s.layout.value, shard_format(s.file_format.value))
+        finally:
+            self.model.buffers.release(shard)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
+        entries, written = [], []
+        for data in batch["work"]:
+            work = ShardWork.from_bytes(data)
+            try:
+                entries.append(json.dumps(self.process(work)))
+            except WORKER_ERRORS as err:
+                entries.append(json.dumps({"index": work.spec.index, "error": str(err)}))
+            written.append(work.write)
+            del work
+            release_free_memory()
+        return {"entry": entries, "written": written}
