@@ -38,7 +38,6 @@ sys.path.insert(0, str(REPO))
 from benchmarks.process_tree import TreeMonitor  # noqa: E402
 from elmo_model import BiLM  # noqa: E402
 from elmo_model.static_inference import OutputSpec  # noqa: E402
-from pipeline import storage  # noqa: E402
 from pipeline.embed.inputs import ShardSpec  # noqa: E402
 from pipeline.embed.pass_runner import PassRunner  # noqa: E402
 from pipeline.embed.pass_size import PassSize, pass_size, per_position  # noqa: E402
@@ -46,9 +45,10 @@ from pipeline.embed.sentences import prepare_lines  # noqa: E402
 from pipeline.embed.settings import EmbedSettings, work_settings  # noqa: E402
 from pipeline.embed.shard_vectors import BufferPool  # noqa: E402
 from pipeline.embed.shard_work import work_from_lines  # noqa: E402
-from pipeline.local_s3 import REGION, LocalS3Server  # noqa: E402
 from pipeline.model_config import preset_options  # noqa: E402
 from pipeline.model_loader import resolve_model  # noqa: E402
+from pipeline.runtime import storage  # noqa: E402
+from pipeline.tools.local_s3 import REGION, LocalS3Server  # noqa: E402
 
 SAMPLE = REPO / "pipeline" / "data" / "kjv-sample.txt.gz"
 BUCKET = "bench"

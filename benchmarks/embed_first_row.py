@@ -21,7 +21,7 @@ from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pipeline.embed.dataflow import _data_context, spec_blocks  # noqa: E402
-from pipeline.ray_runtime import RaySession  # noqa: E402
+from pipeline.runtime.ray_runtime import RaySession  # noqa: E402
 
 READERS = 2
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline import kneser_ney, shard_format  # noqa: E402
+from pipeline.formats import kneser_ney, shard_format  # noqa: E402
 from pipeline.shard.baseline import _sentences, _Shard  # noqa: E402
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.end_to_end import SAMPLE_CORPUS  # noqa: E402
+from pipeline.end_to_end.job import SAMPLE_CORPUS  # noqa: E402
 
 RECIPE = ["--preset", "tiny", "--workers", "2", "--max-steps", "400", "eval_every=200"]
 RECIPE += ["checkpoint_every=200", "log_every=20", "wandb.mode=disabled"]

@@ -27,11 +27,11 @@ from pathlib import Path
 import ray
 
 from pipeline.config import load_config
+from pipeline.formats.shard_format import UNK, encode_joined_block, shard_name, tar_writer
 from pipeline.shard.config import ShardConfig
 from pipeline.shard.job import run_shard
 from pipeline.shard.vocabulary import build_vocabulary
 from pipeline.shard.writer import block_bounds
-from pipeline.shard_format import UNK, encode_joined_block, shard_name, tar_writer
 
 SAMPLE = Path(__file__).resolve().parent.parent / "pipeline" / "data" / "kjv-sample.txt.gz"
 SHARD_TOKENS = 250_000

@@ -22,7 +22,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.step_setup import synthetic_cache  # noqa: E402
-from pipeline import shard_format, storage  # noqa: E402
+from pipeline.formats import shard_format  # noqa: E402
+from pipeline.runtime import storage  # noqa: E402
 from pipeline.train.data import open_lm_batches  # noqa: E402
 from pipeline.train.sentence_source import ReadAhead  # noqa: E402
 from pipeline.train.shard_reading import read_shard_sentences  # noqa: E402

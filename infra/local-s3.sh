@@ -6,4 +6,4 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-$root/.venv/bin/python}"
 [ -x "$python" ] || python=python3
 cd "$root"
-exec "$python" -m pipeline.local_s3 "$@"
+exec "$python" -m pipeline.tools.local_s3 "$@"

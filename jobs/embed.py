@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         from pipeline.embed.runner import run_embed, summary  # torch and Ray only once the arguments parse
-        from pipeline.ray_runtime import RaySession
+        from pipeline.runtime.ray_runtime import RaySession
 
         cfg = resolve(args, EmbedConfig, FLAGS)
         with RaySession(cfg.ray_address or None, cfg.num_cpus or None) as session:

@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Sequence
 
 from jobs.stage_args import main_argv, run_main
-from pipeline import storage
+from pipeline.runtime import storage
 
 
 def main(argv: Sequence[str] | None = None) -> int:

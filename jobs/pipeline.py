@@ -26,8 +26,8 @@ def build_parser():
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_stage_args(build_parser(), argv)
 
-    from pipeline.end_to_end import run_pipeline, summary
-    from pipeline.pipeline_config import PipelineConfig
+    from pipeline.end_to_end.config import PipelineConfig
+    from pipeline.end_to_end.job import run_pipeline, summary
 
     def body() -> int:
         cfg = resolve_config(

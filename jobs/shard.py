@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         # Ray only once the arguments parse
-        from pipeline.ray_runtime import RaySession
+        from pipeline.runtime.ray_runtime import RaySession
         from pipeline.shard.config import ShardConfig
         from pipeline.shard.job import run_shard
 

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from pipeline.config import load_config
 from pipeline.errors import PipelineError, Terminated
-from pipeline.redaction import redact
+from pipeline.runtime.redaction import redact
 
 
 def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:

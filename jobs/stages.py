@@ -12,7 +12,7 @@ STAGES = {
     "shard": "pipeline.shard.config:ShardConfig",
     "train": "pipeline.train.config:TrainConfig",
     "embed": "pipeline.embed.config:EmbedConfig",
-    "pipeline": "pipeline.pipeline_config:PipelineConfig",
+    "pipeline": "pipeline.end_to_end.config:PipelineConfig",
     "probe": "pipeline.probe.config:ProbeConfig",
 }
 """Stage name -> ``module:Class`` of its schema, imported lazily so that ``elmo config shard``

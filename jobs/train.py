@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         # torch and Ray only once the arguments parse
-        from pipeline.ray_runtime import RaySession
+        from pipeline.runtime.ray_runtime import RaySession
         from pipeline.train.config import TrainConfig
         from pipeline.train.launch import prepare_run, run_training
 

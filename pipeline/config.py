@@ -25,7 +25,7 @@ from omegaconf.errors import ConfigKeyError, GrammarParseError, OmegaConfBaseExc
 from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser
 
 from pipeline.errors import PipelineError
-from pipeline.redaction import redact_values
+from pipeline.runtime.redaction import redact_values
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable

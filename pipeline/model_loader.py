@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from elmo_model import BiLM, BiLMOptions, OptionsError
-from pipeline import storage
 from pipeline.errors import PipelineError
+from pipeline.runtime import storage
 
 OPTIONS_NAME = "options.json"
 WEIGHTS_NAME = "weights.hdf5"

@@ -54,8 +54,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from pipeline import storage
 from pipeline.errors import PipelineError
+from pipeline.runtime import storage
 
 # ---------------------------------------------------------------- ownership
 

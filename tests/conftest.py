@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from pipeline import storage
-from pipeline.local_s3 import REGION, LocalS3Server
+from pipeline.runtime import storage
+from pipeline.tools.local_s3 import REGION, LocalS3Server
 
 TEST_BUCKET = "elmo-test"
 AWS_VARS_CLEARED = ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE")

@@ -39,7 +39,7 @@ from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.settings import EmbedSettings, concurrent_calls, work_settings
 from pipeline.embed.shard_work import WorkSettings, prepare_shard
 from pipeline.model_loader import ModelSource
-from pipeline.ray_runtime import logger_level
+from pipeline.runtime.ray_runtime import logger_level
 
 
 @dataclass(frozen=True)

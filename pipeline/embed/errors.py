@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pipeline.errors import PipelineError
-from pipeline.shard_format import FormatError
-from pipeline.storage import StorageError
+from pipeline.formats.shard_format import FormatError
+from pipeline.runtime.storage import StorageError
 
 
 class EmbedError(PipelineError):

@@ -28,9 +28,9 @@ import h5py
 import numpy as np
 
 from elmo_model.weights import require_stored_here
-from pipeline import storage
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.shard_vectors import ShardVectors, line_value
+from pipeline.runtime import storage
 
 SENTENCE_TO_INDEX = "sentence_to_index"
 LAYOUTS = ("allennlp", "packed")

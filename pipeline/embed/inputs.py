@@ -18,9 +18,10 @@ import io
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from pipeline import shard_format, storage
-from pipeline.compression import HEAD_BYTES, compression_of
 from pipeline.embed.errors import EmbedError
+from pipeline.formats import shard_format
+from pipeline.formats.compression import HEAD_BYTES, compression_of
+from pipeline.runtime import storage
 
 READ_CHUNK = 4 * 1024 * 1024
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip")

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import re
 
-from pipeline import storage
 from pipeline.embed.file_format import FORMATS
+from pipeline.runtime import storage
 
 FORMAT = "elmo-embeddings/1"
 MANIFEST_FILE = "manifest.json"

@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import storage
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.shard_vectors import ShardVectors, line_value
+from pipeline.runtime import storage
 
 COLUMNS = ("line", "tokens", "vectors")
 ARROW_FLOATS = {np.dtype(np.float16): pa.float16(), np.dtype(np.float32): pa.float32()}

@@ -23,12 +23,12 @@ from collections.abc import Iterator
 import h5py
 import numpy as np
 
-from pipeline import storage
 from pipeline.embed import manifest
 from pipeline.embed.config import is_single_file
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.file_format import ShardFormat, shard_format
 from pipeline.embed.hdf5_shard import iter_line_datasets
+from pipeline.runtime import storage
 
 
 def read_embeddings(output: str) -> Iterator[tuple[int, np.ndarray]]:

@@ -22,17 +22,18 @@ import json
 import os
 import re
 
-from pipeline import shard_format, storage
 from pipeline.embed import manifest
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.file_format import ShardFormat
 from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.shard_vectors import ShardVectors
+from pipeline.formats import shard_format
 from pipeline.output_folder import (
     OwnFiles,
     check_owned,
     read_marker,
 )
+from pipeline.runtime import storage
 
 OWN_FILES = OwnFiles(
     "embed",

@@ -17,7 +17,6 @@ import torch
 from tqdm import tqdm
 
 from elmo_model.static_inference import OutputSpec
-from pipeline import cluster_capacity, ray_runtime
 from pipeline.config import UseGPU, to_dict
 from pipeline.embed import manifest
 from pipeline.embed.config import EmbedConfig, Pool, StoredDType, is_single_file
@@ -36,7 +35,8 @@ from pipeline.embed.settings import EmbedSettings
 from pipeline.embed.single_file import delete_parts, merge, parts_path
 from pipeline.model_loader import ModelSource, load_bilm, resolve_model
 from pipeline.output_folder import Claim, taken_back_on_failure
-from pipeline.ray_runtime import RaySession
+from pipeline.runtime import cluster_capacity, ray_runtime
+from pipeline.runtime.ray_runtime import RaySession
 from pipeline.stage_result import StageResult
 
 
@@ -75,7 +75,7 @@ def gpus_per_worker(use_gpu: UseGPU, share: float, embedded: bool) -> float:
 
 
 def check_capacity(cfg, workers: int, gpus: float, embedded: bool) -> None:
-    """The pool's resources, asked of an autoscaling cluster (``pipeline.cluster_capacity``);
+    """The pool's resources, asked of an autoscaling cluster (``pipeline.runtime.cluster_capacity``);
     refused at once on an embedded cluster too small for it, which never grows."""
     bundle = {"CPU": cfg.cpus_per_worker, **({"GPU": gpus} if gpus else {})}
     hint = "lower workers or " + ("gpu_share" if gpus else "cpus_per_worker (or set num_cpus)")

@@ -9,7 +9,7 @@ defined result instead of AllenNLP's refusal:
   the carried state) and is counted as ``empty_sentences``;
 - invalid UTF-8: bad bytes become U+FFFD (counted as ``invalid_utf8_lines``), or an error;
 - control characters other than tab and carriage return: spaces for tokenization, by the shard stage's
-  rule (:mod:`pipeline.control_chars`; the model was trained on text read
+  rule (:mod:`pipeline.formats.control_chars`; the model was trained on text read
   that way), so ``a\\x00b`` is two tokens; counted as ``control_char_lines``. The stripped line (its
   ``sentence_to_index`` key) keeps them;
 - more than ``max_tokens`` tokens: cut into consecutive pieces of at most ``max_tokens`` tokens that
@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pipeline.control_chars import replace_control_chars
 from pipeline.embed.errors import EmbedError
+from pipeline.formats.control_chars import replace_control_chars
 
 
 @dataclass

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 
 import h5py
 
-from pipeline import storage
 from pipeline.embed import manifest
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.hdf5_shard import iter_shard, write_sentence_to_index
 from pipeline.embed.inputs import ShardSpec, read_lines
 from pipeline.embed.sentences import prepare_lines
+from pipeline.runtime import storage
 
 PARTS_SUFFIX = ".parts"
 

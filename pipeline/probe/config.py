@@ -25,7 +25,7 @@ class ProbeConfig:
     output: str = MISSING
     """Folder (local or ``s3://``) for ``probe.json`` and ``probe.png``: new, empty, or an earlier probe's."""
     probe_set: str = ""
-    """Folder with ``pos.jsonl.gz`` and ``wsd.jsonl.gz`` (``python -m pipeline.probe.build_set``); empty:
+    """Folder with ``pos.jsonl.gz`` and ``wsd.jsonl.gz`` (``python -m pipeline.tools.build_probe_set``); empty:
     the set the package ships (Brown and WordNet 3.0, pipeline/data/probe/SOURCES.md)."""
     pos_train_sentences: int = 4000
     """Training sentences of the part-of-speech classifiers, spread over the set's (0: all 8,000)."""

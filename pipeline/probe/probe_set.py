@@ -1,5 +1,5 @@
 """The probe set: Brown sentences with their part-of-speech tags, WordNet examples with their senses
-(built by ``build_set.py``, shipped as package data in ``pipeline/data/probe/``).
+(built by ``pipeline/tools/build_probe_set.py``, shipped as package data in ``pipeline/data/probe/``).
 
 ``pos.jsonl.gz``: ``{"split": "train"|"test", "file", "tokens": [...], "tags": [...]}`` per sentence;
 ``wsd.jsonl.gz``: ``{"lemma", "pos", "synset", "sense" (1 = most frequent), "tokens", "target"}`` per
@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass, field
 from importlib import resources
 
-from pipeline import storage
 from pipeline.errors import PipelineError
+from pipeline.runtime import storage
 
 SHIPPED = resources.files("pipeline") / "data" / "probe"
 MAX_TOKENS_PER_SENTENCE = 250

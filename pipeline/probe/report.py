@@ -12,9 +12,9 @@ import io
 import json
 from dataclasses import asdict
 
-from pipeline import storage
 from pipeline.probe.pos_probe import PosResult
 from pipeline.probe.wsd_probe import WsdResult
+from pipeline.runtime import storage
 
 JSON_FILE = "probe.json"
 PLOT_FILE = "probe.png"

@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from elmo_model import BiLM, BiLMOptions
-from pipeline import storage
 from pipeline.model_loader import check_files, load_files, model_paths, pick_device
 from pipeline.output_folder import OwnFiles, check_owned, read_marker, taken_back_on_failure
 from pipeline.probe import report
@@ -26,6 +25,7 @@ from pipeline.probe.features import token_features
 from pipeline.probe.pos_probe import probe_pos
 from pipeline.probe.probe_set import ProbeError, ProbeSet, load_probe_set
 from pipeline.probe.wsd_probe import probe_wsd
+from pipeline.runtime import storage
 
 MARKER_FILE = "probe_run.json"
 """``{"stage": "probe", "model": {"options_file", "weights_file"}}``: written first, read before a

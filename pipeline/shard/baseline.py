@@ -1,5 +1,5 @@
 """The shard stage's Kneser-Ney pass: the held-out baseline of the shards it just wrote (the
-model and its partitions: :mod:`pipeline.kneser_ney`; why: docs/training.md#baselines).
+model and its partitions: :mod:`pipeline.formats.kneser_ney`; why: docs/training.md#baselines).
 
 Ray tasks, at most ``window`` unfinished at once:
 
@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 import ray
 
-from pipeline import kneser_ney, storage
+from pipeline.formats import kneser_ney
+from pipeline.formats.shard_format import open_shard
+from pipeline.runtime import storage
 from pipeline.shard.writer import ShardRecord
-from pipeline.shard_format import open_shard
 
 GROUP_TOKENS = 8_000_000
 """Most training tokens a count task reads (fewer where the cluster's tasks would sit idle): each

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from pipeline.config import check_rules, seed_rule
-from pipeline.kneser_ney import MAX_ORDER
+from pipeline.formats.kneser_ney import MAX_ORDER
 
 RUNTIME_KEYS = ("output", "workers", "ray_address", "progress", "chunk_bytes")
 """Keys that change how the stage runs but not what it writes; the manifest leaves them out so

@@ -42,10 +42,20 @@ import numpy as np
 import ray
 from ray.exceptions import RayTaskError
 
-from pipeline import storage
 from pipeline.config import to_dict
+from pipeline.formats.shard_format import (
+    COUNTS_FILE,
+    MANIFEST_FILE,
+    SPLITS,
+    UNK_ID,
+    VOCAB_FILE,
+    FormatError,
+    shard_name,
+)
+from pipeline.formats.unigram import training_target_counts, unigram_log_probs
 from pipeline.output_folder import Lease, taken_back_on_failure
-from pipeline.ray_runtime import RaySession
+from pipeline.runtime import storage
+from pipeline.runtime.ray_runtime import RaySession
 from pipeline.shard.baseline import kneser_ney_baseline
 from pipeline.shard.config import ShardConfig
 from pipeline.shard.errors import ShardError
@@ -73,17 +83,7 @@ from pipeline.shard.resume import (
 from pipeline.shard.sentences import LineStats, Sentences
 from pipeline.shard.vocabulary import TokenCounts, Vocabulary, build_vocabulary
 from pipeline.shard.writer import ShardRecord, build_shard, describe_shard
-from pipeline.shard_format import (
-    COUNTS_FILE,
-    MANIFEST_FILE,
-    SPLITS,
-    UNK_ID,
-    VOCAB_FILE,
-    FormatError,
-    shard_name,
-)
 from pipeline.stage_result import StageResult
-from pipeline.unigram import training_target_counts, unigram_log_probs
 
 KEEP_MIN_BYTES = 100 * 1024
 """A counting task's tokenized chunk is kept for the writing pass only from this size on. Ray
@@ -125,7 +125,7 @@ def _count_task(chunk, settings):
 class _ShardOutput:
     """Where and how this run writes its shards (the same for every shard). ``unigram_box``: the
     ObjectRef of the training unigram's log-probabilities (boxed: only held-out writers fetch it),
-    which score each held-out shard for the manifest (pipeline.unigram)."""
+    which score each held-out shard for the manifest (pipeline.formats.unigram)."""
 
     output: str
     seed: int

@@ -21,13 +21,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pipeline.formats.shard_format import COUNTS_FILE, MANIFEST_FILE, SPLITS, VOCAB_FILE
 from pipeline.output_folder import LEASE_FILE, OwnFiles
 from pipeline.shard.config import RUNTIME_KEYS
 from pipeline.shard.passes import ChunkSummary
 from pipeline.shard.sentences import LineStats
 from pipeline.shard.vocabulary import Vocabulary
 from pipeline.shard.writer import ShardRecord
-from pipeline.shard_format import COUNTS_FILE, MANIFEST_FILE, SPLITS, VOCAB_FILE
 
 FORMAT_VERSION = 1
 RUN_FILE = "shard_run.json"
@@ -132,7 +132,7 @@ def build_manifest(
     baselines: Mapping[str, Any],
 ) -> dict:
     """The manifest of a finished run (see docs/architecture.md for the fields other stages use).
-    ``baselines``: the held-out baselines beyond the shard records' unigram (pipeline.kneser_ney).
+    ``baselines``: the held-out baselines beyond the shard records' unigram (pipeline.formats.kneser_ney).
 
     ``lines.read == lines.sentences.train + lines.sentences.heldout + sum(lines.skipped)``.
     """

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.formats.shard_format import SPLITS
 from pipeline.shard.errors import ShardError
 from pipeline.shard.layout import ChunkTokens
 from pipeline.shard.reader import Chunk
@@ -27,7 +28,6 @@ from pipeline.shard.split import heldout_threshold
 from pipeline.shard.tokenizer import make_tokenizer
 from pipeline.shard.vocabulary import global_ids
 from pipeline.shard.writer import Piece, cut_pieces
-from pipeline.shard_format import SPLITS
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import time
 
 from tqdm import tqdm
 
-from pipeline.unigram import manifest_unigram_perplexity
+from pipeline.formats.unigram import manifest_unigram_perplexity
 
 
 class Progress:

@@ -18,8 +18,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from pipeline import storage
-from pipeline.compression import HEAD_BYTES, compression_of
+from pipeline.formats.compression import HEAD_BYTES, compression_of
+from pipeline.runtime import storage
 from pipeline.shard.errors import ShardError
 
 

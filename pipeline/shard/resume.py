@@ -16,15 +16,7 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from pipeline import storage
-from pipeline.output_folder import check_owned
-from pipeline.shard.config import ShardConfig
-from pipeline.shard.errors import ShardError
-from pipeline.shard.manifest import OWN_FILES, PLAN_FILE, RUN_FILE, encode_json, identity_of
-from pipeline.shard.passes import ChunkSummary
-from pipeline.shard.reader import iter_chunks
-from pipeline.shard.vocabulary import Vocabulary
-from pipeline.shard_format import (
+from pipeline.formats.shard_format import (
     COUNTS_FILE,
     MANIFEST_FILE,
     SPLITS,
@@ -34,6 +26,14 @@ from pipeline.shard_format import (
     read_counts,
     read_vocab,
 )
+from pipeline.output_folder import check_owned
+from pipeline.runtime import storage
+from pipeline.shard.config import ShardConfig
+from pipeline.shard.errors import ShardError
+from pipeline.shard.manifest import OWN_FILES, PLAN_FILE, RUN_FILE, encode_json, identity_of
+from pipeline.shard.passes import ChunkSummary
+from pipeline.shard.reader import iter_chunks
+from pipeline.shard.vocabulary import Vocabulary
 
 
 def output_prefix(output: str) -> str:

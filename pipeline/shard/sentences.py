@@ -12,7 +12,7 @@ in ``invalid_utf8`` (it is also in one of the states above). Control characters 
 Cc: U+0000-U+001F, U+007F-U+009F) other than tab, line feed and carriage return become spaces before
 tokenization, so ``a\\x00b`` is the two tokens ``a`` and ``b`` and no token holds one; the line is
 counted in ``control_chars`` (also in one of the states above). The embed stage reads raw text by
-the same rule (:mod:`pipeline.control_chars`).
+the same rule (:mod:`pipeline.formats.control_chars`).
 
 The kept sentences come out in a compact form (:class:`Sentences`): per split the UTF-8 lines as
 one bytes object and every token as an int32 index into the chunk's own vocabulary. It is about
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.control_chars import may_hold_control_chars, replace_control_chars
+from pipeline.formats.control_chars import may_hold_control_chars, replace_control_chars
 from pipeline.shard.split import heldout_rule
 from pipeline.shard.tokenizer import Tokenizer
 from pipeline.shard.vocabulary import local_counts, local_vocabulary

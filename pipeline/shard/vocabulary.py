@@ -22,7 +22,7 @@ from itertools import repeat
 
 import numpy as np
 
-from pipeline.shard_format import BOS, EOS, SPECIALS, UNK, encode_counts, encode_vocab
+from pipeline.formats.shard_format import BOS, EOS, SPECIALS, UNK, encode_counts, encode_vocab
 
 
 @dataclass(frozen=True)

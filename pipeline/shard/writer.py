@@ -14,10 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline import storage
-from pipeline.shard.layout import sentence_shards
-from pipeline.shard.sentences import SplitSentences
-from pipeline.shard_format import (
+from pipeline.formats.shard_format import (
     SPLITS,
     block_key,
     decode_block,
@@ -25,7 +22,10 @@ from pipeline.shard_format import (
     iter_tar_samples,
     tar_writer,
 )
-from pipeline.unigram import heldout_target_counts, targets_nll
+from pipeline.formats.unigram import heldout_target_counts, targets_nll
+from pipeline.runtime import storage
+from pipeline.shard.layout import sentence_shards
+from pipeline.shard.sentences import SplitSentences
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Piece:
 @dataclass(frozen=True)
 class ShardRecord:
     """What the manifest lists for a written shard. ``unigram_nll``: held-out shards only, the
-    summed ``-log p`` of their forward targets under the training unigram (pipeline.unigram)."""
+    summed ``-log p`` of their forward targets under the training unigram (pipeline.formats.unigram)."""
 
     name: str
     sentences: int

@@ -1,4 +1,4 @@
-"""Training checkpoints in the run directory (local or ``s3://``), through pipeline.storage.
+"""Training checkpoints in the run directory (local or ``s3://``), through pipeline.runtime.storage.
 
 A checkpoint holds the ``state_dict()`` of every stateful part of a run, by name: the parts every
 rank holds alike (model, softmax, optimizer) once, the parts each rank holds for itself (its data
@@ -47,8 +47,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from pipeline import storage
-from pipeline.background import WriteQueue
+from pipeline.runtime import storage
+from pipeline.runtime.background import WriteQueue
 from pipeline.train.distributed import barrier
 from pipeline.train.errors import TrainError
 from pipeline.train.run_dir import RunDir

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline import shard_format
-from pipeline.background import HelperProcess
+from pipeline.formats import shard_format
+from pipeline.runtime.background import HelperProcess
 from pipeline.train.char_cache import CharCache
 from pipeline.train.sentence_source import ReadAhead, SentenceSource
 from pipeline.train.shard_reading import (

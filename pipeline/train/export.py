@@ -21,8 +21,8 @@ import torch
 
 from elmo_model import BiLM, OptionsError
 from elmo_model.weights import require_stored_here
-from pipeline import storage
 from pipeline.output_folder import OwnFiles, check_owned, read_marker, taken_back_on_failure
+from pipeline.runtime import storage
 from pipeline.train import checkpoint as ckpt
 from pipeline.train.errors import TrainError
 from pipeline.train.objective import SharedSoftmax

@@ -25,12 +25,14 @@ import time
 import ray
 
 from elmo_model import BiLMOptions, OptionsError
-from pipeline import cluster_capacity, ray_runtime, shard_format, storage
 from pipeline.config import UseGPU
 from pipeline.errors import PipelineError, Terminated
+from pipeline.formats import shard_format
+from pipeline.formats.unigram import heldout_unigram_perplexity
 from pipeline.model_config import to_options
 from pipeline.output_folder import Lease, check_owned, read_marker, taken_back_on_failure
-from pipeline.ray_runtime import RaySession
+from pipeline.runtime import cluster_capacity, ray_runtime, storage
+from pipeline.runtime.ray_runtime import RaySession
 from pipeline.stage_result import StageResult
 from pipeline.train import export as export_mod
 from pipeline.train.config import NAME_RULE, TrainConfig, WandbMode, run_name_ok
@@ -43,7 +45,6 @@ from pipeline.train.progress import RelayFollower, relay_actor
 from pipeline.train.run_dir import OWN_FILES, RunDir
 from pipeline.train.trainer import train_loop_per_worker
 from pipeline.train.wandb_run import new_wandb_id, sync_command
-from pipeline.unigram import heldout_unigram_perplexity
 
 
 def _check_shards(shards: str, manifest: dict) -> None:
@@ -237,7 +238,7 @@ def _baselines(shards: str, manifest: dict) -> dict:
 
 def _cluster_check(cfg: TrainConfig, embedded: bool | None = None) -> bool:
     """Whether to use GPUs, once the cluster holds the workers (an autoscaling cluster is asked for
-    them, see ``pipeline.cluster_capacity``); a TrainError when it cannot. ``embedded``: the
+    them, see ``pipeline.runtime.cluster_capacity``); a TrainError when it cannot. ``embedded``: the
     cluster never grows (default: whether this process started it)."""
     embedded = ray_runtime.embedded() if embedded is None else embedded
     try:

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from pipeline import storage
-from pipeline.background import WriteQueue
 from pipeline.config import to_dict
+from pipeline.runtime import storage
+from pipeline.runtime.background import WriteQueue
 from pipeline.train.errors import TrainError
 from pipeline.train.plan import RunPlan
 from pipeline.train.progress import RelaySender

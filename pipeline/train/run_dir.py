@@ -24,9 +24,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline import storage
-from pipeline.background import WriteQueue
 from pipeline.output_folder import LEASE_FILE, OwnFiles
+from pipeline.runtime import storage
+from pipeline.runtime.background import WriteQueue
 
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"

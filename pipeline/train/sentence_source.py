@@ -20,8 +20,8 @@ import enum
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
-from pipeline import storage
-from pipeline.background import HelperProcess, in_thread
+from pipeline.runtime import storage
+from pipeline.runtime.background import HelperProcess, in_thread
 from pipeline.train.shard_reading import (
     LayoutPlan,
     ShardSentences,
@@ -44,7 +44,7 @@ class ReadAhead(enum.Enum):
     """Where a stream reads its next shard while it trains on the current one."""
 
     process = "process"
-    """A helper process per stream (both directions, pipeline.background.HelperProcess): the
+    """A helper process per stream (both directions, pipeline.runtime.background.HelperProcess): the
     decoding does not hold this process's interpreter."""
     thread = "thread"
     """A thread: no process to start, but the decoding competes with the step loop for the GIL."""

@@ -4,7 +4,7 @@ numpy and the shard format only, no torch: ``read_layout`` is what a read-ahead 
 (``pipeline.train.sentence_source.SentenceSource``), and such a process starts in well under a second.
 
 - :func:`read_shard_sentences` loads the sentences of one shard that a rank reads (IO shell over
-  ``pipeline.shard_format.read_shard``); :func:`wrap_sentences` lays them out in reading order,
+  ``pipeline.formats.shard_format.read_shard``); :func:`wrap_sentences` lays them out in reading order,
   each wrapped as ``[<S>] + w + [</S>]`` (reversed stream: ``[</S>] + reversed(w) + [<S>]``).
 - :class:`LayoutPlan` names one such layout completely (shard, rank split, sentence order,
   direction, S3 endpoint), so :func:`read_layout` gives the same arrays in any process.
@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline import shard_format, storage
-from pipeline.shard_format import BOS_ID, EOS_ID, UNK_ID
+from pipeline.formats import shard_format
+from pipeline.formats.shard_format import BOS_ID, EOS_ID, UNK_ID
+from pipeline.runtime import storage
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from elmo_model.characters import MAX_CHARACTERS_PER_TOKEN
-from pipeline.shard_format import UNK_ID
+from pipeline.formats.shard_format import UNK_ID
 from pipeline.train.data import LMBatch
 from pipeline.train.objective import NegativeSample
 

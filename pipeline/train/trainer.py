@@ -20,11 +20,12 @@ from typing import Any
 
 import torch
 
-from pipeline import shard_format, storage
 from pipeline.config import to_dict
 from pipeline.errors import PipelineError
+from pipeline.formats import shard_format
 from pipeline.output_folder import fence
 from pipeline.probe.dashboard import DashboardProbe
+from pipeline.runtime import storage
 from pipeline.train import export as export_mod
 from pipeline.train.char_cache import CharCache
 from pipeline.train.checkpoint import Checkpointer, RNGStates, latest_checkpoint

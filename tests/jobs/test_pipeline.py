@@ -14,8 +14,8 @@ import h5py
 import pytest
 
 from jobs.cli import main as elmo
-from pipeline import storage
-from pipeline.end_to_end import SAMPLE_CORPUS
+from pipeline.end_to_end.job import SAMPLE_CORPUS
+from pipeline.runtime import storage
 
 pytestmark = pytest.mark.subprocess
 

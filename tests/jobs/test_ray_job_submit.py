@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import storage
+from pipeline.runtime import storage
 
 pytestmark = pytest.mark.subprocess
 

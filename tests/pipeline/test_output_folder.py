@@ -14,7 +14,6 @@ import time
 
 import pytest
 
-from pipeline import storage
 from pipeline.errors import PipelineError
 from pipeline.output_folder import (
     LEASE_FILE,
@@ -27,6 +26,7 @@ from pipeline.output_folder import (
     remove_empty_dirs,
     taken_back_on_failure,
 )
+from pipeline.runtime import storage
 from pipeline.train.errors import TrainError
 
 OWN = OwnFiles("demo", "demo_run.json", re.compile(r"demo_run\.json|data/.+"))

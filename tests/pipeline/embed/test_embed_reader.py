@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from embed_fixtures import OPTIONS, WEIGHTS, expected_value, load_model, sample_lines
 
-from pipeline import storage
 from pipeline.config import load_config
 from pipeline.embed import read_embeddings
 from pipeline.embed.config import EmbedConfig
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.runner import run_embed
+from pipeline.runtime import storage
 
 LINES = sample_lines(45, start=500)
 OUTPUTS = {

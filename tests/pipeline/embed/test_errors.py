@@ -12,12 +12,12 @@ import pytest
 from embed_fixtures import OPTIONS, WEIGHTS, shard_of
 
 from jobs.embed import main
-from pipeline import cluster_capacity, storage
 from pipeline.embed import inputs, manifest, resume
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.file_format import shard_format
-from pipeline.local_s3 import free_ports
 from pipeline.output_folder import taken_back_on_failure
+from pipeline.runtime import cluster_capacity, storage
+from pipeline.tools.local_s3 import free_ports
 
 
 @pytest.fixture

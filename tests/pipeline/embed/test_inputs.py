@@ -9,9 +9,10 @@ import json
 
 import pytest
 
-from pipeline import shard_format, storage
 from pipeline.embed import inputs
 from pipeline.embed.errors import EmbedError
+from pipeline.formats import shard_format
+from pipeline.runtime import storage
 
 
 def _all_lines(specs):

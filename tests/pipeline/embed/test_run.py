@@ -23,12 +23,12 @@ from embed_fixtures import (
 )
 from tests_reference import fixture_expected, fixture_sentences_batch_major
 
-from pipeline import storage
 from pipeline.config import load_config
 from pipeline.embed import manifest
 from pipeline.embed.config import EmbedConfig
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.runner import run_embed
+from pipeline.runtime import storage
 
 MAX_TOKENS = 100
 

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from jobs.shard import main as shard_main
-from pipeline import kneser_ney, storage
-from pipeline import shard_format as fmt
 from pipeline.config import load_config
+from pipeline.formats import kneser_ney
+from pipeline.formats import shard_format as fmt
+from pipeline.formats.unigram import heldout_unigram_perplexity, manifest_unigram_perplexity
+from pipeline.runtime import storage
 from pipeline.shard import job as shard_job
 from pipeline.shard import resume as shard_resume
 from pipeline.shard.config import ShardConfig
@@ -21,7 +23,6 @@ from pipeline.shard.errors import ShardError
 from pipeline.shard.job import run_shard
 from pipeline.shard.reader import iter_chunks
 from pipeline.shard.split import heldout_threshold, is_heldout
-from pipeline.unigram import heldout_unigram_perplexity, manifest_unigram_perplexity
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "pipeline" / "data" / "kjv-sample.txt.gz"

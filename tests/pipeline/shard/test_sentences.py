@@ -2,7 +2,7 @@ from collections import Counter
 
 import numpy as np
 
-from pipeline.control_chars import CONTROL_CHARS
+from pipeline.formats.control_chars import CONTROL_CHARS
 from pipeline.shard.sentences import LineStats, tokenize_lines
 from pipeline.shard.split import heldout_threshold
 from pipeline.shard.tokenizer import make_tokenizer

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.formats.shard_format import COUNTS_FILE, VOCAB_FILE
 from pipeline.shard.errors import ShardError
 from pipeline.shard.manifest import PLAN_FILE, RUN_FILE, build_plan, encode_json, run_identity
 from pipeline.shard.resume import claim_output, inspect_output, is_complete, read_vocabulary
 from pipeline.shard.vocabulary import build_vocabulary
-from pipeline.shard_format import COUNTS_FILE, VOCAB_FILE
 
 A_TXT = {"a.txt": {"bytes": 100, "modified_ns": 1}}
 IDENTITY = run_identity({"tokenizer": "moses", "seed": 3}, ["a.txt"], [], A_TXT)

@@ -1,9 +1,9 @@
 import numpy as np
 
+from pipeline.formats.shard_format import decode_block
 from pipeline.shard.sentences import SplitSentences
 from pipeline.shard.vocabulary import global_ids, local_vocabulary
 from pipeline.shard.writer import Piece, block_bounds, cut_pieces, permute_ids, shard_samples, shuffled_order
-from pipeline.shard_format import decode_block
 
 
 def test_permute_ids_moves_whole_sentences():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from train_shards import write_shard_dir
 
-from pipeline import shard_format
+from pipeline.formats import shard_format
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 SAMPLE = Path(__file__).resolve().parents[3] / "pipeline" / "data" / "kjv-sample.txt.gz"

@@ -12,12 +12,13 @@ import pytest
 from shard_builder import sample_sentences, write_sample_shards
 
 from jobs.train import main as train_main
-from pipeline import cluster_capacity, shard_format, storage
 from pipeline.config import ConfigError, load_config
-from pipeline.shard_format import FormatError
+from pipeline.formats import shard_format
+from pipeline.formats.shard_format import FormatError
+from pipeline.formats.unigram import heldout_unigram_perplexity
+from pipeline.runtime import cluster_capacity, storage
 from pipeline.train.config import TrainConfig
 from pipeline.train.launch import TrainError, _cluster_check, _model_options, gpus_possible, prepare_run
-from pipeline.unigram import heldout_unigram_perplexity
 
 
 @pytest.fixture
@@ -361,7 +362,7 @@ def test_with_use_gpu_auto_a_step_is_sized_for_the_device_it_will_run_on(shards,
 def test_an_allocation_that_failed_is_not_retried():
     import torch
 
-    from pipeline import storage
+    from pipeline.runtime import storage
     from pipeline.train.launch import _worth_retrying
 
     class Failed(Exception):

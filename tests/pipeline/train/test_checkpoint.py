@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from pipeline import storage
+from pipeline.runtime import storage
 from pipeline.train import checkpoint as ckpt
 
 

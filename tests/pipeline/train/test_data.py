@@ -12,8 +12,9 @@ import torch
 from train_shards import fixture_sentences, fixture_vocab, many_shards_dir, word_ids, write_shard_dir
 
 from elmo_model.characters import token_to_ids
-from pipeline import shard_format, storage
-from pipeline.shard_format import BOS_ID, EOS_ID, UNK_ID
+from pipeline.formats import shard_format
+from pipeline.formats.shard_format import BOS_ID, EOS_ID, UNK_ID
+from pipeline.runtime import storage
 from pipeline.train.char_cache import CharCache
 from pipeline.train.data import LMBatchStream, load_char_cache, open_lm_batches, steps_per_epoch
 from pipeline.train.sentence_source import ReadAhead

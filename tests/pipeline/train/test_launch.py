@@ -17,8 +17,8 @@ import torch
 from shard_builder import sample_sentences, write_sample_shards
 
 from elmo_model import BiLM, batch_to_ids
-from pipeline import storage
 from pipeline.config import load_config
+from pipeline.runtime import storage
 from pipeline.train import checkpoint as ckpt
 from pipeline.train.config import TrainConfig
 from pipeline.train.export import SOFTMAX_FILE, VOCAB_FILE, model_from_checkpoint, read_softmax

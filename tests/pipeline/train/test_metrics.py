@@ -5,8 +5,8 @@ import time
 import pytest
 import torch
 
-from pipeline import storage
-from pipeline.background import WriteQueue
+from pipeline.runtime import storage
+from pipeline.runtime.background import WriteQueue
 from pipeline.train.errors import TrainError
 from pipeline.train.metrics import (
     MetricsLog,

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from train_shards import fixture_vocab, many_shards_dir, source_sentences, word_ids
 
-from pipeline import shard_format
-from pipeline.shard_format import BOS_ID, EOS_ID
+from pipeline.formats import shard_format
+from pipeline.formats.shard_format import BOS_ID, EOS_ID
 from pipeline.train.sentence_source import ReadAhead, SentenceSource, rank_sentence_count
 from pipeline.train.shard_reading import read_shard_sentences
 
@@ -90,7 +90,7 @@ def test_the_read_ahead_process_ends_when_its_parent_is_killed():
             sys.executable,
             "-c",
             "import os, signal\n"
-            "from pipeline.background import HelperProcess\n"
+            "from pipeline.runtime.background import HelperProcess\n"
             "print(HelperProcess().submit(os.getpid).result(), flush=True)\n"
             "os.kill(os.getpid(), signal.SIGKILL)\n",
         ],
@@ -155,7 +155,7 @@ def test_a_failed_read_ahead_raises_where_its_shard_is_needed(tmp_path, vocab):
 
 
 def test_a_stopped_read_ahead_process_is_named_not_waited_for_forever(tmp_path, vocab, monkeypatch):
-    from pipeline.background import HelperProcessError
+    from pipeline.runtime.background import HelperProcessError
     from pipeline.train import sentence_source
 
     monkeypatch.setattr(sentence_source, "READ_AHEAD_TIMEOUT_S", 2.0)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from train_shards import write_shard_dir
 
-from pipeline import shard_format
-from pipeline.shard_format import BOS_ID, EOS_ID, UNK_ID
+from pipeline.formats import shard_format
+from pipeline.formats.shard_format import BOS_ID, EOS_ID, UNK_ID
 from pipeline.train.shard_reading import (
     LayoutPlan,
     ShardSentences,

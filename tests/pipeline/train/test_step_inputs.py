@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from test_step import B, U, _batches, _cache
 
-from pipeline.shard_format import UNK_ID
+from pipeline.formats.shard_format import UNK_ID
 from pipeline.train.step_inputs import CAPACITY_BUCKETS, distinct_tokens, padded_capacity, step_inputs
 
 

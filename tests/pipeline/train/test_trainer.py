@@ -16,9 +16,9 @@ import ray
 import torch
 from shard_builder import sample_sentences, write_sample_shards
 
-from pipeline import storage
 from pipeline.config import load_config
 from pipeline.output_folder import LEASE_FILE
+from pipeline.runtime import storage
 from pipeline.train import checkpoint as ckpt
 from pipeline.train.config import TrainConfig
 from pipeline.train.errors import TrainError

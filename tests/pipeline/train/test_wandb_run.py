@@ -10,8 +10,8 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline import storage
-from pipeline.background import WriteQueue
+from pipeline.runtime import storage
+from pipeline.runtime.background import WriteQueue
 from pipeline.train.config import WandbConfig
 from pipeline.train.wandb_run import WandbRun, new_wandb_id, sync_command
 

@@ -9,10 +9,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline import shard_format, storage
+from pipeline.formats import shard_format
+from pipeline.formats.unigram import (
+    heldout_target_counts,
+    targets_nll,
+    training_target_counts,
+    unigram_log_probs,
+)
+from pipeline.runtime import storage
 from pipeline.train.char_cache import CharCache
 from pipeline.train.data import LMBatch
-from pipeline.unigram import heldout_target_counts, targets_nll, training_target_counts, unigram_log_probs
 
 FIXTURE_DIR = Path(__file__).resolve().parents[2] / "data" / "train"
 

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
-from pipeline import storage
 from pipeline.errors import PipelineError
+from pipeline.runtime import storage
 
 if TYPE_CHECKING:
     import webdataset as wds
@@ -481,7 +481,7 @@ def read_shard_vocab(shard_dir: str, manifest: dict | None = None) -> tuple[byte
 
 
 KNESER_NEY_MAX_ORDER = 5
-"""The highest n-gram order of the shard stage's Kneser-Ney baseline (``pipeline.kneser_ney``)."""
+"""The highest n-gram order of the shard stage's Kneser-Ney baseline (``pipeline.formats.kneser_ney``)."""
 
 
 def manifest_kneser_ney(manifest: dict, where: str) -> dict | None:

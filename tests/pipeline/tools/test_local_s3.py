@@ -1,4 +1,4 @@
-"""pipeline.local_s3: command line, ports, lifecycle of a real ``weed mini`` process, and that only
+"""pipeline.tools.local_s3: command line, ports, lifecycle of a real ``weed mini`` process, and that only
 signed S3 requests reach its data: every other port refuses anonymous reads and writes."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import sys
 import pytest
 from botocore.exceptions import ClientError
 
-from pipeline import local_s3
-from pipeline.local_s3 import ADMIN_GRPC_OFFSET, LocalS3Error, LocalS3Server
+from pipeline.tools import local_s3
+from pipeline.tools.local_s3 import ADMIN_GRPC_OFFSET, LocalS3Error, LocalS3Server
 
 pytestmark = pytest.mark.subprocess
 
@@ -284,7 +284,7 @@ def test_main_prints_exports_and_stops_on_sigint(tmp_path):
         [
             sys.executable,
             "-m",
-            "pipeline.local_s3",
+            "pipeline.tools.local_s3",
             "--data-dir",
             str(tmp_path / "srv"),
             "--bucket",

@@ -7,9 +7,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipeline import kneser_ney
-from pipeline.kneser_ney import BaselineError, build, count_ngrams, merge_counts
-from pipeline.shard_format import BOS_ID, EOS_ID
+from pipeline.formats import kneser_ney
+from pipeline.formats.kneser_ney import BaselineError, build, count_ngrams, merge_counts
+from pipeline.formats.shard_format import BOS_ID, EOS_ID
 
 V = 90  # the 3 specials, <UNK> (2) among the words, and 87 words
 

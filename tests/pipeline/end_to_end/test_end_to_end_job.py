@@ -1,12 +1,12 @@
-"""pipeline.end_to_end: how the stages' paths are derived from ``storage``/``name``."""
+"""pipeline.end_to_end.job: how the stages' paths are derived from ``storage``/``name``."""
 
 from __future__ import annotations
 
 import os
 
 from pipeline.config import resolve_config
-from pipeline.end_to_end import SAMPLE_CORPUS, derive_stage_configs
-from pipeline.pipeline_config import PipelineConfig
+from pipeline.end_to_end.config import PipelineConfig
+from pipeline.end_to_end.job import SAMPLE_CORPUS, derive_stage_configs
 
 
 def _derive(*overrides: str):

@@ -1,4 +1,4 @@
-"""pipeline.storage against a local tmp directory and a real SeaweedFS S3 server (tests/conftest.py)."""
+"""pipeline.runtime.storage against a local tmp directory and a real SeaweedFS S3 server (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError, ResponseStreamingError
 
-from pipeline import storage
-from pipeline.storage import StorageError, join
+from pipeline.runtime import storage
+from pipeline.runtime.storage import StorageError, join
 
 MB = 1024 * 1024
 

@@ -1,4 +1,4 @@
-"""Asking an autoscaling Ray cluster for a stage's resources (pipeline/cluster_capacity.py), on a real
+"""Asking an autoscaling Ray cluster for a stage's resources (pipeline/runtime/cluster_capacity.py), on a real
 autoscaler: Ray's fake multi-node provider, which starts each new node as local processes.
 
 The cluster is this test's own (its own port, temp dir and a marker in every process's
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cluster_capacity import Need, shortfall
-from pipeline.cluster_watchdog import MARKER_VAR, new_marker, stop_marked
+from pipeline.runtime.cluster_capacity import Need, shortfall
+from pipeline.runtime.cluster_watchdog import MARKER_VAR, new_marker, stop_marked
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.subprocess]
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 _EMPTY_LISTS = (
     "initialization_commands setup_commands head_setup_commands worker_setup_commands "
@@ -103,7 +103,7 @@ def _secure(address: str, need: Need, timeout_s: float, probe_s: float) -> subpr
     code = (
         "import json, ray\n"
         f"ray.init(address={address!r}, logging_level='ERROR')\n"
-        "from pipeline.cluster_capacity import Need, secure\n"
+        "from pipeline.runtime.cluster_capacity import Need, secure\n"
         f"need = Need({need.bundles!r}, {need.what!r}, {need.hint!r})\n"
         f"got = secure(need, embedded=False, timeout_s={timeout_s}, probe_s={probe_s})\n"
         "print('RESOURCES', json.dumps(got), flush=True)\n"

@@ -1,4 +1,4 @@
-"""pipeline.redaction: credentials written into a URL are shown and stored nowhere: not in errors,
+"""pipeline.runtime.redaction: credentials written into a URL are shown and stored nowhere: not in errors,
 not in the config a run records (metrics.jsonl, checkpoints, wandb files, manifests)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import storage
-from pipeline.redaction import redact, redact_values
+from pipeline.runtime import storage
+from pipeline.runtime.redaction import redact, redact_values
 
 SECRET = "topsecret-9c1b"
 ENDPOINT_WITH_SECRET = f"http://AKIAUSER:{SECRET}@127.0.0.1:{{port}}"

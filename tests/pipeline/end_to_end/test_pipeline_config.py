@@ -1,11 +1,11 @@
-"""pipeline.pipeline_config: the keys that tie the stages together."""
+"""pipeline.end_to_end.config: the keys that tie the stages together."""
 
 from __future__ import annotations
 
 import pytest
 
 from pipeline.config import ConfigError, resolve_config
-from pipeline.pipeline_config import PipelineConfig
+from pipeline.end_to_end.config import PipelineConfig
 
 
 @pytest.mark.parametrize("name", ["../escape", "a/b", "..", ".", "a\\b", "/abs"])

@@ -5,7 +5,7 @@ Used where training must not wait: a checkpoint, metrics or wandb files written 
 steps run, the next shard read while this one is trained on. Daemon threads: a process that is going down does not wait for
 them (a checkpoint only counts once its ``COMPLETE`` is written; an abandoned read is dropped).
 
-:class:`HelperProcess` runs picklable work in a child started as ``python -m pipeline.background``
+:class:`HelperProcess` runs picklable work in a child started as ``python -m pipeline.runtime.background``
 (not multiprocessing's spawn, which re-imports the parent's main script in the child: a Ray
 worker's ``default_worker.py`` with all of Ray, or a user's script without a ``__main__`` guard,
 which then runs again). The child imports only what the work needs and ends with its parent, even
@@ -225,10 +225,10 @@ class HelperProcess:
     def _start(self) -> None:
         results_read, results_write = os.pipe()
         # the child finds this package where the parent does, then takes the parent's whole path
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # above pipeline/
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         child = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.background", str(results_write), str(os.getpid())],
+            [sys.executable, "-m", "pipeline.runtime.background", str(results_write), str(os.getpid())],
             stdin=subprocess.PIPE,
             pass_fds=(results_write,),
             env=env,
@@ -330,6 +330,6 @@ def _serve(jobs: BinaryIO, results: BinaryIO, parent_pid: int) -> None:
 
 if __name__ == "__main__":
     # run the module's own copy, not __main__'s, so HelperProcessError pickles under its real name
-    from pipeline import background
+    from pipeline.runtime import background
 
     background._serve(sys.stdin.buffer, os.fdopen(int(sys.argv[1]), "wb"), int(sys.argv[2]))

@@ -25,8 +25,8 @@ from contextlib import contextmanager
 
 import ray
 
-from pipeline.cluster_watchdog import MARKER_VAR, Watchdog
 from pipeline.errors import PipelineError, Terminated
+from pipeline.runtime.cluster_watchdog import MARKER_VAR, Watchdog
 
 LOOPBACK = "127.0.0.1"
 
@@ -36,7 +36,7 @@ _embedded = False
 
 def embedded() -> bool:
     """Whether this process runs on an embedded cluster that `ray_session` started: one that never
-    grows (a joined cluster may autoscale, see ``pipeline.cluster_capacity``)."""
+    grows (a joined cluster may autoscale, see ``pipeline.runtime.cluster_capacity``)."""
     return _embedded
 
 
@@ -147,7 +147,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     ``address``: a cluster address (``auto``, ``ray://...``, ``host:port``); default ``RAY_ADDRESS``.
     ``num_cpus``: CPUs of an embedded cluster (default: all of this machine's).
     Joins an already-initialised Ray untouched (tests start one per session). An embedded cluster
-    gets a temp dir of its own and a watchdog (``pipeline.cluster_watchdog``) that stops it and
+    gets a temp dir of its own and a watchdog (``pipeline.runtime.cluster_watchdog``) that stops it and
     removes that dir when the driver exits, however it exits.
     """
     global _embedded

@@ -16,12 +16,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import storage
 from pipeline.config import check_complete, to_object
-from pipeline.ray_runtime import RaySession
+from pipeline.runtime import storage
+from pipeline.runtime.ray_runtime import RaySession
 from pipeline.train.run_dir import RunDir
 
-SAMPLE_CORPUS = Path(__file__).resolve().parent / "data" / "kjv-sample.txt.gz"
+SAMPLE_CORPUS = Path(__file__).resolve().parents[1] / "data" / "kjv-sample.txt.gz"
 """The shipped sample corpus (a slice of the King James Version, public domain)."""
 
 

@@ -11,7 +11,7 @@ only and are never printed or logged. Throttling and 5xx answers are retried wit
 is a one-line :class:`StorageError` naming the path and the cause.
 
 :func:`configure` only affects this process; Ray workers read ``AWS_ENDPOINT_URL`` from their own
-environment (inherited from the driver on an embedded cluster; see ``pipeline.ray_runtime``).
+environment (inherited from the driver on an embedded cluster; see ``pipeline.runtime.ray_runtime``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from botocore.exceptions import (
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from pipeline.errors import PipelineError
-from pipeline.redaction import redact
+from pipeline.runtime.redaction import redact
 
 log = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.errors import PipelineError
-from pipeline.shard_format import BOS_ID, EOS_ID, KNESER_NEY_MAX_ORDER
+from pipeline.formats.shard_format import BOS_ID, EOS_ID, KNESER_NEY_MAX_ORDER
 
 MAX_ORDER = KNESER_NEY_MAX_ORDER
 PART_BYTES = 2 << 30

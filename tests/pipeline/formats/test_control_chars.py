@@ -1,6 +1,6 @@
 import unicodedata
 
-from pipeline.control_chars import may_hold_control_chars, replace_control_chars
+from pipeline.formats.control_chars import may_hold_control_chars, replace_control_chars
 
 
 def test_control_character_rule():

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.background import HelperProcess, HelperProcessError, WriteQueue, in_thread
+from pipeline.runtime.background import HelperProcess, HelperProcessError, WriteQueue, in_thread
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_in_thread_hands_back_the_result_or_the_error():
@@ -65,7 +65,7 @@ def test_a_script_without_a_main_guard_runs_once(tmp_path):
     script = tmp_path / "user_script.py"
     script.write_text(
         "import os\n"
-        "from pipeline.background import HelperProcess\n"
+        "from pipeline.runtime.background import HelperProcess\n"
         "print('script ran', flush=True)\n"
         "helper = HelperProcess()\n"
         "print(helper.submit(os.getpid).result() != os.getpid(), flush=True)\n"

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import webdataset as wds
 
-from pipeline import shard_format as fmt
-from pipeline import storage
+from pipeline.formats import shard_format as fmt
+from pipeline.runtime import storage
 
 
 def _write_tar(samples) -> bytes:

@@ -1,4 +1,4 @@
-"""pipeline.ray_runtime: an embedded cluster keeps the temporary files of its processes in its own
+"""pipeline.runtime.ray_runtime: an embedded cluster keeps the temporary files of its processes in its own
 temp dir, which goes with the cluster, even when the driver is killed."""
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import time
 
 import pytest
 
-from pipeline.cluster_watchdog import stop_marked
+from pipeline.runtime.cluster_watchdog import stop_marked
 
 pytestmark = pytest.mark.subprocess
 
 DRIVER = """
 import json, multiprocessing.util, os, sys, tempfile, time
 import ray
-from pipeline.cluster_watchdog import MARKER_VAR
-from pipeline.ray_runtime import ray_session
+from pipeline.runtime.cluster_watchdog import MARKER_VAR
+from pipeline.runtime.ray_runtime import ray_session
 
 before = tempfile.gettempdir()
 with ray_session(num_cpus=1):
@@ -76,7 +76,7 @@ def test_an_embedded_cluster_keeps_its_temporary_files_in_its_own_folder(ending)
 SESSION = """
 import ray
 from pipeline.errors import PipelineError
-from pipeline.ray_runtime import RaySession
+from pipeline.runtime.ray_runtime import RaySession
 
 try:
     RaySession.joined().start()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline import shard_format
-from pipeline.unigram import (
+from pipeline.formats import shard_format
+from pipeline.formats.unigram import (
     heldout_target_counts,
     heldout_unigram_perplexity,
     manifest_unigram_perplexity,

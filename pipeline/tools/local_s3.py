@@ -20,7 +20,7 @@ each start), and so do weed's logs (``tmp/weed.*``: ``-logdir`` and ``TMPDIR``);
 weed's fixed ``/tmp/seaweedfs-*.sock``, removed when it stops. weed finds that ``security.toml`` first (``-config_dir``) and runs with ``HOME`` set to
 the data dir and no ``WEED_*`` variables, so neither ``~/.seaweedfs`` nor the environment changes it.
 A data dir this module creates is mode 0700, so other users cannot read the stored objects from disk.
-``python -m pipeline.local_s3 --data-dir D`` runs one in the foreground.
+``python -m pipeline.tools.local_s3 --data-dir D`` runs one in the foreground.
 """
 
 from __future__ import annotations
@@ -174,7 +174,9 @@ def security_config(ca: str, cert: str, key: str) -> str:
     """The ``security.toml`` text: a fresh random key for each JWT section, and mutual TLS on every gRPC
     port with CA file ``ca`` and the one certificate ``cert``/``key`` for all components (weed does not
     check host names)."""
-    lines = ["# written by pipeline.local_s3 for one start of a local test server; new keys on each start"]
+    lines = [
+        "# written by pipeline.tools.local_s3 for one start of a local test server; new keys on each start"
+    ]
     for section in JWT_SECTIONS:
         lines += [f"[{section}]", f"key = {_toml_string(secrets.token_hex(32))}"]
     lines += ["[grpc]", f"ca = {_toml_string(ca)}"]
@@ -486,7 +488,7 @@ class LocalS3Server:
 
 
 def export_lines(server: LocalS3Server) -> list[str]:
-    """Shell lines that point boto3 (and so pipeline.storage) at ``server``."""
+    """Shell lines that point boto3 (and so pipeline.runtime.storage) at ``server``."""
     return [
         f"export AWS_ENDPOINT_URL={server.endpoint_url}",
         f"export AWS_ACCESS_KEY_ID={server.access_key}",
@@ -501,7 +503,8 @@ def _raise_interrupt(signum, frame) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.local_s3", description="Run a local SeaweedFS S3 server in the foreground."
+        prog="python -m pipeline.tools.local_s3",
+        description="Run a local SeaweedFS S3 server in the foreground.",
     )
     parser.add_argument("--data-dir", required=True, help="directory for the server's data, identity and log")
     parser.add_argument("--port", type=int, default=None, help="S3 port (default: a free one)")

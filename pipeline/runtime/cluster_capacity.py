@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
-from pipeline.background import in_thread
+from pipeline.runtime.background import in_thread
 
 QUERY_TIMEOUT_S = 60.0
 """How long a question to the cluster (its resources) may take before the stage gives up."""

@@ -24,8 +24,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from pipeline import shard_format, storage
-from pipeline.shard_format import BOS_ID, EOS_ID, UNK_ID
+from pipeline.formats import shard_format
+from pipeline.formats.shard_format import BOS_ID, EOS_ID, UNK_ID
+from pipeline.runtime import storage
 
 N_SPECIALS = len(shard_format.SPECIALS)
 

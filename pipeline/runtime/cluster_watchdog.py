@@ -9,7 +9,7 @@ the driver closes (the driver exited, however it died, or closed it after ``ray.
 its parent changes, then stops every process that carries the marker (SIGTERM, SIGKILL after
 ``GRACE_SECONDS``) and removes the cluster's temp dir.
 
-``python -m pipeline.cluster_watchdog MARKER TEMP_DIR`` is the watchdog; :class:`Watchdog` starts one.
+``python -m pipeline.runtime.cluster_watchdog MARKER TEMP_DIR`` is the watchdog; :class:`Watchdog` starts one.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class Watchdog:
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if k != MARKER_VAR}
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cluster_watchdog", self.marker, self.temp_dir],
+            [sys.executable, "-m", "pipeline.runtime.cluster_watchdog", self.marker, self.temp_dir],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -1,0 +1,3 @@
+"""Floor 1, the runtime every stage runs on: Ray (the embedded default or a cluster, its watchdog and
+capacity), storage (local and ``s3://``, the only module that touches boto3), work off the caller's
+path, and credentials kept out of what is shown."""
