@@ -12,7 +12,6 @@ its input or settings is never retried: the same input would fail the same way.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ from pipeline.errors import PipelineError, Terminated
 from pipeline.formats import shard_format
 from pipeline.formats.unigram import heldout_unigram_perplexity
 from pipeline.model_config import to_options
-from pipeline.output_folder import Lease, check_owned, read_marker, taken_back_on_failure
+from pipeline.output_folder import taken_back_on_failure
 from pipeline.runtime import cluster_capacity, ray_runtime, storage
 from pipeline.runtime.ray_runtime import RaySession
 from pipeline.stage_result import StageResult
@@ -42,9 +41,10 @@ from pipeline.train.evaluate import check_heldout_split
 from pipeline.train.metrics import read_metrics, repair_metrics
 from pipeline.train.plan import RunPlan
 from pipeline.train.progress import RelayFollower, relay_actor
+from pipeline.train.run_claim import claim_run_dir, data_identity, run_lease
 from pipeline.train.run_dir import OWN_FILES, RunDir
 from pipeline.train.trainer import train_loop_per_worker
-from pipeline.train.wandb_run import new_wandb_id, sync_command
+from pipeline.train.wandb_run import sync_command
 
 
 def _check_shards(shards: str, manifest: dict) -> None:
@@ -76,38 +76,6 @@ def _model_options(cfg: TrainConfig) -> dict:
         raise TrainError(f"init_from {path}: not valid JSON ({err})") from None
     except OptionsError as err:
         raise TrainError(f"init_from {path}: {err}") from None
-
-
-def data_identity(shards: str, manifest: dict) -> dict:
-    """What a run trains on, as recorded in its ``run.json``: the vocabulary's sha256 and one sha256
-    over the manifest's shard lists (names, counts and each shard's sha256), so the same shards
-    copied elsewhere are the same data and a re-shard with another vocabulary or corpus is not."""
-    listed = json.dumps(manifest["shards"], sort_keys=True, separators=(",", ":")).encode()
-    return {
-        "vocab_sha256": manifest["vocab"]["sha256"],
-        "shards_sha256": hashlib.sha256(listed).hexdigest(),
-        "vocab_size": manifest["vocab"]["size"],
-        "shards": shards,
-    }
-
-
-def _check_same_data(run_dir: str, recorded: dict, data: dict) -> None:
-    """A resume must train on the data the run started on (``init_from`` is for new data)."""
-    keys = ("vocab_sha256", "shards_sha256")
-    if all(recorded.get(k) == data[k] for k in keys):
-        return
-    what = "vocabulary" if recorded.get("vocab_sha256") != data["vocab_sha256"] else "shard set"
-
-    def named(d: dict) -> str:
-        return (
-            f"{d.get('shards')} (vocabulary {str(d.get('vocab_sha256'))[:12]}..., {d.get('vocab_size')} words; "
-            f"shards {str(d.get('shards_sha256'))[:12]}...)"
-        )
-
-    raise TrainError(
-        f"run directory {run_dir} was trained on {named(recorded)}, not on {named(data)}: "
-        f"a resume on another {what} is refused; use another output, or init_from={run_dir}/export to continue on new data"
-    )
 
 
 GPU_MEMORY_BOUND = 256 * 2**30
@@ -144,37 +112,6 @@ def gpus_possible(cfg: TrainConfig) -> bool:
     return torch.cuda.is_available() or bool(cfg.ray_address or os.environ.get("RAY_ADDRESS"))
 
 
-def run_lease(run_dir: str) -> Lease:
-    """The lease a driver holds on its run directory while it trains there."""
-    return Lease(run_dir, TrainError, "run directory")
-
-
-def _claim_run_dir(run_dir: str, name: str, data: dict) -> str:
-    """Claim ``run_dir`` for run ``name`` trained on ``data`` (``run.json``), or check that it is
-    this run's, on the same data; returns the run's wandb id, made at the first claim (a run
-    claimed before ids or data were recorded gets them now)."""
-    path = RunDir(run_dir).run_file
-    claim = {}
-    if check_owned(run_dir, OWN_FILES, TrainError):
-        claim = read_marker(run_dir, OWN_FILES, TrainError)
-        owner = claim.get("name")
-        if not isinstance(owner, str) or not owner or not run_name_ok(owner):
-            raise TrainError(
-                f"{path} names no run ({owner!r}): it is damaged; restore it from a copy, or choose another output"
-            )
-        if owner != name:
-            raise TrainError(
-                f"run directory {run_dir} belongs to run {owner!r}; use name={owner} to resume it or another output"
-            )
-        if claim.get("data"):
-            _check_same_data(run_dir, claim["data"], data)
-        if claim.get("wandb_id") and claim.get("data"):
-            return claim["wandb_id"]
-    claim = {"name": name, "wandb_id": claim.get("wandb_id") or new_wandb_id(), "data": data}
-    storage.write_bytes(path, json.dumps(claim).encode())
-    return claim["wandb_id"]
-
-
 def prepare_run(cfg: TrainConfig) -> RunPlan:
     """Validate a resolved TrainConfig and resolve the run's facts (no Ray needed)."""
     if cfg.storage_endpoint:
@@ -209,7 +146,7 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
     if not run_name_ok(name):
         raise TrainError(f"run name {name!r} (the output folder's name) is not {NAME_RULE}: set name=...")
     run_lease(run_dir).check()  # another live run in this directory: refused before anything is written
-    wandb_id = _claim_run_dir(run_dir, name, data_identity(shards, manifest))
+    wandb_id = claim_run_dir(run_dir, name, data_identity(shards, manifest))
     return RunPlan(
         run_dir=run_dir,
         name=name,

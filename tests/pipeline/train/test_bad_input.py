@@ -410,7 +410,7 @@ def test_the_same_shards_copied_elsewhere_resume(shards, tmp_path):
 
 
 def test_a_second_run_into_the_same_output_is_refused_while_the_first_holds_it(shards, tmp_path):
-    from pipeline.train.launch import run_lease
+    from pipeline.train.run_claim import run_lease
 
     run_dir = str(tmp_path / "run")
     with run_lease(run_dir):  # the first run, still going
