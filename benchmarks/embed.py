@@ -38,6 +38,8 @@ sys.path.insert(0, str(REPO))
 from benchmarks.process_tree import TreeMonitor  # noqa: E402
 from elmo_model import BiLM  # noqa: E402
 from elmo_model.static_inference import OutputSpec  # noqa: E402
+from pipeline.config import choices  # noqa: E402
+from pipeline.embed.config import LayerMode, Layout, Pool, Precision, StoredDType  # noqa: E402
 from pipeline.embed.inputs import ShardSpec  # noqa: E402
 from pipeline.embed.pass_runner import PassRunner  # noqa: E402
 from pipeline.embed.pass_size import PassSize, pass_size, per_position  # noqa: E402
@@ -229,27 +231,25 @@ def main(argv=None) -> int:
     parser.add_argument("--preset", default="small")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cpus-per-worker", type=float, default=1.0)
-    parser.add_argument(
-        "--num-cpus",
-        type=int,
-        default=0,
-        help="CPUs of the job's embedded cluster (0: workers x cpus-per-worker); the preparing tasks use the rest",
-    )
-    parser.add_argument(
-        "--readers", type=int, default=0, help="shards prepared at once (0: the CPUs the actors leave)"
-    )
-    parser.add_argument("--layers", default="all", choices=["all", "top", "average"])
-    parser.add_argument("--dtype", default="float16", choices=["float32", "float16"])
-    parser.add_argument("--precision", default="float32", choices=["float32", "tf32", "bf16"])
-    parser.add_argument("--layout", default="allennlp", choices=["allennlp", "packed"])
-    parser.add_argument("--pool", default="none", choices=["none", "mean"])
+    for flag, default, text in (
+        (
+            "--num-cpus",
+            0,
+            "CPUs of the job's embedded cluster (0: workers x cpus-per-worker); the preparing tasks use the rest",
+        ),
+        ("--readers", 0, "shards prepared at once (0: the CPUs the actors leave)"),
+        ("--batch-tokens", 4096, "0: the stage's choice for the device (on a GPU, its memory)"),
+    ):
+        parser.add_argument(flag, type=int, default=default, help=text)
+    for flag, default, kind in (
+        ("--layers", "all", LayerMode),
+        ("--dtype", "float16", StoredDType),
+        ("--precision", "float32", Precision),
+        ("--layout", "allennlp", Layout),
+        ("--pool", "none", Pool),
+    ):  # the stage's own choices
+        parser.add_argument(flag, default=default, choices=choices(kind))
     parser.add_argument("--lines-per-shard", type=int, default=1000)
-    parser.add_argument(
-        "--batch-tokens",
-        type=int,
-        default=4096,
-        help="0: the stage's choice for the device (on a GPU, its memory)",
-    )
     parser.add_argument(
         "--device",
         default="cpu",

@@ -23,6 +23,7 @@ from botocore.exceptions import ClientError, ResponseStreamingError
 
 from pipeline.runtime import storage
 from pipeline.runtime.storage import StorageError, join
+from pipeline.runtime.storage import s3 as s3_files
 
 MB = 1024 * 1024
 
@@ -601,10 +602,10 @@ def silent_endpoint(monkeypatch, read_timeout_s: float, attempts: int) -> Iterat
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKSILENT")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "silent-secret")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", str(attempts))
-    monkeypatch.setattr(storage, "READ_TIMEOUT_S", read_timeout_s)
-    monkeypatch.setattr(storage, "_said_waiting", set())
-    monkeypatch.setattr(storage, "_unanswered", {})
-    monkeypatch.setattr(storage, "_answered", set())
+    monkeypatch.setattr(s3_files, "READ_TIMEOUT_S", read_timeout_s)
+    monkeypatch.setattr(s3_files, "_said_waiting", set())
+    monkeypatch.setattr(s3_files, "_unanswered", {})
+    monkeypatch.setattr(s3_files, "_answered", set())
     held: list = []
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -667,7 +668,7 @@ def test_an_endpoint_that_never_answered_is_not_waited_for_again_and_one_that_di
         one_line_error(
             excinfo, "s3://bkt/b.bin", f"S3 endpoint {endpoint} did not answer", "not waited for again"
         )
-        storage._note_answered()  # as an answer does: the endpoint has answered this process
+        s3_files._note_answered()  # as an answer does: the endpoint has answered this process
         start = time.monotonic()
         with pytest.raises(StorageError, match="did not answer"):
             storage.read_bytes("s3://bkt/c.bin")

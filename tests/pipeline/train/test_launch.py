@@ -34,6 +34,11 @@ HELDOUT = 300
 STEPS = 150
 
 
+def tiny_run_flags(shards: str, run_dir: str) -> list[str]:
+    """``elmo train``'s flags for the tiny preset on ``shards`` into ``run_dir``."""
+    return ["--shards", shards, "--output", run_dir, "--preset", "tiny"]
+
+
 def tiny(shards: str, output: str, *overrides: str):
     return load_config(
         TrainConfig,
@@ -298,12 +303,7 @@ def test_rerun_resumes_from_the_latest_checkpoint(shards, tmp_path, ray_local, c
     run_dir = str(tmp_path / "resume")
     common = ["checkpoint_every=10", "log_every=5", "eval_max_batches=4", "wandb.mode=disabled"]
     flags = [
-        "--shards",
-        shards,
-        "--output",
-        run_dir,
-        "--preset",
-        "tiny",
+        *tiny_run_flags(shards, run_dir),
         "--workers",
         "2",
         "--name",
@@ -438,17 +438,7 @@ def test_sigterm_stops_the_run_like_ctrl_c_keeps_its_checkpoint_and_exits_143(sh
     passes it on as SIGINT to Ray Train's handler), "terminated", exit status 143, no crash report,
     and that checkpoint loads. Ctrl-C's own line and status: tests/jobs/test_cli.py."""
     run_dir = str(tmp_path / "run")
-    command = [
-        sys.executable,
-        "-m",
-        "jobs.train",
-        "--shards",
-        shards,
-        "--output",
-        run_dir,
-        "--preset",
-        "tiny",
-    ]
+    command = [sys.executable, "-m", "jobs.train", *tiny_run_flags(shards, run_dir)]
     settings = ["workers=1", "max_steps=100000", "checkpoint_every=5", "log_every=5", "wandb.mode=disabled"]
     proc = subprocess.Popen([*command, *settings], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
