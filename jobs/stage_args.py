@@ -11,6 +11,7 @@ import argparse
 import re
 import signal
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -87,6 +88,7 @@ def run_main(body: Callable[[], int | None]) -> int:
     ``interrupted`` and exits 130, SIGTERM while Ray runs (`Terminated`) prints ``terminated`` and
     exits 143 (128 + the signal, as a shell reports it); anything else is a bug and keeps its
     traceback."""
+    _hear_ctrl_c()
     try:
         return int(body() or 0)
     except PipelineError as err:
@@ -98,6 +100,19 @@ def run_main(body: Callable[[], int | None]) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _hear_ctrl_c() -> None:
+    """SIGINT stops a run at every moment of it. A command started in the background by a
+    non-interactive shell (``cmd &`` in a script, some CI runners) inherits SIGINT ignored, and
+    Python then raises no KeyboardInterrupt; Ray Train installs its own handler once training
+    starts, so a ``kill -INT`` (or a Ctrl-C to the script) was lost in a run's first seconds and
+    obeyed after them. Here it is heard from the start."""
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    ):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def main_argv(argv: Sequence[str] | None) -> list[str]:

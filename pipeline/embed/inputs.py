@@ -285,6 +285,7 @@ def read_lines(spec: ShardSpec) -> list[bytes]:
     if digest.hexdigest() != spec.input_sha256:
         raise EmbedError(
             f"input {where}: lines {spec.first_line}-{spec.first_line + spec.num_lines - 1} changed since "
-            "this run read them (their sha256 differs); rerun the command to plan the input again"
+            "this run read them (their sha256 differs); a rerun plans the input again and keeps the shards "
+            "done if their lines are unchanged (if any changed, it refuses: then use another output)"
         )
     return lines

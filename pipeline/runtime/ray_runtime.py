@@ -113,15 +113,27 @@ def logger_level(name: str, level: int) -> Iterator[None]:
         logger.setLevel(previous)
 
 
-def _embedded_environment(temp_dir: str) -> tuple[dict[str, str | None], str | None]:
+def _embedded_environment(
+    temp_dir: str, dashboard_port: int | None
+) -> tuple[dict[str, str | None], str | None]:
     """Set the environment an embedded cluster starts with (inherited by every process Ray starts);
-    returns what to restore (the variables, ``tempfile.tempdir``). ``TMPDIR`` points into the cluster's own temp dir: Python's ``pymp-*``
-    folders of Ray's dashboard processes, wandb's temporary folders and Ray Train's storage folder
-    go when the cluster goes, with its temp dir, even after a SIGKILL of the driver (the watchdog
-    removes it)."""
+    returns what to restore (the variables, ``tempfile.tempdir``).
+
+    ``TMPDIR`` points into the cluster's own temp dir: Python's ``pymp-*`` folders of Ray's
+    dashboard processes, wandb's temporary folders and Ray Train's storage folder go when the
+    cluster goes, with its temp dir, even after a SIGKILL of the driver (the watchdog removes it).
+
+    ``RAY_API_SERVER_ADDRESS`` names this cluster's dashboard (its port is chosen before the
+    cluster starts) to the State API clients inside the cluster's workers: Ray Train's
+    placement-group cleaner asks whether the controller lives, and without an address it looks for
+    "the" Ray on this machine, which fails with a traceback every run when a second Ray runs here
+    (another user's, a test's). The GCS address would serve as ``RAY_ADDRESS``, but it is only
+    known once the workers' environment is fixed. (No dashboard: no State API to name.)"""
     scratch = os.path.join(temp_dir, "tmp")
     os.makedirs(scratch, exist_ok=True)
     wanted = {"TMPDIR": scratch}
+    if dashboard_port is not None:
+        wanted["RAY_API_SERVER_ADDRESS"] = f"http://{LOOPBACK}:{dashboard_port}"
     wanted |= {name: value for name, value in EMBEDDED_DEFAULTS.items() if name not in os.environ}
     saved = {name: os.environ.get(name) for name in wanted}
     os.environ.update(wanted)
@@ -165,9 +177,9 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
             # short: Ray's unix socket paths live under it and must stay within ~107 characters
             watchdog = Watchdog(tempfile.mkdtemp(prefix="elmo-ray-", dir="/tmp"))
             os.environ[MARKER_VAR] = watchdog.marker  # inherited by every process of the cluster
-            saved_env = _embedded_environment(watchdog.temp_dir)
+            dashboard, dashboard_port = _dashboard_installed(), _free_port()
+            saved_env = _embedded_environment(watchdog.temp_dir, dashboard_port if dashboard else None)
             try:
-                dashboard = _dashboard_installed()
                 with logger_level(TOKEN_AUTH_LOGGER, logging.ERROR):
                     context = ray.init(
                         num_cpus=num_cpus,
@@ -175,7 +187,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
                         # dashboard) whether the controller lives; without it, it warns every second
                         include_dashboard=dashboard,
                         dashboard_host=LOOPBACK,
-                        dashboard_port=_free_port(),
+                        dashboard_port=dashboard_port,
                         _temp_dir=watchdog.temp_dir,
                         **kwargs,
                     )

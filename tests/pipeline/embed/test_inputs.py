@@ -86,8 +86,9 @@ def test_a_line_edited_since_the_plan_is_refused_not_embedded_under_its_old_key(
     path.write_bytes(b"a b\nc d\ne f\n")
     specs = inputs.plan_shards("text", [str(path)], 2)
     path.write_bytes(b"a b\nX d\ne f\n")  # same lines, same bytes, other words
-    with pytest.raises(EmbedError, match=r"lines 0-1 changed since this run read them"):
+    with pytest.raises(EmbedError, match=r"lines 0-1 changed since this run read them") as err:
         inputs.read_lines(specs[0])
+    assert "keeps the shards done if their lines are unchanged (if any changed, it refuses" in str(err.value)
     assert inputs.read_lines(specs[1]) == [b"e f"]
 
 

@@ -458,6 +458,30 @@ def test_sigterm_stops_the_run_like_ctrl_c_keeps_its_checkpoint_and_exits_143(sh
     assert ckpt.load_model(latest)["step"] % 5 == 0
 
 
+def test_an_embedded_cluster_beside_another_ray_trains_without_a_lookup_traceback(
+    shards, tmp_path, ray_local
+):
+    """`elmo train` with no RAY_ADDRESS starts its own cluster while another Ray runs on the machine
+    (here the session's): Ray Train's placement-group cleaner finds its own cluster's State API,
+    where it used to look for "the" Ray and print a traceback ("Found multiple active Ray
+    instances") every run."""
+    run_dir = str(tmp_path / "run")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    settings = ["workers=1", "max_steps=30", "log_every=10", "wandb.mode=disabled"]
+    result = subprocess.run(
+        [sys.executable, "-m", "jobs.train", *tiny_run_flags(shards, run_dir), *settings],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "embedded cluster" in result.stderr  # its own, not the session's
+    assert "multiple active Ray" not in result.stderr and "Traceback" not in result.stderr, result.stderr[
+        -3000:
+    ]
+
+
 def test_a_run_records_its_config_without_the_credentials_of_its_endpoint(shards, tmp_path, single_thread):
     secret = "topsecret-9c1b"
     endpoint = f"http://AKIAUSER:{secret}@127.0.0.1:9"  # local paths: configured, never dialled
