@@ -170,6 +170,19 @@ def home_state_in_tmp(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def kenlm():
+    """KenLM built from the registry's source (pipeline/tools/kenlm_build.py), cached between runs
+    in ~/.cache/elmo-pipeline (the one thing a test run keeps outside tmp, as pip keeps its cache):
+    about 90 s the first time; skipped with the reason where it cannot be built."""
+    from pipeline.tools.kenlm_build import KenLMUnavailable, find_or_build
+
+    try:
+        return find_or_build()
+    except KenLMUnavailable as err:
+        pytest.skip(str(err))
+
+
+@pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A SeaweedFS S3 server on free loopback ports with one bucket; AWS_* env set for the session."""
     with LocalS3Server(tmp_path_factory.mktemp("s3server")) as server:

@@ -12,8 +12,8 @@ The model is Chen & Goodman's (1998) interpolated modified Kneser-Ney, as KenLM 
   begin with ``<S>``, which nothing precedes: they keep their own count.
 - Discounts per order from the counts of counts of its adjusted counts n1..n4:
   ``Y = n1 / (n1 + 2 n2)``, ``D_k = k - (k + 1) Y n_{k+1} / n_k`` for k = 1, 2, 3 (3 meaning 3 or
-  more), each kept in [0, k] (a small corpus can push them out; an order with no n-gram counted k
-  times, where D_k is never used, takes k / 2).
+  more); where a count of counts is 0 or a D_k falls outside [0, k] (a small or odd corpus), the
+  order takes KenLM's fallback discounts, 0.5, 1 and 1.5.
 - ``p_n(w | h) = (a(hw) - D(a(hw))) / a(h.) + gamma(h) p_{n-1}(w | h')`` with ``h'`` the history
   without its first word and ``gamma(h) = (D_1 N_1(h.) + D_2 N_2(h.) + D_3 N_3+(h.)) / a(h.)``; a
   history never seen as a context gives its mass to the lower order whole. The unigram is
@@ -221,14 +221,24 @@ def adjust(counts: NgramCounts, vocab_size: int) -> Adjusted:
     return Adjusted(tuple(tables), counts_of_counts.astype(np.int64), continuation)
 
 
+FALLBACK_DISCOUNTS = (0.0, 0.5, 1.0, 1.5)
+"""An order's discounts when its counts of counts cannot give them: KenLM's ``--discount_fallback``."""
+
+
 def _discounts(n: np.ndarray) -> np.ndarray:
-    """``[0, D_1, D_2, D_3+]`` float64 (indexed by min(count, 3)) from counts of counts n1..n4."""
+    """``[0, D_1, D_2, D_3+]`` float64 (indexed by min(count, 3)) from counts of counts n1..n4.
+
+    As KenLM's ``lmplz`` estimates them: where any of n1..n3 is 0 or a discount falls outside
+    [0, k] (a small or odd corpus), the whole order takes :data:`FALLBACK_DISCOUNTS`."""
     n = np.asarray(n, dtype=np.float64)
-    y = n[0] / (n[0] + 2 * n[1]) if n[0] + 2 * n[1] > 0 else 0.0
+    if (n[:3] <= 0).any():  # n4 may be 0 (then D3+ = 3)
+        return np.array(FALLBACK_DISCOUNTS)
+    y = n[0] / (n[0] + 2 * n[1])
     d = np.zeros(4)
     for k in (1, 2, 3):
-        raw = k - (k + 1) * y * n[k] / n[k - 1] if n[k - 1] > 0 else 0.5 * k
-        d[k] = min(max(raw, 0.0), float(k))
+        d[k] = k - (k + 1) * y * n[k] / n[k - 1]
+        if not 0.0 <= d[k] <= k:
+            return np.array(FALLBACK_DISCOUNTS)
     return d
 
 
@@ -261,7 +271,7 @@ def global_statistics(shares: Sequence[Adjusted]) -> GlobalStatistics:
     return GlobalStatistics(unigram, adjusted, discounts)
 
 
-def _lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+def sorted_lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Index of each of ``keys`` in ``sorted_keys``, or -1 where absent: int64 like ``keys``."""
     if sorted_keys.shape[0] == 0:
         return np.full(keys.shape, -1, dtype=np.int64)
@@ -298,17 +308,17 @@ class PartModel:
         places before each (-1 where the sentence has none; ``previous[0]`` in this partition);
         ``lower``: their unigram probabilities."""
         p = lower.copy()
-        history = _lookup(self.histories[0], previous[0])
+        history = sorted_lookup(self.histories[0], previous[0])
         for n, level in enumerate(self.orders, start=2):
             seen = history >= 0
             if not seen.any():
                 break
-            own = _lookup(level.keys, history[seen] * self.vocab_size + words[seen])
+            own = sorted_lookup(level.keys, history[seen] * self.vocab_size + words[seen])
             share = np.where(own >= 0, level.own[np.maximum(own, 0)], 0.0)
             p[seen] = share + level.gamma[history[seen]] * p[seen]
             if n <= len(self.orders):
                 longer = history * self.vocab_size + previous[n - 1]
-                found = _lookup(self.histories[n - 1], longer)
+                found = sorted_lookup(self.histories[n - 1], longer)
                 history = np.where(seen & (previous[n - 1] >= 0), found, -1)
         return p
 
@@ -322,7 +332,7 @@ def _history_index(histories: list[np.ndarray], words: np.ndarray, vocab_size: i
         if j == len(histories) + 1:
             ordered = np.sort(keys)  # np.unique hashes first: slower on tens of millions of keys
             histories.append(ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))])
-        index = _lookup(histories[j - 1], keys)
+        index = sorted_lookup(histories[j - 1], keys)
         if (index < 0).any():
             raise BaselineError(f"kneser-ney: histories of {j} words that were not counted")
         if j < k:
@@ -409,6 +419,20 @@ class KneserNey:
             for p, model in enumerate(self.parts)
         )
         return cost, int(targets.words.shape[0])
+
+    def target_probabilities(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """p of each forward target of sentences given as for :func:`count_ngrams`, in their order
+        (per sentence its words, then ``</S>``): float64 ``(T,)``. What KenLM's query module
+        gives per word (as log10), for comparing the two models target by target."""
+        targets = Targets.of(ids, lengths, self.order, self.vocab_size)
+        p = np.empty(targets.words.shape[0], dtype=np.float64)
+        for k, model in enumerate(self.parts):
+            mine = targets.previous[0] % len(self.parts) == k
+            words = targets.words[mine]
+            p[mine] = model.probabilities(
+                words, [w[mine] for w in targets.previous], self.statistics.unigram[words]
+            )
+        return p
 
     def distribution(self, history: list[int]) -> np.ndarray:
         """p(w | history) for every vocabulary entry w: float64 ``(V,)`` (``<S>``: 0). ``history``:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import ray
 
-from pipeline.formats import kneser_ney
+from pipeline.formats import arpa, kneser_ney
 from pipeline.formats.shard_format import open_shard
 from pipeline.runtime import storage
 from pipeline.shard.writer import ShardRecord
@@ -86,19 +86,39 @@ def _statistics_task(*shares: kneser_ney.Adjusted):
 
 
 @ray.remote
+def _model_task(
+    adjusted: kneser_ney.Adjusted, statistics: kneser_ney.GlobalStatistics
+) -> kneser_ney.PartModel:
+    return kneser_ney.estimate(adjusted, statistics)
+
+
+@ray.remote
 def _score_task(
-    adjusted: kneser_ney.Adjusted,
+    model: kneser_ney.PartModel,
     statistics: kneser_ney.GlobalStatistics,
     heldout: Sequence[_Shard],
     part: int,
     parts: int,
 ) -> tuple[float, int, list[int]]:
     """-> (-sum ln p of the partition's held-out targets, their number, its n-grams per order)"""
-    model = kneser_ney.estimate(adjusted, statistics)
-    del adjusted
     vocab_size = statistics.unigram.shape[0]
     targets = kneser_ney.Targets.of(*_sentences(heldout), len(model.orders) + 1, vocab_size).part(parts, part)
     return kneser_ney.part_cost(model, targets, statistics), int(targets.words.shape[0]), model.ngrams
+
+
+@ray.remote
+def _backoffs_task(model: kneser_ney.PartModel, parts: int):
+    """-> per partition p, the backoffs of this one's histories that p writes (arpa.history_backoffs)"""
+    pieces = arpa.history_backoffs(model, parts)
+    return pieces[0] if parts == 1 else tuple(pieces)
+
+
+@ray.remote
+def _arpa_task(model, statistics, tokens_box: list, part: int, parts: int, *backoffs):
+    """-> the partition's ARPA sections, order 1..N, each a gzip member (arpa.part_sections)"""
+    tokens = arpa.arpa_tokens(ray.get(tokens_box[0]))
+    sections = arpa.part_sections(model, statistics, tokens, part, parts, backoffs)
+    return sections[0] if len(sections) == 1 else tuple(sections)
 
 
 def _shards(output: str, records: Sequence[ShardRecord]) -> list[_Shard]:
@@ -153,32 +173,34 @@ def _merged_partitions(
 def kneser_ney_baseline(
     output: str,
     shards: Mapping[str, Sequence[ShardRecord]],
-    vocab_size: int,
+    vocab: Sequence[str],
     order: int,
     window: int,
     on_counted: Callable[[int, int], None],
     get: Callable = ray.get,
+    write_arpa: bool = False,
 ) -> dict | None:
     """The manifest's ``baselines.kneser_ney`` record for the shards of ``output`` (``shards``:
     split -> records, as the manifest lists them), or None without held-out sentences.
     ``on_counted(sentences, tokens)`` after each group of training shards is counted; ``get``:
-    ``ray.get`` or the stage's variant that re-raises its own errors as themselves."""
+    ``ray.get`` or the stage's variant that re-raises its own errors as themselves; ``write_arpa``:
+    also write the model as :data:`ARPA_FILE` (its record under ``arpa``)."""
     heldout = [s for s in _shards(output, shards["heldout"]) if s.sentences]
     if not heldout:
         return None
     train = _shards(output, shards["train"])
     parts = kneser_ney.parts_for(sum(s.tokens for s in train), order)
     merged = _merged_partitions(_groups(train, window), order, parts, window, on_counted)
-    adjusted = [_adjust_task.remote(ref, vocab_size) for ref in merged]
+    adjusted = [_adjust_task.remote(ref, len(vocab)) for ref in merged]
     del merged
     statistics, summary = _statistics_task.remote(*(share for _, share in adjusted))
-    scored = get(
-        [_score_task.remote(tables, statistics, heldout, p, parts) for p, (tables, _) in enumerate(adjusted)]
-    )
+    models = [_model_task.remote(tables, statistics) for tables, _ in adjusted]
+    del adjusted
+    scored = get([_score_task.remote(model, statistics, heldout, p, parts) for p, model in enumerate(models)])
     summary = get(summary)
     nll = float(sum(cost for cost, _, _ in scored))  # in partition order: the same sum on every run
     targets = sum(n for _, n, _ in scored)
-    return {
+    record = {
         "order": order,
         "perplexity": kneser_ney.perplexity(nll, targets),
         "nll": nll,
@@ -187,3 +209,33 @@ def kneser_ney_baseline(
         "discounts": summary["discounts"],
         "partitions": parts,
     }
+    if write_arpa:
+        ngrams = [len(vocab), *record["ngrams"][1:]]  # every vocabulary entry is a unigram line
+        record["arpa"] = _write_arpa(output, models, statistics, vocab, ngrams, get)
+    return record
+
+
+ARPA_FILE = "kneser_ney.arpa.gz"
+"""The baseline's model as an ARPA file (``kneser_ney_arpa=true``): pipeline/formats/arpa.py."""
+
+
+def _write_arpa(output: str, models: list, statistics, vocab: Sequence[str], ngrams: list[int], get) -> dict:
+    """Every partition's sections, streamed into :data:`ARPA_FILE` one at a time (the driver holds
+    one section at most): its record, ``{"file", "bytes", "sha256"}``."""
+    parts, order = len(models), len(ngrams)
+    backoffs = [_backoffs_task.options(num_returns=parts).remote(model, parts) for model in models]
+    backoffs = [[pieces] if parts == 1 else pieces for pieces in backoffs]
+    tokens_box = [ray.put(list(vocab))]
+    sections = [
+        _arpa_task.options(num_returns=order).remote(
+            model, statistics, tokens_box, p, parts, *(backoffs[q][p] for q in range(parts))
+        )
+        for p, model in enumerate(models)
+    ]
+    sections = [[refs] if order == 1 else refs for refs in sections]
+    path = storage.join(output, ARPA_FILE)
+    with storage.open_write(path) as raw:
+        out = storage.HashingWriter(raw)
+        for member in arpa.assemble(arpa.header(ngrams), sections):
+            out.write(member if isinstance(member, bytes) else get(member))
+    return {"file": ARPA_FILE, "bytes": out.size, "sha256": out.hexdigest()}

@@ -50,6 +50,8 @@ class ShardConfig:
     """Lowercase every sentence after tokenization."""
     heldout_fraction: float = 0.01
     """Fraction of the input's sentences held out, chosen by a hash of the sentence."""
+    dedup: bool = True
+    """Remove every later copy of a sentence (same text after tokenization and ``lowercase``; each split on its own), as the 1B Word Benchmark did: repeated sentences waste training and flatter held-out perplexity. The first copy in corpus order stays; the manifest counts what went, per split."""
     min_count: int = 1
     """Tokens seen fewer times than this in the training split map to ``<UNK>``."""
     max_size: int = 0
@@ -64,6 +66,8 @@ class ShardConfig:
     """Seed of the within-shard shuffle."""
     kneser_ney_order: int = 3
     """Order of the held-out Kneser-Ney baseline written into the manifest (2..5; 0 turns it off): an interpolated modified Kneser-Ney model counted on the training split, scored on the held-out targets the biLM is scored on. Its pass reads the training shards once more and each of its tasks holds a partition of their n-grams; on hundreds of millions of tokens on a small machine it costs more than the rest of the stage (800M on 2 cores: not done in 43 minutes), so use 0 or 2 there: see docs/training.md#baselines for its time and memory."""
+    kneser_ney_arpa: bool = False
+    """Also write the Kneser-Ney baseline's model as ``kneser_ney.arpa.gz``: the ARPA file KenLM, SRILM and speech decoders read (``<s>``, ``</s>``, ``<unk>`` as KenLM names them). Off by default: at the 1B Word Benchmark's size it is gigabytes."""
     chunk_bytes: int = 4 * 1024 * 1024
     """Input bytes per Ray task (4 MiB keeps Ray's per-task cost, about 10 ms of driver and raylet CPU, small next to the task's work); changing it does not change the output."""
     workers: int = 0

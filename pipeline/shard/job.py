@@ -58,6 +58,14 @@ from pipeline.runtime import storage
 from pipeline.runtime.ray_runtime import RaySession
 from pipeline.shard.baseline import kneser_ney_baseline
 from pipeline.shard.config import ShardConfig
+from pipeline.shard.duplicates import (
+    chunk_drops,
+    decode_drops,
+    drops_name,
+    encode_drops,
+    find_duplicates,
+    hash_ranges,
+)
 from pipeline.shard.errors import ShardError
 from pipeline.shard.layout import SplitLayout, layout_split
 from pipeline.shard.manifest import (
@@ -69,7 +77,14 @@ from pipeline.shard.manifest import (
     plan_chunks,
     run_identity,
 )
-from pipeline.shard.passes import ChunkSummary, LineSettings, count_chunk, encode_chunk, retokenize
+from pipeline.shard.passes import (
+    ChunkSummary,
+    LineSettings,
+    count_chunk,
+    deduplicate_chunk,
+    encode_chunk,
+    retokenize,
+)
 from pipeline.shard.progress import Progress, summary
 from pipeline.shard.reader import iter_chunks, resolve_inputs
 from pipeline.shard.resume import (
@@ -112,11 +127,48 @@ class _VocabularyIndex:
 _VOCABULARY_INDEX = _VocabularyIndex()
 
 
-@ray.remote(num_returns=2)
+@ray.remote(num_returns=3)
 def _count_task(chunk, settings):
-    """-> ``(summary, counts, kept)`` for the driver, and the tokenized chunk when ``kept`` (else
-    None), which stays in the object store until the writing pass takes it."""
-    summary_, counts, sentences = count_chunk(chunk, settings)
+    """-> ``(summary, counts, kept)`` for the driver, the tokenized chunk when ``kept`` (else
+    None), which stays in the object store until the next pass takes it, and, in a deduplicating
+    run, the chunk's keys (then ``counts`` is None: they are taken after the duplicates go)."""
+    summary_, found, sentences = count_chunk(chunk, settings)
+    keep = sentences.nbytes >= KEEP_MIN_BYTES
+    keys = found if settings.dedup else None
+    return (summary_, None if settings.dedup else found, keep), sentences if keep else None, keys
+
+
+@ray.remote
+def _find_task(keys_box, lo, hi):
+    """The later copies among the sentences hashed into ``[lo, hi)`` (duplicates.find_duplicates);
+    ``keys_box``: every chunk's keys' ObjectRef, in chunk order, boxed so that Ray passes the refs."""
+    return find_duplicates(ray.get(keys_box[0]), lo, hi)
+
+
+@dataclass(frozen=True)
+class _DedupJob:
+    """What one chunk's deduplicating task needs: the line ``settings`` (to read it again), the
+    run's ``output`` (where its removed positions are kept), ``found_box`` (every hash range's
+    find_duplicates result, boxed), and the chunk's ``index``, ``source`` and counting ``expected``."""
+
+    settings: LineSettings
+    output: str
+    found_box: list
+    index: int
+    source: int
+    expected: LineStats
+
+
+@ray.remote(num_returns=2)
+def _dedup_task(source, job: _DedupJob):
+    """-> ``(summary, counts, kept)`` as the counting task's, of the chunk without its duplicates,
+    and that chunk when ``kept``. Its removed positions are written down first
+    (duplicates.drops_name), for a writing pass or rerun that reads the chunk again."""
+    sentences = source if isinstance(source, Sentences) else retokenize(source, job.settings, job.expected)
+    drops = chunk_drops(ray.get(job.found_box[0]), job.index)
+    if len(drops):
+        storage.write_bytes(storage.join(job.output, drops_name(job.index)), encode_drops(drops))
+    summary_, counts, sentences = deduplicate_chunk(sentences, job.index, job.source, drops)
     keep = sentences.nbytes >= KEEP_MIN_BYTES
     return (summary_, counts, keep), sentences if keep else None
 
@@ -161,11 +213,25 @@ class _EncodeJob:
     vocab_sha: str
     shard_tokens: int
     out: _ShardOutput
+    index: int
     offsets: dict[str, int]
     shards: dict[str, range]
     expected: LineStats
     own: list[tuple[str, int]]
     shared: list[tuple[str, int]]
+
+    def read_again(self, chunk) -> Sentences:
+        """The chunk tokenized again, without the duplicates the run removed from it."""
+        removed = self.expected.train_duplicates + self.expected.heldout_duplicates
+        drops = None
+        if removed:
+            name = drops_name(self.index)
+            try:
+                data = storage.read_bytes(storage.join(self.out.output, name))
+            except storage.StorageError as err:
+                raise ShardError(f"cannot read {name}, the duplicates of chunk {self.index}: {err}") from None
+            drops = decode_drops(data, removed, name)
+        return retokenize(chunk, self.settings, self.expected, drops)
 
 
 @ray.remote
@@ -176,7 +242,7 @@ def _encode_task(source, job: _EncodeJob):
     ``job.shared`` shards for their writer tasks: a shard inside one chunk costs no writer task and
     no piece objects (with the default chunk size, most shards)."""
     index = _VOCABULARY_INDEX.get(job.vocab_sha, job.vocab_box)
-    sentences = source if isinstance(source, Sentences) else retokenize(source, job.settings, job.expected)
+    sentences = source if isinstance(source, Sentences) else job.read_again(source)
     pieces = encode_chunk(sentences, index, job.offsets, job.shards, job.shard_tokens)
     records = {}
     for key in job.own:
@@ -256,6 +322,7 @@ def _settings(config: ShardConfig, main_sources: int) -> LineSettings:
         max_line_bytes=config.max_line_bytes,
         heldout_fraction=config.heldout_fraction,
         main_sources=main_sources,
+        dedup=config.dedup,
     )
 
 
@@ -266,27 +333,63 @@ def _check_writable(output: str) -> None:
         raise ShardError(f"output {output} is not writable: {err}") from None
 
 
-def _count(run: _ShardRun, progress: Progress) -> tuple[list[ChunkSummary], TokenCounts, dict]:
-    """The counting pass: chunk summaries (in order), training token counts, and chunk index ->
-    ObjectRef of the tokenized chunk, for the chunks that were kept."""
-    summaries: dict[int, ChunkSummary] = {}
-    counts = TokenCounts()
-    kept: dict[int, ray.ObjectRef] = {}
+class _Counted:
+    """What a counting (or deduplicating) pass gathers as its tasks finish: chunk index -> summary,
+    the training token counts, and chunk index -> ObjectRef of the tokenized chunk, for the chunks
+    that were kept."""
 
-    def absorb(sentences_ref, result):
+    def __init__(self, progress: Progress):
+        self.summaries: dict[int, ChunkSummary] = {}
+        self.counts = TokenCounts()
+        self.kept: dict[int, ray.ObjectRef] = {}
+        self.progress = progress
+
+    def absorb(self, sentences_ref, result) -> None:
         summary_, chunk_counts, keep = result
-        summaries[summary_.index] = summary_
+        self.summaries[summary_.index] = summary_
         if keep:
-            kept[summary_.index] = sentences_ref
-        counts.add(*chunk_counts)
-        progress.update(summary_.stats.lines, summary_.stats.train_tokens + summary_.stats.heldout_tokens)
+            self.kept[summary_.index] = sentences_ref
+        if chunk_counts is not None:
+            self.counts.add(*chunk_counts)
+        stats = summary_.stats
+        self.progress.update(stats.lines, stats.train_tokens + stats.heldout_tokens)
 
-    window = _Window(run.window, absorb)
+    def chunks(self) -> list[ChunkSummary]:
+        return [self.summaries[i] for i in range(len(self.summaries))]
+
+
+def _count(run: _ShardRun, progress: Progress) -> tuple[list[ChunkSummary], TokenCounts, dict, list]:
+    """The counting pass: chunk summaries (in order), training token counts (none yet in a
+    deduplicating run), chunk index -> ObjectRef of the tokenized chunk for the chunks that were
+    kept, and (deduplicating) every chunk's keys' ObjectRef in chunk order."""
+    counted = _Counted(progress)
+    keys: list = []
+    window = _Window(run.window, counted.absorb)
     for chunk in iter_chunks(run.paths, run.config.chunk_bytes, run.config.max_line_bytes):
-        result_ref, sentences_ref = _count_task.remote(chunk, run.settings)
+        result_ref, sentences_ref, keys_ref = _count_task.remote(chunk, run.settings)
+        keys.append(keys_ref)
         window.add(result_ref, tag=sentences_ref)
     window.drain()
-    return [summaries[i] for i in range(len(summaries))], counts, kept
+    return counted.chunks(), counted.counts, counted.kept, keys if run.settings.dedup else []
+
+
+def _deduplicate(run: _ShardRun, chunks: list[ChunkSummary], keys: list, kept: dict, progress: Progress):
+    """The deduplicating pass: one task per hash range finds the later copies in its range, then
+    one task per chunk removes its own. -> what :func:`_count` returns, of the kept sentences."""
+    total = sum(c.stats.train_sentences + c.stats.heldout_sentences for c in chunks)
+    ranges = hash_ranges(total, _cluster_workers(run.config.workers))
+    found = [_find_task.remote([list(keys)], lo, hi) for lo, hi in ranges]
+    keys.clear()  # the find tasks hold the refs now: the keys are freed as they finish
+    counted = _Counted(progress)
+    window = _Window(run.window, counted.absorb)
+    for index, source in chunk_sources(run.paths, run.config, chunks, set(range(len(chunks))), kept):
+        chunk = chunks[index]
+        job = _DedupJob(run.settings, run.output, [found], index, chunk.source, chunk.stats)
+        result_ref, sentences_ref = _dedup_task.remote(source, job)
+        del source
+        window.add(result_ref, tag=sentences_ref)
+    window.drain()
+    return counted.chunks(), counted.counts, counted.kept
 
 
 def _check_counts(total: LineStats, config: ShardConfig) -> None:
@@ -369,6 +472,7 @@ def _write(run: _ShardRun, out: _ShardOutput, chunks, vocab, layouts, done, kept
             vocab_sha=vocab.sha256,
             shard_tokens=run.config.shard_tokens,
             out=out,
+            index=index,
             offsets={split: layouts[split].offsets[index] for split in SPLITS},
             shards={split: layouts[split].chunk_shards[index] for split in SPLITS},
             expected=chunks[index].stats,
@@ -441,8 +545,12 @@ def _run_shard(config: ShardConfig, session: RaySession) -> StageResult:
         kept: dict = {}  # chunk index -> ObjectRef of its tokenized chunk (none on a rerun from the plan)
         if vocab is None:
             progress = Progress("shard: counting", config.progress)
-            chunks, counts, kept = _count(run, progress)
+            chunks, counts, kept, keys = _count(run, progress)
             progress.close()
+            if config.dedup:
+                progress = Progress("shard: removing duplicates", config.progress)
+                chunks, counts, kept = _deduplicate(run, chunks, keys, kept, progress)
+                progress.close()
             total = LineStats()
             for chunk in chunks:
                 total.add(chunk.stats)
@@ -489,7 +597,16 @@ def _baselines(run: _ShardRun, shards, vocab: Vocabulary) -> tuple[dict, float]:
         return {}, 0.0
     started = time.perf_counter()
     progress = Progress(f"shard: {order}-gram baseline", run.config.progress)
-    record = kneser_ney_baseline(run.output, shards, vocab.size, order, run.window, progress.update, _get)
+    record = kneser_ney_baseline(
+        run.output,
+        shards,
+        vocab.tokens,
+        order,
+        run.window,
+        progress.update,
+        _get,
+        write_arpa=run.config.kneser_ney_arpa,
+    )
     progress.close()
     return ({"kneser_ney": record} if record else {}), time.perf_counter() - started
 

@@ -23,7 +23,9 @@ from typing import Any
 
 from pipeline.formats.shard_format import COUNTS_FILE, MANIFEST_FILE, SPLITS, VOCAB_FILE
 from pipeline.output_folder import LEASE_FILE, OwnFiles
+from pipeline.shard.baseline import ARPA_FILE
 from pipeline.shard.config import RUNTIME_KEYS
+from pipeline.shard.duplicates import DROPS_FOLDER
 from pipeline.shard.passes import ChunkSummary
 from pipeline.shard.sentences import LineStats
 from pipeline.shard.vocabulary import Vocabulary
@@ -43,9 +45,10 @@ OWN_FILES = OwnFiles(
     RUN_FILE,
     re.compile(
         "|".join(
-            re.escape(n) for n in (RUN_FILE, PLAN_FILE, MANIFEST_FILE, VOCAB_FILE, COUNTS_FILE, LEASE_FILE)
+            re.escape(n)
+            for n in (RUN_FILE, PLAN_FILE, MANIFEST_FILE, VOCAB_FILE, COUNTS_FILE, LEASE_FILE, ARPA_FILE)
         )
-        + rf"|({'|'.join(SPLITS)})-\d{{6,}}\.tar|\.write-probe"
+        + rf"|({'|'.join(SPLITS)})-\d{{6,}}\.tar|{DROPS_FOLDER}/chunk-\d{{6,}}\.u32|\.write-probe"
     ),
 )
 """What the stage writes into its output; a folder with anything else is refused."""
@@ -116,6 +119,10 @@ def _line_record(stats: LineStats) -> dict:
         "lines": stats.lines,
         "sentences": {"train": stats.train_sentences, "heldout": stats.heldout_sentences},
         "skipped": {"empty": stats.empty, "overlong": stats.overlong},
+        "duplicates": {
+            "train": {"sentences": stats.train_duplicates, "tokens": stats.train_duplicate_tokens},
+            "heldout": {"sentences": stats.heldout_duplicates, "tokens": stats.heldout_duplicate_tokens},
+        },
         "invalid_utf8_replaced": stats.invalid_utf8,
         "control_chars_replaced": stats.control_chars,
     }
@@ -134,7 +141,8 @@ def build_manifest(
     """The manifest of a finished run (see docs/architecture.md for the fields other stages use).
     ``baselines``: the held-out baselines beyond the shard records' unigram (pipeline.formats.kneser_ney).
 
-    ``lines.read == lines.sentences.train + lines.sentences.heldout + sum(lines.skipped)``.
+    ``lines.read == lines.sentences.train + lines.sentences.heldout + sum(lines.skipped)
+    + lines.duplicates.train.sentences + lines.duplicates.heldout.sentences``.
     """
     total = LineStats()
     for chunk in chunks:

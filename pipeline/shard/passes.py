@@ -14,12 +14,14 @@ it again from the input and checks that the input still has what the counting pa
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from pipeline.formats.shard_format import SPLITS
+from pipeline.shard.duplicates import ChunkKeys, chunk_keys, remove_sentences
 from pipeline.shard.errors import ShardError
 from pipeline.shard.layout import ChunkTokens
 from pipeline.shard.reader import Chunk
@@ -41,6 +43,8 @@ class LineSettings:
     heldout_fraction: float
     main_sources: int
     """Inputs ``0 .. main_sources-1`` are split by hash; later ones are explicit held-out inputs."""
+    dedup: bool = False
+    """Remove later copies of a sentence (:mod:`pipeline.shard.duplicates`)."""
 
 
 @dataclass(frozen=True)
@@ -72,8 +76,8 @@ class ChunkSummary:
         )
 
 
-def chunk_sentences(chunk: Chunk, settings: LineSettings) -> Sentences:
-    """The tokenized, split sentences of a chunk."""
+def chunk_sentences(chunk: Chunk, settings: LineSettings, keep_hashes: bool = False) -> Sentences:
+    """The tokenized, split sentences of a chunk (with their hashes when ``keep_hashes``)."""
     tokenize = make_tokenizer(settings.tokenizer, settings.moses_lang, settings.lowercase)
     return tokenize_lines(
         chunk.data,
@@ -82,23 +86,51 @@ def chunk_sentences(chunk: Chunk, settings: LineSettings) -> Sentences:
         heldout_threshold(settings.heldout_fraction),
         all_heldout=chunk.source >= settings.main_sources,
         dropped_overlong=chunk.overlong,
+        keep_hashes=keep_hashes,
     )
+
+
+def summarize(index: int, source: int, sentences: Sentences) -> ChunkSummary:
+    last = {split: int(sentences.split(split).lengths[-1:].sum()) for split in SPLITS}
+    return ChunkSummary(index, source, sentences.stats, last)
 
 
 def count_chunk(
     chunk: Chunk, settings: LineSettings
-) -> tuple[ChunkSummary, tuple[list[str], np.ndarray], Sentences]:
+) -> tuple[ChunkSummary, tuple[list[str], np.ndarray] | ChunkKeys, Sentences]:
     """Counting pass over one chunk: its summary, its training tokens' counts (for
-    :meth:`~pipeline.shard.vocabulary.TokenCounts.add`) and its sentences."""
-    sentences = chunk_sentences(chunk, settings)
-    last = {split: int(sentences.split(split).lengths[-1:].sum()) for split in SPLITS}
-    return ChunkSummary(chunk.index, chunk.source, sentences.stats, last), sentences.train_counts(), sentences
+    :meth:`~pipeline.shard.vocabulary.TokenCounts.add`) and its sentences. A deduplicating run
+    gets the chunk's keys instead of the counts, which it takes after removing the duplicates
+    (:func:`deduplicate_chunk`)."""
+    sentences = chunk_sentences(chunk, settings, keep_hashes=settings.dedup)
+    found = chunk_keys(sentences) if settings.dedup else sentences.train_counts()
+    return summarize(chunk.index, chunk.source, sentences), found, sentences
 
 
-def retokenize(chunk: Chunk, settings: LineSettings, expected: LineStats) -> Sentences:
-    """The sentences of a chunk whose counting-pass result is gone, made again from the input;
-    ``expected``: the counting pass's summary, to catch an input that changed since."""
+def deduplicate_chunk(
+    sentences: Sentences, index: int, source: int, drops: np.ndarray
+) -> tuple[ChunkSummary, tuple[list[str], np.ndarray], Sentences]:
+    """A deduplicating run's second look at a chunk: the sentences without those at ``drops``
+    (from :func:`pipeline.shard.duplicates.chunk_drops`), their summary and training counts."""
+    kept = remove_sentences(sentences, drops)
+    # the hashes have served: the writing pass needs none
+    kept = dataclasses.replace(
+        kept,
+        train=dataclasses.replace(kept.train, hashes=None),
+        heldout=dataclasses.replace(kept.heldout, hashes=None),
+    )
+    return summarize(index, source, kept), kept.train_counts(), kept
+
+
+def retokenize(
+    chunk: Chunk, settings: LineSettings, expected: LineStats, drops: np.ndarray | None = None
+) -> Sentences:
+    """The sentences of a chunk whose counting-pass result is gone, made again from the input,
+    without those at ``drops`` (a deduplicating run's, given after the duplicates are found);
+    ``expected``: the summary it had then, to catch an input that changed since."""
     sentences = chunk_sentences(chunk, settings)
+    if drops is not None:
+        sentences = remove_sentences(sentences, drops)
     if sentences.stats != expected:
         raise ShardError(
             f"input {chunk.source} changed between the counting and writing passes (chunk {chunk.index})"

@@ -59,6 +59,7 @@ def summary(
         f"  lines read {lines['read']}: skipped {skipped}; {lines['invalid_utf8_replaced']} with invalid UTF-8 replaced, "
         f"{lines['control_chars_replaced']} with control characters replaced",
     ]
+    parts.append(_duplicates_line(manifest))
     for split in ("train", "heldout"):
         t = totals[split]
         parts.append(
@@ -73,6 +74,17 @@ def summary(
     return "\n".join(parts)
 
 
+def _duplicates_line(manifest: dict) -> str:
+    if not manifest["config"].get("dedup"):
+        return "  duplicates: kept (dedup=false)"
+    removed = manifest["lines"]["duplicates"]
+    said = ", ".join(
+        f"{split} {removed[split]['sentences']} sentences ({removed[split]['tokens']} tokens)"
+        for split in ("train", "heldout")
+    )
+    return f"  duplicates removed: {said}"
+
+
 def _baseline_line(manifest: dict, seconds: float) -> str:
     unigram = manifest_unigram_perplexity(manifest)
     if unigram is None:
@@ -81,4 +93,6 @@ def _baseline_line(manifest: dict, seconds: float) -> str:
     kn = manifest["baselines"].get("kneser_ney")
     if kn is not None:
         line += f", Kneser-Ney {kn['order']}-gram {kn['perplexity']:,.1f} (its pass {seconds:.1f}s)"
+        if "arpa" in kn:
+            line += f"; the model as ARPA: {kn['arpa']['file']} ({kn['arpa']['bytes'] / 1e6:,.1f} MB)"
     return line

@@ -1,10 +1,12 @@
 """Raw input lines -> tokenized sentences of the two splits, accounting for every line.
 
 Each input line ends in exactly one of these states, and :class:`LineStats` counts them so that
-``lines == train_sentences + heldout_sentences + empty + overlong`` always holds:
+``lines == train_sentences + heldout_sentences + empty + overlong + duplicates`` always holds:
 
 - ``overlong``: more than ``max_line_bytes`` bytes (newline excluded); dropped.
 - ``empty``: nothing left after tokenization (blank or whitespace-only); skipped.
+- ``duplicates``: a later copy of a sentence of the same split (:mod:`pipeline.shard.duplicates`
+  removes them after this module has kept them; ``train_duplicates`` + ``heldout_duplicates``).
 - kept as a sentence of the ``train`` or ``heldout`` split.
 
 Invalid UTF-8 is not a reason to drop a line: the bad bytes become U+FFFD and the line is counted
@@ -23,12 +25,13 @@ through Ray's object store, and the writing pass turns it into vocabulary ids wi
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from pipeline.formats.control_chars import may_hold_control_chars, replace_control_chars
-from pipeline.shard.split import heldout_rule
+from pipeline.shard.split import everything, heldout_rule
 from pipeline.shard.tokenizer import Tokenizer
 from pipeline.shard.vocabulary import local_counts, local_vocabulary
 
@@ -47,6 +50,11 @@ class LineStats:
     heldout_sentences: int = 0
     heldout_tokens: int = 0
     max_sentence_tokens: int = 0
+    train_duplicates: int = 0
+    """Sentences of the training split removed as later copies of one kept (and their tokens, next)."""
+    train_duplicate_tokens: int = 0
+    heldout_duplicates: int = 0
+    heldout_duplicate_tokens: int = 0
 
     def add(self, other: LineStats) -> None:
         for f in dataclasses.fields(self):
@@ -73,11 +81,14 @@ class SplitSentences:
     ``ids``: int32 ``(T,)``: every token's index in the chunk's local vocabulary
     (:attr:`Sentences.vocab`), sentences concatenated.
     ``lengths``: int32 ``(S,)``: tokens per sentence; sums to ``T``.
+    ``hashes``: uint64 ``(S,)``: each sentence's hash (:func:`pipeline.shard.split.sentence_hash`),
+    kept for deduplication; None when the run does not deduplicate.
     """
 
     text: bytes
     ids: np.ndarray
     lengths: np.ndarray
+    hashes: np.ndarray | None = None
 
     def lines(self) -> list[bytes]:
         """The S sentences as UTF-8 lines (no newline)."""
@@ -115,7 +126,10 @@ class Sentences:
     def nbytes(self) -> int:
         """About the size of the arrays and text (what Ray stores for it), vocabulary excluded."""
         parts = (self.train, self.heldout)
-        return sum(len(p.text) + p.ids.nbytes + p.lengths.nbytes for p in parts)
+        return sum(
+            len(p.text) + p.ids.nbytes + p.lengths.nbytes + (0 if p.hashes is None else p.hashes.nbytes)
+            for p in parts
+        )
 
 
 def raw_lines(data: bytes) -> list[bytes]:
@@ -167,12 +181,14 @@ def tokenize_lines(
     heldout_threshold: int,
     all_heldout: bool = False,
     dropped_overlong: int = 0,
+    keep_hashes: bool = False,
 ) -> Sentences:
     """Split, decode, filter, tokenize and assign a split to every line of ``data``.
 
     ``heldout_threshold``: from :func:`pipeline.shard.split.heldout_threshold`; ``all_heldout``
     puts every sentence in the held-out split (explicit held-out inputs); ``dropped_overlong``:
-    overlong lines the reader already dropped (counted as lines and as overlong).
+    overlong lines the reader already dropped (counted as lines and as overlong); ``keep_hashes``:
+    keep every sentence's hash (:attr:`SplitSentences.hashes`), for deduplication.
     """
     lines, invalid = decode_lines(data, max_line_bytes)
     control = 0
@@ -181,11 +197,13 @@ def tokenize_lines(
             if text is not None:
                 lines[i], replaced = replace_control_chars(text)
                 control += replaced
-    held = (lambda sentence: True) if all_heldout else heldout_rule(heldout_threshold)
-    # per split: the joined sentences, all their tokens (flat) and the tokens per sentence
-    train: tuple[list[str], list[str], list[int]] = ([], [], [])
-    heldout: tuple[list[str], list[str], list[int]] = ([], [], [])
-    overlong, empty = dropped_overlong, 0
+    rule = everything if all_heldout else heldout_rule(heldout_threshold)
+    hashing = keep_hashes or (rule is not None and rule is not everything)
+    blake2b = hashlib.blake2b
+    # per split: the joined sentences, all their tokens (flat), the tokens per sentence, the digests
+    train: tuple[list[str], list[str], list[int], list[bytes]] = ([], [], [], [])
+    heldout: tuple[list[str], list[str], list[int], list[bytes]] = ([], [], [], [])
+    overlong, empty, digest = dropped_overlong, 0, b""
     for text in lines:  # the stage's hottest loop: once per input line
         if text is None:
             overlong += 1
@@ -195,10 +213,16 @@ def tokenize_lines(
             empty += 1
             continue
         sentence = " ".join(tokens)
-        joined, flat, lengths = heldout if held is not None and held(sentence) else train
+        if hashing:  # split.sentence_digest, inline: a Python call per sentence costs ~5% here
+            digest = blake2b(sentence.encode("utf-8"), digest_size=8).digest()
+            held = rule is not None and rule(digest)
+        else:
+            held = rule is not None  # everything or nothing held out
+        joined, flat, lengths, digests = heldout if held else train
         joined.append(sentence)
         flat.extend(tokens)
         lengths.append(len(tokens))
+        digests.append(digest)
     vocab, ids = local_vocabulary(train[1] + heldout[1])
     cut = len(train[1])
     stats = LineStats(
@@ -214,9 +238,14 @@ def tokenize_lines(
         max_sentence_tokens=max(max(train[2], default=0), max(heldout[2], default=0)),
     )
     return Sentences(
-        vocab, _compact(train[0], ids[:cut], train[2]), _compact(heldout[0], ids[cut:], heldout[2]), stats
+        vocab,
+        _compact(train, ids[:cut], keep_hashes),
+        _compact(heldout, ids[cut:], keep_hashes),
+        stats,
     )
 
 
-def _compact(joined: list[str], ids: np.ndarray, lengths: list[int]) -> SplitSentences:
-    return SplitSentences("\n".join(joined).encode("utf-8"), ids, np.array(lengths, dtype=np.int32))
+def _compact(split: tuple[list, list, list, list], ids: np.ndarray, keep_hashes: bool) -> SplitSentences:
+    joined, _, lengths, digests = split
+    hashes = np.frombuffer(b"".join(digests), dtype=">u8").astype(np.uint64) if keep_hashes else None
+    return SplitSentences("\n".join(joined).encode("utf-8"), ids, np.array(lengths, dtype=np.int32), hashes)

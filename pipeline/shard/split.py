@@ -36,20 +36,23 @@ def is_heldout(sentence: str, threshold: int) -> bool:
     return sentence_hash(sentence) < threshold
 
 
-def heldout_rule(threshold: int) -> Callable[[str], bool] | None:
-    """:func:`is_heldout` with ``threshold`` fixed, for testing many sentences: None when nothing is
-    held out (the caller skips hashing altogether).
+def sentence_digest(sentence: str) -> bytes:
+    """The 8-byte big-endian digest whose integer is :func:`sentence_hash`: compared as bytes, it
+    orders exactly like the integer, and the shard stage computes it once per sentence."""
+    return hashlib.blake2b(sentence.encode("utf-8"), digest_size=HASH_BITS // 8).digest()
 
-    The digest is compared as bytes rather than converted to an int: an 8-byte big-endian digest
-    orders exactly like its integer, and the shard stage calls this once per sentence."""
+
+def everything(digest: bytes) -> bool:
+    """The rule that holds out every sentence (``heldout_fraction`` 1, or an explicit held-out input)."""
+    return True
+
+
+def heldout_rule(threshold: int) -> Callable[[bytes], bool] | None:
+    """:func:`is_heldout` on a sentence's digest (:func:`sentence_digest`) with ``threshold`` fixed:
+    None when nothing is held out (the caller may skip hashing altogether), :func:`everything`
+    when all is."""
     if threshold <= 0:
         return None
     if threshold >= _SCALE:
-        return lambda sentence: True
-    limit = threshold.to_bytes(HASH_BITS // 8, "big")
-    blake2b = hashlib.blake2b
-
-    def rule(sentence: str) -> bool:
-        return blake2b(sentence.encode("utf-8"), digest_size=HASH_BITS // 8).digest() < limit
-
-    return rule
+        return everything
+    return threshold.to_bytes(HASH_BITS // 8, "big").__gt__  # digest < limit, without a Python frame

@@ -54,12 +54,14 @@ class Reference:
         return len(self.before.get(g, ()))
 
     def _discounts(self, n: int) -> list[float]:
+        """Chen & Goodman's, or KenLM's fallback where they cannot be computed or leave [0, k]."""
         counts = Counter(a for g, a in self.adjusted.items() if len(g) == n)
-        y = counts[1] / (counts[1] + 2 * counts[2]) if counts[1] + counts[2] else 0.0
-        return [0.0] + [
-            min(max(k - (k + 1) * y * counts[k + 1] / counts[k], 0.0), k) if counts[k] else k / 2
-            for k in (1, 2, 3)
-        ]
+        fallback = [0.0, 0.5, 1.0, 1.5]
+        if not (counts[1] and counts[2] and counts[3]):
+            return fallback
+        y = counts[1] / (counts[1] + 2 * counts[2])
+        d = [0.0] + [k - (k + 1) * y * counts[k + 1] / counts[k] for k in (1, 2, 3)]
+        return d if all(0 <= d[k] <= k for k in (1, 2, 3)) else fallback
 
     def _d(self, n: int, a: int) -> float:
         return self.discounts[n][min(a, 3)]

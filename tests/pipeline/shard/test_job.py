@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +44,23 @@ def run(inputs, output, **overrides) -> dict:
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
-    """Every output file but the plan (the one file that records the chunking)."""
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name != "shard_plan.json"}
+    """Every output file but the plan (the one file that records the chunking) and the positions
+    of the duplicates (kept per chunk): name -> bytes."""
+    return {
+        p.name: p.read_bytes()
+        for p in sorted(directory.iterdir())
+        if p.is_file() and p.name != "shard_plan.json"
+    }
+
+
+def first_copies(lines: list[str], threshold: int) -> dict[str, list[str]]:
+    """Per split, the first copy of each normalised sentence, in corpus order (what dedup keeps)."""
+    kept: dict[str, dict[str, None]] = {"train": {}, "heldout": {}}
+    for line in lines:
+        sentence = " ".join(line.split())
+        if sentence:
+            kept["heldout" if is_heldout(sentence, threshold) else "train"].setdefault(sentence)
+    return {split: list(sentences) for split, sentences in kept.items()}
 
 
 @pytest.fixture(scope="module")
@@ -82,14 +98,21 @@ def test_shards_hold_every_sentence_once_with_matching_ids(baseline, corpus):
                 assert ids.tolist() == [index.get(t, index["<UNK>"]) for t in tokens]
         assert len(seen[split]) == manifest["totals"][split]["sentences"]
         assert sum(len(s.split()) for s in seen[split]) == manifest["totals"][split]["tokens"]
-    normalised = [" ".join(line.split()) for line in lines]
-    assert sorted(seen["train"] + seen["heldout"]) == sorted(normalised)
-    # the held-out split is exactly the sentences whose hash falls below the threshold
+    # every sentence once, the held-out split exactly those whose hash falls below the threshold
     threshold = heldout_threshold(SETTINGS["heldout_fraction"])
-    assert sorted(seen["heldout"]) == sorted(s for s in normalised if is_heldout(s, threshold))
+    unique = first_copies(lines, threshold)
+    assert sorted(seen["train"]) == sorted(unique["train"]) and sorted(seen["heldout"]) == sorted(
+        unique["heldout"]
+    )
+    removed = manifest["lines"]["duplicates"]
+    assert (
+        removed["train"]["sentences"]
+        == len(lines) - len(unique["train"]) - len(unique["heldout"]) - (removed["heldout"]["sentences"])
+        == 8
+    )  # Exodus's "And the LORD spake unto Moses, saying," and others
     assert 0.02 < len(seen["heldout"]) / len(lines) < 0.08
     # shuffled within shards: not in input order
-    assert seen["train"][:50] != [s for s in normalised if not is_heldout(s, threshold)][:50]
+    assert seen["train"][:50] != unique["train"][:50]
 
 
 def test_vocabulary_order_specials_and_counts(baseline):
@@ -111,8 +134,13 @@ def test_manifest_accounts_for_every_line(baseline):
     out, manifest = baseline
     lines = manifest["lines"]
     assert lines["read"] == LINES
-    assert lines["read"] == lines["sentences"]["train"] + lines["sentences"]["heldout"] + sum(
-        lines["skipped"].values()
+    removed = sum(lines["duplicates"][split]["sentences"] for split in fmt.SPLITS)
+    assert (
+        lines["read"]
+        == lines["sentences"]["train"]
+        + lines["sentences"]["heldout"]
+        + sum(lines["skipped"].values())
+        + removed
     )
     for split in fmt.SPLITS:
         shards = manifest["shards"][split]
@@ -161,6 +189,48 @@ def test_the_manifest_records_the_kneser_ney_baseline_of_its_shards(baseline):
     assert record["nll"] == pytest.approx(nll, rel=1e-12) and record["ngrams"] == model.ngrams
     assert record["perplexity"] == pytest.approx(kneser_ney.perplexity(nll, targets), rel=1e-12)
     assert record["perplexity"] < manifest_unigram_perplexity(manifest)  # same targets, more context
+
+
+@pytest.mark.slow
+def test_the_manifests_kneser_ney_perplexity_is_kenlms_on_the_shards_text(baseline, kenlm, tmp_path):
+    """The peer check end to end: KenLM's lmplz on the training split as the stage wrote it (its
+    duplicates removed), its query module on the held-out split's sentences."""
+    out, manifest = baseline
+    text = tmp_path / "train.txt"
+    text.write_text(
+        "".join(" ".join(s) + "\n" for b in _all_sentences(out, manifest, "train") for s in b.sentences),
+        encoding="utf-8",
+    )
+    kenlm.estimate(text, 3, tmp_path / "model.arpa", tmp_path)
+    model = kenlm.query_module().Model(str(tmp_path / "model.arpa"))
+    heldout = [" ".join(s) for b in _all_sentences(out, manifest, "heldout") for s in b.sentences]
+    log10 = [lp for sentence in heldout for lp, _, _ in model.full_scores(sentence, bos=True, eos=True)]
+    record = manifest["baselines"]["kneser_ney"]
+    assert record["targets"] == len(log10)
+    assert record["perplexity"] == pytest.approx(10 ** (-sum(log10) / len(log10)), rel=1e-6)
+
+
+@pytest.mark.slow
+def test_the_model_as_arpa_is_read_by_kenlm_with_the_manifests_perplexity(
+    ray_local, corpus, kenlm, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(kneser_ney, "MIN_PART_TOKENS", 20_000)  # written from several partitions
+    out = tmp_path / "arpa"
+    manifest = run([corpus[0]], out, kneser_ney_arpa=True, workers=2)
+    record = manifest["baselines"]["kneser_ney"]
+    assert record["partitions"] > 1 and record["arpa"]["file"] == "kneser_ney.arpa.gz"
+    path = out / "kneser_ney.arpa.gz"
+    assert record["arpa"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert record["arpa"]["bytes"] == path.stat().st_size
+    assert "the model as ARPA: kneser_ney.arpa.gz" in capsys.readouterr().out
+    model = kenlm.query_module().Model(str(path))
+    heldout = [" ".join(s) for b in _all_sentences(out, manifest, "heldout") for s in b.sentences]
+    log10 = [lp for sentence in heldout for lp, _, _ in model.full_scores(sentence, bos=True, eos=True)]
+    assert record["perplexity"] == pytest.approx(10 ** (-sum(log10) / len(log10)), rel=1e-6)
+    assert model.order == 3
+    # off by default
+    assert "arpa" not in run([corpus[0]], tmp_path / "plain")["baselines"]["kneser_ney"]
+    assert not (tmp_path / "plain" / "kneser_ney.arpa.gz").exists()
 
 
 def test_the_kneser_ney_baseline_is_the_same_in_partitions(baseline, corpus, tmp_path, monkeypatch):
@@ -224,9 +294,7 @@ def test_rerun_does_nothing_and_a_partial_output_is_completed(baseline, corpus, 
     assert snapshot(out) == before
     # without shard_run.json, nothing vouches for the files there: refused, not written over
     (out / "shard_run.json").unlink()
-    with pytest.raises(
-        ShardError, match=r"holds heldout-000000.tar but no shard_run.json: not an elmo shard output"
-    ):
+    with pytest.raises(ShardError, match=r"holds \S+ but no shard_run.json: not an elmo shard output"):
         run([corpus[0]], out, workers=2, chunk_bytes=50000)
 
 
@@ -243,15 +311,64 @@ def test_writing_pass_reads_again_only_inputs_whose_chunks_were_not_kept(
     monkeypatch.setattr(shard_resume, "iter_chunks", recording)  # the writing pass's reads again
     held = tmp_path / "held.txt"
     held.write_text("a small held-out input\nof two lines\n")
-    # the corpus is one chunk, kept in the object store; the held-out input's is too small to keep
+    # the corpus is one chunk, kept in the object store; the held-out input's is too small to keep:
+    # read again to remove its duplicates, and again to write it
     run([corpus[0]], tmp_path / "mixed", heldout_input=[str(held)], chunk_bytes=1 << 20)
-    assert reads == [[str(corpus[0]), str(held)], [str(held)]]
+    assert reads == [[str(corpus[0]), str(held)], [str(held)], [str(held)]]
     reads.clear()
     run([corpus[0]], tmp_path / "kept", chunk_bytes=1 << 20)
     assert reads == [[str(corpus[0])]]  # nothing read twice
     assert snapshot(tmp_path / "kept") == snapshot(baseline[0])
     run([corpus[0]], tmp_path / "reread", heldout_input=[str(held)], chunk_bytes=30000)
     assert snapshot(tmp_path / "reread") == snapshot(tmp_path / "mixed")
+
+
+def test_duplicates_go_the_same_whatever_the_workers_and_chunks_and_a_rerun_removes_them_again(
+    ray_local, corpus, tmp_path, capsys
+):
+    """Copies near and far (a line repeated at once, the corpus's first 300 lines again at its end),
+    removed the same with one worker and one chunk as with two workers and chunks too small to keep
+    (read again in the deduplicating and writing passes, the second from the positions kept on
+    disk); an interrupted run completed from its plan; dedup=false keeps every copy."""
+    _, lines = corpus
+    text = lines[:1000] + ["In the beginning"] * 3 + lines[1000:] + lines[:300]
+    source = tmp_path / "copies.txt"
+    source.write_text("\n".join(text) + "\n", encoding="utf-8")
+    one = run([source], tmp_path / "one", workers=1, chunk_bytes=1 << 20, kneser_ney_order=2)
+    capsys.readouterr()
+    many = run([source], tmp_path / "many", workers=2, chunk_bytes=20_000, kneser_ney_order=2)
+    assert "duplicates removed: train " in capsys.readouterr().out
+    assert snapshot(tmp_path / "many") == snapshot(tmp_path / "one")
+    drop_files = sorted(p.name for p in (tmp_path / "many" / "duplicates").iterdir())
+    assert len(drop_files) >= 3 and all(re.fullmatch(r"chunk-\d{6}\.u32", n) for n in drop_files)
+    unique = first_copies(text, heldout_threshold(SETTINGS["heldout_fraction"]))
+    removed = many["lines"]["duplicates"]
+    for split in fmt.SPLITS:
+        seen = [" ".join(s) for b in _all_sentences(tmp_path / "many", many, split) for s in b.sentences]
+        assert sorted(seen) == sorted(unique[split])
+        assert removed[split]["sentences"] == one["lines"]["duplicates"][split]["sentences"]
+    total = removed["train"]["sentences"] + removed["heldout"]["sentences"]
+    assert total == len(text) - len(unique["train"]) - len(unique["heldout"]) > 300 + 3
+    assert removed["train"]["tokens"] + many["totals"]["train"]["tokens"] == sum(
+        len(line.split()) for line in text if not is_heldout(" ".join(line.split()), heldout_threshold(0.05))
+    )
+    # interrupted in the writing pass: completed from the plan, the duplicates read back
+    (tmp_path / "many" / "manifest.json").unlink()
+    (tmp_path / "many" / "train-000000.tar").unlink()
+    run([source], tmp_path / "many", workers=2, chunk_bytes=20_000, kneser_ney_order=2)
+    assert snapshot(tmp_path / "many") == snapshot(tmp_path / "one")
+    # a damaged record of them is named, not trusted
+    for written in [tmp_path / "many" / "manifest.json", *(tmp_path / "many").glob("*.tar")]:
+        written.unlink()
+    damaged = sorted((tmp_path / "many" / "duplicates").iterdir())[0]
+    damaged.write_bytes(damaged.read_bytes()[:-4])
+    with pytest.raises(ShardError, match=r"duplicates/chunk-\d+\.u32 holds \d+ bytes, not the \d+ positions"):
+        run([source], tmp_path / "many", workers=2, chunk_bytes=20_000, kneser_ney_order=2)
+    kept = run([source], tmp_path / "kept", dedup=False, kneser_ney_order=2)
+    assert kept["lines"]["duplicates"]["train"] == {"sentences": 0, "tokens": 0}
+    assert kept["totals"]["train"]["sentences"] + kept["totals"]["heldout"]["sentences"] == len(text)
+    assert not (tmp_path / "kept" / "duplicates").exists()
+    assert "duplicates: kept (dedup=false)" in capsys.readouterr().out
 
 
 def test_rerun_refuses_an_input_edited_since_complete_or_partial(ray_local, corpus, tmp_path):

@@ -7,8 +7,10 @@ import math
 from pipeline.shard.progress import Progress, format_rate, summary
 
 MANIFEST = {
+    "config": {"dedup": True},
     "lines": {"read": 12, "skipped": {"overlong": 1, "empty": 2}, "invalid_utf8_replaced": 3,
-              "control_chars_replaced": 0},
+              "control_chars_replaced": 0,
+              "duplicates": {"train": {"sentences": 2, "tokens": 7}, "heldout": {"sentences": 0, "tokens": 0}}},
     "totals": {
         "train": {"sentences": 8, "tokens": 1_500_000, "unk_tokens": 4, "shards": 2},
         "heldout": {"sentences": 1, "tokens": 500_000, "unk_tokens": 0, "shards": 1},
@@ -35,6 +37,12 @@ def test_the_summary_says_where_the_shards_are_and_accounts_for_every_line():
     assert text.splitlines()[0] == "shard: wrote s3://b/shards in 4.0s (500.00k tokens/s)"
     assert "lines read 12: skipped 2 empty, 1 overlong; 3 with invalid UTF-8 replaced" in text
     assert "  train: 8 sentences, 1500000 tokens (4 <UNK>), 2 shards" in text
+    assert "  duplicates removed: train 2 sentences (7 tokens), heldout 0 sentences (0 tokens)" in text
+    kept = summary({**MANIFEST, "config": {"dedup": False}}, 4.0, "out")
+    assert "  duplicates: kept (dedup=false)" in kept and "removed" not in kept
+    arpa = {"order": 4, "perplexity": 31.04, "arpa": {"file": "kneser_ney.arpa.gz", "bytes": 2_500_000}}
+    with_arpa = summary({**MANIFEST, "baselines": {"kneser_ney": arpa}}, 4.0, "out")
+    assert "; the model as ARPA: kneser_ney.arpa.gz (2.5 MB)" in with_arpa
     assert "  vocabulary: 900 entries (1200 distinct training tokens)" in text
     assert text.endswith("reused 2 shards already written by an earlier run")
     assert "  held-out baselines: unigram perplexity 80.0, Kneser-Ney 4-gram 31.0 (its pass 1.5s)" in summary(
