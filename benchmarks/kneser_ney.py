@@ -2,6 +2,7 @@
 
     python benchmarks/kneser_ney.py SHARD_DIR                 # orders 2..5, one process each
     python benchmarks/kneser_ney.py SHARD_DIR --orders 3 5
+    python benchmarks/kneser_ney.py SHARD_DIR --orders 3 5 --kenlm   # and KenLM's lmplz beside each
 
 Each order runs in a fresh process (its peak resident memory is its own) doing what the shard
 stage's tasks do, one after another and in one partition (the whole corpus: what
@@ -10,6 +11,13 @@ two at a time (the smallest first), estimate the model, score the held-out shard
 step (one core), the peak memory, the n-grams per order and the held-out perplexity; the bytes per
 training token project the memory to a larger corpus (an upper bound: distinct n-grams grow
 slower than the corpus).
+
+``--kenlm``: after each order, KenLM's ``lmplz -o N`` (built by ``pipeline/tools/kenlm_build.py``) on
+the same training text (the training shards' sentences, written out once), timed the same way
+(wall seconds, peak memory from its own report; it uses the machine's threads and up to 40% of
+its memory for sorting, ``-S 40%``), and its held-out
+perplexity from KenLM's query module on the same targets: the relative difference to ours is the
+agreement check at scale.
 """
 
 from __future__ import annotations
@@ -17,9 +25,12 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import re
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -81,10 +92,48 @@ def measure(shard_dir: str, order: int) -> dict:
     }
 
 
+def write_training_text(shard_dir: str, path: Path) -> None:
+    """The training split's sentences, one a line, as lmplz reads them."""
+    manifest = shard_format.read_manifest(shard_dir)
+    with open(path, "w", encoding="utf-8") as out:
+        for url, record in zip(
+            shard_format.shard_urls(shard_dir, "train", manifest), manifest["shards"]["train"], strict=True
+        ):
+            with shard_format.open_shard(url, record["sha256"]) as blocks:
+                for block in blocks:
+                    out.writelines(" ".join(sentence) + "\n" for sentence in block.sentences)
+
+
+def measure_kenlm(shard_dir: str, text: Path, order: int, scratch: Path) -> dict:
+    """lmplz on the training text, and its held-out perplexity on the shards' held-out targets."""
+    from pipeline.tools.kenlm_build import find_or_build
+
+    kenlm = find_or_build()
+    started = time.perf_counter()
+    report = kenlm.estimate(text, order, scratch / "model.arpa", scratch, memory="40%")
+    seconds = time.perf_counter() - started
+    rss = re.search(r"RSSMax:(\d+) kB", report)
+    model = kenlm.query_module().Model(str(scratch / "model.arpa"))
+    manifest = shard_format.read_manifest(shard_dir)
+    total, targets = 0.0, 0
+    for url, record in zip(
+        shard_format.shard_urls(shard_dir, "heldout", manifest), manifest["shards"]["heldout"], strict=True
+    ):
+        with shard_format.open_shard(url, record["sha256"]) as blocks:
+            for block in blocks:
+                for sentence in block.sentences:
+                    scores = [lp for lp, _, _ in model.full_scores(" ".join(sentence), bos=True, eos=True)]
+                    total, targets = total + sum(scores), targets + len(scores)
+    (scratch / "model.arpa").unlink()
+    return {"seconds": seconds, "peak_gb": int(rss.group(1)) / 2**20 if rss else float("nan"),
+            "perplexity": 10 ** (-total / targets), "targets": targets}  # fmt: skip
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("shards", help="a shard directory (the shard stage's output)")
     parser.add_argument("--orders", type=int, nargs="+", default=[2, 3, 4, 5])
+    parser.add_argument("--kenlm", action="store_true", help="KenLM's lmplz beside each order")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child process: one order
     args = parser.parse_args(argv)
     if args.one:
@@ -92,6 +141,10 @@ def main(argv=None) -> int:
         return 0
     print(f"{'order':>5} {'count s':>8} {'merge s':>8} {'build s':>8} {'score s':>8} {'peak GB':>8} "
           f"{'B/token':>8} {'perplexity':>10}  n-grams per order")  # fmt: skip
+    scratch = Path(tempfile.mkdtemp(prefix="kneser-ney-bench-"))
+    text = scratch / "train.txt"
+    if args.kenlm:
+        write_training_text(args.shards, text)
     for order in args.orders:
         child = subprocess.run(
             [sys.executable, __file__, args.shards, "--one", str(order)],
@@ -106,6 +159,17 @@ def main(argv=None) -> int:
             f"{r['peak_gb']:>8.2f} {per_token:>8.0f} {r['perplexity']:>10.1f}  {', '.join(f'{n:,}' for n in r['ngrams'])}",
             flush=True,
         )
+        if args.kenlm:
+            k = measure_kenlm(args.shards, text, order, scratch)
+            ours = r["count_s"] + r["merge_s"] + r["build_s"] + r["score_s"]
+            print(
+                f"{'lmplz':>5} {k['seconds']:>8.1f} {'':>8} {'':>8} {'':>8} {k['peak_gb']:>8.2f} "
+                f"{k['peak_gb'] * 2**30 / r['train_tokens']:>8.0f} {k['perplexity']:>10.1f}  "
+                f"(ours: {ours:.1f} s in all; perplexity relative difference "
+                f"{abs(r['perplexity'] - k['perplexity']) / k['perplexity']:.1e}, targets {k['targets']:,} / {r['targets']:,})",
+                flush=True,
+            )
+    shutil.rmtree(scratch, ignore_errors=True)
     print(f"training tokens {r['train_tokens']:,}; held-out targets {r['targets']:,}; one core each step")
     return 0
 

@@ -169,7 +169,7 @@ def remove_sentences(sentences: Sentences, drops: np.ndarray) -> Sentences:
         heldout_duplicates=old.heldout_duplicates + old.heldout_sentences - len(heldout.lengths),
         heldout_duplicate_tokens=old.heldout_duplicate_tokens + old.heldout_tokens - len(heldout.ids),
     )
-    return Sentences(sentences.vocab, train, heldout, stats)
+    return Sentences(sentences.vocab_text, train, heldout, stats)
 
 
 def drops_name(chunk: int) -> str:

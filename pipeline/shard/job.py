@@ -131,18 +131,19 @@ _VOCABULARY_INDEX = _VocabularyIndex()
 def _count_task(chunk, settings):
     """-> ``(summary, counts, kept)`` for the driver, the tokenized chunk when ``kept`` (else
     None), which stays in the object store until the next pass takes it, and, in a deduplicating
-    run, the chunk's keys (then ``counts`` is None: they are taken after the duplicates go)."""
-    summary_, found, sentences = count_chunk(chunk, settings)
+    run, the chunk's keys (else None)."""
+    summary_, counts, sentences, keys = count_chunk(chunk, settings)
     keep = sentences.nbytes >= KEEP_MIN_BYTES
-    keys = found if settings.dedup else None
-    return (summary_, None if settings.dedup else found, keep), sentences if keep else None, keys
+    return (summary_, counts, keep), sentences if keep else None, keys
 
 
-@ray.remote
+@ray.remote(num_returns=2)
 def _find_task(keys_box, lo, hi):
-    """The later copies among the sentences hashed into ``[lo, hi)`` (duplicates.find_duplicates);
+    """The later copies among the sentences hashed into ``[lo, hi)`` (duplicates.find_duplicates),
+    and the chunks they are in (for the driver: a chunk without any is left as it is);
     ``keys_box``: every chunk's keys' ObjectRef, in chunk order, boxed so that Ray passes the refs."""
-    return find_duplicates(ray.get(keys_box[0]), lo, hi)
+    found = find_duplicates(ray.get(keys_box[0]), lo, hi)
+    return found, np.unique(found >> np.uint64(32)).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -338,9 +339,9 @@ class _Counted:
     the training token counts, and chunk index -> ObjectRef of the tokenized chunk, for the chunks
     that were kept."""
 
-    def __init__(self, progress: Progress):
+    def __init__(self, progress: Progress, counts: TokenCounts | None = None):
         self.summaries: dict[int, ChunkSummary] = {}
-        self.counts = TokenCounts()
+        self.counts = TokenCounts() if counts is None else counts
         self.kept: dict[int, ray.ObjectRef] = {}
         self.progress = progress
 
@@ -359,9 +360,9 @@ class _Counted:
 
 
 def _count(run: _ShardRun, progress: Progress) -> tuple[list[ChunkSummary], TokenCounts, dict, list]:
-    """The counting pass: chunk summaries (in order), training token counts (none yet in a
-    deduplicating run), chunk index -> ObjectRef of the tokenized chunk for the chunks that were
-    kept, and (deduplicating) every chunk's keys' ObjectRef in chunk order."""
+    """The counting pass: chunk summaries (in order), training token counts, chunk index ->
+    ObjectRef of the tokenized chunk for the chunks that were kept, and (deduplicating) every
+    chunk's keys' ObjectRef in chunk order."""
     counted = _Counted(progress)
     keys: list = []
     window = _Window(run.window, counted.absorb)
@@ -373,16 +374,32 @@ def _count(run: _ShardRun, progress: Progress) -> tuple[list[ChunkSummary], Toke
     return counted.chunks(), counted.counts, counted.kept, keys if run.settings.dedup else []
 
 
-def _deduplicate(run: _ShardRun, chunks: list[ChunkSummary], keys: list, kept: dict, progress: Progress):
+def _deduplicate(
+    run: _ShardRun,
+    chunks: list[ChunkSummary],
+    counts: TokenCounts,
+    keys: list,
+    kept: dict,
+    progress: Progress,
+):
     """The deduplicating pass: one task per hash range finds the later copies in its range, then
-    one task per chunk removes its own. -> what :func:`_count` returns, of the kept sentences."""
+    one task per chunk removes its own and says which training counts to take off ``counts``.
+    -> what :func:`_count` returns, of the kept sentences."""
     total = sum(c.stats.train_sentences + c.stats.heldout_sentences for c in chunks)
     ranges = hash_ranges(total, _cluster_workers(run.config.workers))
-    found = [_find_task.remote([list(keys)], lo, hi) for lo, hi in ranges]
+    found, touched = zip(*(_find_task.remote([list(keys)], lo, hi) for lo, hi in ranges), strict=True)
     keys.clear()  # the find tasks hold the refs now: the keys are freed as they finish
-    counted = _Counted(progress)
+    touched = {int(i) for part in _get(list(touched)) for i in part}  # at most one int per chunk
+    counted = _Counted(progress, counts)
+    for index in sorted(set(range(len(chunks))) - touched):  # no copy in it: as the counting pass left it
+        counted.summaries[index] = chunks[index]
+        if index in kept:
+            counted.kept[index] = kept.pop(index)
+        stats = chunks[index].stats
+        progress.update(stats.lines, stats.train_tokens + stats.heldout_tokens)
     window = _Window(run.window, counted.absorb)
-    for index, source in chunk_sources(run.paths, run.config, chunks, set(range(len(chunks))), kept):
+    found = list(found)
+    for index, source in chunk_sources(run.paths, run.config, chunks, touched, kept):
         chunk = chunks[index]
         job = _DedupJob(run.settings, run.output, [found], index, chunk.source, chunk.stats)
         result_ref, sentences_ref = _dedup_task.remote(source, job)
@@ -543,20 +560,23 @@ def _run_shard(config: ShardConfig, session: RaySession) -> StageResult:
         vocab = read_vocabulary(output, plan["vocab_sha256"]) if chunks is not None else None
         distinct = plan.get("distinct_train_tokens", 0) if vocab is not None else 0
         kept: dict = {}  # chunk index -> ObjectRef of its tokenized chunk (none on a rerun from the plan)
+        dedup_seconds = None  # the deduplicating pass's (none on a rerun from the plan)
         if vocab is None:
             progress = Progress("shard: counting", config.progress)
             chunks, counts, kept, keys = _count(run, progress)
             progress.close()
             if config.dedup:
+                dedup_started = time.perf_counter()
                 progress = Progress("shard: removing duplicates", config.progress)
-                chunks, counts, kept = _deduplicate(run, chunks, keys, kept, progress)
+                chunks, counts, kept = _deduplicate(run, chunks, counts, keys, kept, progress)
                 progress.close()
+                dedup_seconds = time.perf_counter() - dedup_started
             total = LineStats()
             for chunk in chunks:
                 total.add(chunk.stats)
             _check_counts(total, config)
             vocab = build_vocabulary(counts, total.train_sentences, config.min_count, config.max_size)
-            distinct = len(counts)
+            distinct = counts.present()
             del counts
             storage.write_bytes(storage.join(output, VOCAB_FILE), vocab.vocab_bytes)
             storage.write_bytes(storage.join(output, COUNTS_FILE), vocab.counts_bytes)
@@ -585,7 +605,16 @@ def _run_shard(config: ShardConfig, session: RaySession) -> StageResult:
         lease.verify()  # still this run's folder (not taken over while it was stopped): then commit
         storage.write_bytes(storage.join(output, MANIFEST_FILE), encode_json(manifest))
         seconds = time.perf_counter() - started
-        print(summary(manifest, seconds, output, reused=len(done), baseline_seconds=baseline_seconds))
+        print(
+            summary(
+                manifest,
+                seconds,
+                output,
+                reused=len(done),
+                baseline_seconds=baseline_seconds,
+                dedup_seconds=dedup_seconds,
+            )
+        )
         return StageResult("shard", output, seconds, total_tokens, details={"manifest": manifest})
 
 

@@ -97,21 +97,22 @@ def summarize(index: int, source: int, sentences: Sentences) -> ChunkSummary:
 
 def count_chunk(
     chunk: Chunk, settings: LineSettings
-) -> tuple[ChunkSummary, tuple[list[str], np.ndarray] | ChunkKeys, Sentences]:
+) -> tuple[ChunkSummary, tuple[list[str], np.ndarray], Sentences, ChunkKeys | None]:
     """Counting pass over one chunk: its summary, its training tokens' counts (for
-    :meth:`~pipeline.shard.vocabulary.TokenCounts.add`) and its sentences. A deduplicating run
-    gets the chunk's keys instead of the counts, which it takes after removing the duplicates
-    (:func:`deduplicate_chunk`)."""
+    :meth:`~pipeline.shard.vocabulary.TokenCounts.add`), its sentences, and in a deduplicating run
+    its keys (:func:`pipeline.shard.duplicates.chunk_keys`; else None)."""
     sentences = chunk_sentences(chunk, settings, keep_hashes=settings.dedup)
-    found = chunk_keys(sentences) if settings.dedup else sentences.train_counts()
-    return summarize(chunk.index, chunk.source, sentences), found, sentences
+    keys = chunk_keys(sentences) if settings.dedup else None
+    return summarize(chunk.index, chunk.source, sentences), sentences.train_counts(), sentences, keys
 
 
 def deduplicate_chunk(
     sentences: Sentences, index: int, source: int, drops: np.ndarray
-) -> tuple[ChunkSummary, tuple[list[str], np.ndarray], Sentences]:
-    """A deduplicating run's second look at a chunk: the sentences without those at ``drops``
-    (from :func:`pipeline.shard.duplicates.chunk_drops`), their summary and training counts."""
+) -> tuple[ChunkSummary, tuple[list[str], np.ndarray] | None, Sentences]:
+    """A deduplicating run's second look at a chunk: its summary without the sentences at
+    ``drops`` (from :func:`pipeline.shard.duplicates.chunk_drops`), the counts to take off its
+    training counts (negative; None when no training sentence went: the driver's work follows
+    the duplicates, not the corpus), and those sentences."""
     kept = remove_sentences(sentences, drops)
     # the hashes have served: the writing pass needs none
     kept = dataclasses.replace(
@@ -119,7 +120,13 @@ def deduplicate_chunk(
         train=dataclasses.replace(kept.train, hashes=None),
         heldout=dataclasses.replace(kept.heldout, hashes=None),
     )
-    return summarize(index, source, kept), kept.train_counts(), kept
+    removed = None
+    if kept.stats.train_duplicates:
+        size = len(sentences.vocab)
+        gone = np.bincount(sentences.train.ids, minlength=size) - np.bincount(kept.train.ids, minlength=size)
+        present = np.flatnonzero(gone)
+        removed = ([sentences.vocab[i] for i in present.tolist()], -gone[present])
+    return summarize(index, source, kept), removed, kept
 
 
 def retokenize(

@@ -46,10 +46,16 @@ def format_rate(count: float, seconds: float) -> str:
 
 
 def summary(
-    manifest: dict, seconds: float, output: str, reused: int = 0, baseline_seconds: float = 0.0
+    manifest: dict,
+    seconds: float,
+    output: str,
+    reused: int = 0,
+    baseline_seconds: float = 0.0,
+    dedup_seconds: float | None = None,
 ) -> str:
     """A few lines describing a finished run, for stdout (``baseline_seconds``: the Kneser-Ney
-    pass's share of ``seconds``)."""
+    pass's share of ``seconds``; ``dedup_seconds``: the deduplicating pass's, None where it did not
+    run: a rerun from the plan)."""
     lines = manifest["lines"]
     totals = manifest["totals"]
     tokens = totals["train"]["tokens"] + totals["heldout"]["tokens"]
@@ -59,7 +65,7 @@ def summary(
         f"  lines read {lines['read']}: skipped {skipped}; {lines['invalid_utf8_replaced']} with invalid UTF-8 replaced, "
         f"{lines['control_chars_replaced']} with control characters replaced",
     ]
-    parts.append(_duplicates_line(manifest))
+    parts.append(_duplicates_line(manifest, dedup_seconds))
     for split in ("train", "heldout"):
         t = totals[split]
         parts.append(
@@ -74,7 +80,7 @@ def summary(
     return "\n".join(parts)
 
 
-def _duplicates_line(manifest: dict) -> str:
+def _duplicates_line(manifest: dict, seconds: float | None) -> str:
     if not manifest["config"].get("dedup"):
         return "  duplicates: kept (dedup=false)"
     removed = manifest["lines"]["duplicates"]
@@ -82,7 +88,7 @@ def _duplicates_line(manifest: dict) -> str:
         f"{split} {removed[split]['sentences']} sentences ({removed[split]['tokens']} tokens)"
         for split in ("train", "heldout")
     )
-    return f"  duplicates removed: {said}"
+    return f"  duplicates removed: {said}" + ("" if seconds is None else f" (its pass {seconds:.1f}s)")
 
 
 def _baseline_line(manifest: dict, seconds: float) -> str:

@@ -25,6 +25,7 @@ through Ray's object store, and the writing pass turns it into vocabulary ids wi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -99,16 +100,29 @@ class SplitSentences:
 class Sentences:
     """The tokenized sentences of one chunk.
 
-    ``vocab``: the chunk's local vocabulary, its distinct tokens (both splits) in order of first
-    occurrence; ``ids`` of :class:`SplitSentences` index it. Local ids keep the writing pass to one
+    ``vocab_text``: the chunk's local vocabulary, its distinct tokens (both splits) in order of
+    first occurrence, joined by ``\n`` (no token holds whitespace) in UTF-8; :attr:`vocab` is the
+    list. ``ids`` of :class:`SplitSentences` index it. Local ids keep the writing pass to one
     dictionary lookup per distinct token (:func:`pipeline.shard.vocabulary.global_ids`) and one
-    numpy gather, instead of one lookup per token.
+    numpy gather, instead of one lookup per token. One bytes object rather than a list of strings:
+    a chunk moving between Ray tasks copies it, where a list of a few hundred thousand tokens is
+    pickled and unpickled token by token (most of a deduplicating task's time, before).
     """
 
-    vocab: list[str]
+    vocab_text: bytes
     train: SplitSentences
     heldout: SplitSentences
     stats: LineStats
+
+    @functools.cached_property
+    def vocab(self) -> list[str]:
+        """The local vocabulary as a list (made once per process that asks)."""
+        return self.vocab_text.decode("utf-8").split("\n") if self.vocab_text else []
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("vocab", None)  # the cached list never travels: vocab_text does
+        return state
 
     def split(self, name: str) -> SplitSentences:
         return self.train if name == "train" else self.heldout
@@ -238,7 +252,7 @@ def tokenize_lines(
         max_sentence_tokens=max(max(train[2], default=0), max(heldout[2], default=0)),
     )
     return Sentences(
-        vocab,
+        "\n".join(vocab).encode("utf-8"),
         _compact(train, ids[:cut], keep_hashes),
         _compact(heldout, ids[cut:], keep_hashes),
         stats,

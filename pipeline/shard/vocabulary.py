@@ -138,6 +138,10 @@ class TokenCounts(Mapping[str, int]):
                 self._counts = grown
         np.add.at(self._counts, slots, np.asarray(counts, dtype=np.int64))
 
+    def present(self) -> int:
+        """Tokens counted more than 0 times (a deduplicating run takes counts off again)."""
+        return int((self._counts[: len(self._slots)] > 0).sum())
+
     def __getitem__(self, token: str) -> int:
         return int(self._counts[self._slots[token]])
 

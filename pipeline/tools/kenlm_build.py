@@ -51,11 +51,12 @@ class KenLM:
             sys.path.insert(0, str(self.python_path))
         return importlib.import_module("kenlm")
 
-    def estimate(self, text: Path, order: int, arpa: Path, scratch: Path) -> str:
+    def estimate(self, text: Path, order: int, arpa: Path, scratch: Path, memory: str = "200M") -> str:
         """``lmplz -o order`` on ``text`` (one sentence a line) into ``arpa``; returns its stderr
-        (its counts and discounts). ``--discount_fallback`` as this project's estimator does."""
+        (its counts, discounts and resource report). ``--discount_fallback`` as this project's
+        estimator does; ``memory``: its ``-S`` (sort memory: ``200M``, ``40%``)."""
         command = [str(self.lmplz), "-o", str(order), "--text", str(text), "--arpa", str(arpa)]
-        command += ["-S", "200M", "-T", str(scratch), "--discount_fallback"]
+        command += ["-S", memory, "-T", str(scratch), "--discount_fallback"]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"lmplz -o {order} failed: {result.stderr.strip().splitlines()[-1:]}")

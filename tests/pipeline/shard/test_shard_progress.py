@@ -38,6 +38,9 @@ def test_the_summary_says_where_the_shards_are_and_accounts_for_every_line():
     assert "lines read 12: skipped 2 empty, 1 overlong; 3 with invalid UTF-8 replaced" in text
     assert "  train: 8 sentences, 1500000 tokens (4 <UNK>), 2 shards" in text
     assert "  duplicates removed: train 2 sentences (7 tokens), heldout 0 sentences (0 tokens)" in text
+    assert "heldout 0 sentences (0 tokens) (its pass 0.7s)" in summary(
+        MANIFEST, 4.0, "out", dedup_seconds=0.7
+    )
     kept = summary({**MANIFEST, "config": {"dedup": False}}, 4.0, "out")
     assert "  duplicates: kept (dedup=false)" in kept and "removed" not in kept
     arpa = {"order": 4, "perplexity": 31.04, "arpa": {"file": "kneser_ney.arpa.gz", "bytes": 2_500_000}}
