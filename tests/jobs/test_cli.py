@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -103,22 +102,17 @@ def test_every_entry_point_reports_errors_interrupts_and_sigterm_by_one_policy(c
 
 def test_sigint_is_heard_from_the_first_moment_even_when_the_shell_ignored_it():
     """A command started with `&` by a script inherits SIGINT ignored; the entry point hears it
-    anyway (Ray Train would, once training started: one meaning for the whole run)."""
-    body = "from jobs.stage_args import run_main; import time; print('ready', flush=True); raise SystemExit(run_main(lambda: time.sleep(60)))"
-    proc = subprocess.Popen(
+    anyway (Ray Train would, once training started: one meaning for the whole run). The body
+    signals itself: a SIGINT that is lost leaves it sleeping past the timeout."""
+    body = (
+        "import os, signal, time; from jobs.stage_args import run_main; "
+        "raise SystemExit(run_main(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(60))))"
+    )
+    result = subprocess.run(
         [sys.executable, "-c", body],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        capture_output=True,
         text=True,
+        timeout=20,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        time.sleep(0.5)  # inside run_main's body
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 130 and err.strip() == "interrupted", err
+    assert result.returncode == 130 and result.stderr.strip() == "interrupted", result.stderr
