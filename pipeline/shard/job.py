@@ -392,11 +392,8 @@ def _deduplicate(
     touched = {int(i) for part in _get(list(touched)) for i in part}  # at most one int per chunk
     counted = _Counted(progress, counts)
     for index in sorted(set(range(len(chunks))) - touched):  # no copy in it: as the counting pass left it
-        counted.summaries[index] = chunks[index]
-        if index in kept:
-            counted.kept[index] = kept.pop(index)
-        stats = chunks[index].stats
-        progress.update(stats.lines, stats.train_tokens + stats.heldout_tokens)
+        sentences_ref = kept.pop(index, None)
+        counted.absorb(sentences_ref, (chunks[index], None, sentences_ref is not None))
     window = _Window(run.window, counted.absorb)
     found = list(found)
     for index, source in chunk_sources(run.paths, run.config, chunks, touched, kept):
