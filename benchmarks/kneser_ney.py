@@ -71,7 +71,7 @@ def measure(shard_dir: str, order: int) -> dict:
     adjusted = kneser_ney.adjust(counts, vocab_size)
     del counts
     statistics = kneser_ney.global_statistics([adjusted])
-    model = kneser_ney.estimate(adjusted, statistics)
+    model = kneser_ney.estimate(adjusted.tables, statistics)
     del adjusted
     built = time.perf_counter()
     targets = kneser_ney.Targets.of(*_sentences(_shards(shard_dir, manifest, "heldout")), order, vocab_size)

@@ -31,14 +31,21 @@ them for a task to stay under ``PART_BYTES``); the model is the same for any num
 
 **Steps**, each a function a Ray task can run (pipeline/shard/baseline.py):
 :func:`count_ngrams` (a part of the training split) -> :func:`split_counts` -> :func:`merge_counts`
-(two parts of one partition) -> :func:`adjust` (a partition's adjusted counts and its share of the
+(the parts of one partition, in one k-way merge) -> :func:`adjust` (a partition's adjusted counts and its share of the
 global statistics) -> :func:`global_statistics` (all partitions' shares) -> :func:`estimate` (a
 partition's model) -> :meth:`PartModel.probabilities`. :func:`build` runs them in one process.
 
 Histories are kept as a trie read from the right: a history's key is ``index of the history
 without its first word * V + that first word``, and an n-gram's key is ``index of its history * V
 + its word``, all in sorted int64 arrays, so every lookup is a binary search (``np.searchsorted``)
-over all targets at once, with no loop over sentences.
+over all targets at once, with no loop over sentences. The counts are kept in the trie's own order
+from the start (:data:`Table`), so estimating a partition sorts nothing: its histories are the runs
+of its sorted rows.
+
+**Memory.** Rows sort as one packed uint64 key wherever the order's words fit 64 bits (order 3 of a
+vocabulary up to 2^21 words), else by columns; every step holds its partition's tables and a few
+arrays as long, so a task's memory follows the partition's size (the shard stage keeps the rest on
+storage as sorted runs: pipeline/shard/baseline.py).
 """
 
 from __future__ import annotations
@@ -53,12 +60,14 @@ from pipeline.errors import PipelineError
 from pipeline.formats.shard_format import BOS_ID, EOS_ID, KNESER_NEY_MAX_ORDER
 
 MAX_ORDER = KNESER_NEY_MAX_ORDER
-PART_BYTES = 2 << 30
-"""Largest memory a partition's task aims at (its last merge holds two halves and the result)."""
-BYTES_PER_TOKEN = {2: 25, 3: 65, 4: 115, 5: 175}
-"""Peak memory per training token of an unpartitioned count, merge and estimate, measured at
-14.4M tokens (docs/training.md#baselines): an upper bound, as distinct n-grams grow slower than
-the corpus."""
+PART_BYTES = 768 << 20
+"""Largest memory a partition's task aims at: two run at once per two cores beside the shard
+stage's object store, within the stage's 12 GiB at 800M tokens (docs/training.md#baselines)."""
+BYTES_PER_TOKEN = {2: 60, 3: 120, 4: 220, 5: 320}
+"""Peak memory of a partition's merge, adjust or estimate per training token it holds, on the
+synthetic corpus (docs/benchmarks.md#scale), whose words are drawn independently: about twice the
+distinct n-grams per token of real text, so an upper bound for it. Order 3 measured at 100M tokens
+(118 bytes), the others scaled from the ratios measured on real text."""
 MIN_PART_TOKENS = 1_000_000
 """Below this many training tokens per partition, fewer partitions (a small corpus: one)."""
 MAX_SPREAD_PARTS = 16
@@ -70,8 +79,11 @@ class BaselineError(PipelineError, ValueError):
 
 
 Table = tuple[np.ndarray, np.ndarray]
-"""n-grams of one order: uint32 word ids in columns ``(n, m)``, unique and sorted
-lexicographically, with their int64 counts ``(m,)``."""
+"""n-grams of one order: uint32 word ids in columns ``(n, m)``, in the trie's order (for the n-gram
+``w1 .. wn``: ``w(n-1), w(n-2), .., w1, wn``, the previous word first and the predicted word last),
+unique and sorted lexicographically in that order, with their int64 counts ``(m,)``. Sorted so, an
+order's rows come grouped by history in the order of the history's trie key, and the first column
+is the partition's word."""
 
 
 @dataclass(frozen=True)
@@ -117,32 +129,66 @@ def _padded(ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return seq, pos
 
 
-def _unique_rows(cols: np.ndarray, counts: np.ndarray) -> Table:
-    """Rows ``cols[:, i]`` made unique and sorted lexicographically, their counts summed. Rows
-    that fit 63 bits are sorted as one int64 key each (a stable sort: two sorted runs, as a merge
-    gives, cost one pass); others by columns."""
+def pack_rows(cols: np.ndarray, bits: int) -> np.ndarray:
+    """Rows as one uint64 key each, the first column most significant: ``(m,)``."""
+    key = cols[0].astype(np.uint64)
+    for c in range(1, cols.shape[0]):
+        key <<= np.uint64(bits)
+        key |= cols[c]
+    return key
+
+
+def unpack_rows(key: np.ndarray, n: int, bits: int) -> np.ndarray:
+    """The rows of :func:`pack_rows`'s keys: uint32 ``(n, m)``."""
+    cols = np.empty((n, key.shape[0]), dtype=np.uint32)
+    mask = np.uint64((1 << bits) - 1)
+    for c in range(n - 1, -1, -1):
+        cols[c] = key & mask
+        if c:
+            key = key >> np.uint64(bits)
+    return cols
+
+
+def word_bits(cols: np.ndarray) -> int:
+    """Bits a word id of ``cols`` needs (at least 1)."""
+    return max(int(cols.max()).bit_length(), 1) if cols.size else 1
+
+
+def _unique_rows(cols: np.ndarray, counts: np.ndarray | None) -> Table:
+    """Rows ``cols[:, i]`` made unique and sorted lexicographically, their counts summed
+    (``counts`` None: one each). Rows that fit 64 bits sort as one packed key each: a plain sort
+    where every row counts one, else a stable one (sorted runs, as a merge gives, cost about one
+    pass); others by columns."""
     n, m = cols.shape
     if m == 0:
-        return cols, counts
-    bits = max(int(cols.max()).bit_length(), 1)
-    if n * bits <= 63:
-        key = cols[0].astype(np.int64)
-        for c in range(1, n):
-            key = (key << bits) | cols[c]
-        order = np.argsort(key, kind="stable")
-        key = key[order]
+        return cols, np.zeros(0, dtype=np.int64) if counts is None else counts
+    bits = word_bits(cols)
+    if n * bits <= 64:
+        key = pack_rows(cols, bits)
+        if counts is None:
+            key.sort()
+        else:
+            order = np.argsort(key, kind="stable")
+            key, counts = key[order], counts[order]
         change = np.concatenate(([True], key[1:] != key[:-1]))
+        first = np.flatnonzero(change)
+        unique = unpack_rows(key[first], n, bits)
     else:
-        order = np.lexsort(cols[::-1])  # the first word is the primary key
+        order = np.lexsort(cols[::-1])  # the first column is the primary key
         ordered = cols[:, order]
         change = np.concatenate(([True], np.any(ordered[:, 1:] != ordered[:, :-1], axis=0)))
-    first = np.flatnonzero(change)
-    return np.ascontiguousarray(cols[:, order[first]]), np.add.reduceat(counts[order], first)
+        first = np.flatnonzero(change)
+        unique = np.ascontiguousarray(ordered[:, first])
+        counts = None if counts is None else counts[order]
+    if counts is None:
+        return unique, np.diff(np.append(first, m)).astype(np.int64)
+    return unique, np.add.reduceat(counts, first).astype(np.int64)
 
 
-def _windows(seq: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
-    """The order-n windows ending at ``ends``: ``(n, len(ends))`` uint32."""
-    return np.stack([seq[ends - (n - 1) + c] for c in range(n)]).astype(np.uint32)
+def _trie_rows(seq: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
+    """The order-n windows ending at ``ends``, as :data:`Table` rows: ``(n, len(ends))`` uint32."""
+    offsets = [*range(1, n), 0]  # the word before the last, then further back, then the last
+    return np.stack([seq[ends - k] for k in offsets]).astype(np.uint32)
 
 
 def count_ngrams(ids: np.ndarray, lengths: np.ndarray, order: int) -> NgramCounts:
@@ -154,13 +200,13 @@ def count_ngrams(ids: np.ndarray, lengths: np.ndarray, order: int) -> NgramCount
     for n, ends in [(order, np.flatnonzero(pos >= order - 1))] + [
         (n, np.flatnonzero(pos == n - 1)) for n in range(2, order)
     ]:
-        tables.append(_unique_rows(_windows(seq, ends, n), np.ones(ends.shape[0], dtype=np.int64)))
+        tables.append(_unique_rows(_trie_rows(seq, ends, n), None))
     return NgramCounts(order, tables[0], tuple(tables[1:]), int(np.asarray(lengths).sum()) + len(lengths))
 
 
 def _split_table(table: Table, parts: int) -> list[Table]:
     cols, counts = table
-    part = cols[-2] % parts  # the second-to-last word: a target's previous word
+    part = cols[0] % parts  # the word before the last: a target's previous word
     order = np.argsort(part, kind="stable")  # stable: each partition stays sorted
     bounds = np.concatenate(([0], np.cumsum(np.bincount(part, minlength=parts))))
     return [(cols[:, order[a:b]], counts[order[a:b]]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
@@ -182,16 +228,30 @@ def split_counts(counts: NgramCounts, parts: int) -> list[NgramCounts]:
     ]
 
 
-def _merge_tables(a: Table, b: Table) -> Table:
-    return _unique_rows(np.concatenate((a[0], b[0]), axis=1), np.concatenate((a[1], b[1])))
+def _merge_tables(*tables: Table) -> Table:
+    """Sorted tables of one order as one (rows in several of them: their counts summed): one stable
+    sort of their concatenation, which finds the sorted runs and merges them."""
+    return merge_runs(list(tables))
 
 
-def merge_counts(a: NgramCounts, b: NgramCounts) -> NgramCounts:
-    """The counts of two parts together."""
-    if a.order != b.order:
-        raise BaselineError(f"kneser-ney: cannot merge counts of order {a.order} and {b.order}")
-    starts = tuple(_merge_tables(x, y) for x, y in zip(a.starts, b.starts, strict=True))
-    return NgramCounts(a.order, _merge_tables(a.top, b.top), starts, a.tokens + b.tokens)
+def merge_runs(runs: list[Table]) -> Table:
+    """:func:`_merge_tables` of ``runs``, emptying the list once they are concatenated, so that a
+    caller holding no other reference to them frees them before the sort (a partition's peak)."""
+    cols = np.concatenate([t[0] for t in runs], axis=1)
+    counts = np.concatenate([t[1] for t in runs])
+    runs.clear()
+    return _unique_rows(cols, counts)
+
+
+def merge_counts(*parts: NgramCounts) -> NgramCounts:
+    """The counts of several parts together (a k-way merge of their sorted tables)."""
+    orders = sorted({p.order for p in parts})
+    if len(orders) != 1:
+        raise BaselineError(f"kneser-ney: cannot merge counts of order {' and '.join(map(str, orders))}")
+    starts = tuple(_merge_tables(*(p.starts[k] for p in parts)) for k in range(orders[0] - 2))
+    return NgramCounts(
+        orders[0], _merge_tables(*(p.top for p in parts)), starts, sum(p.tokens for p in parts)
+    )
 
 
 @dataclass(frozen=True)
@@ -212,8 +272,9 @@ def adjust(counts: NgramCounts, vocab_size: int) -> Adjusted:
         raise BaselineError(f"kneser-ney: word ids outside the vocabulary of {vocab_size}")
     tables = [counts.top]
     for n in range(counts.order - 1, 1, -1):
-        higher = tables[0][0]
-        continuations = _unique_rows(higher[1:], np.ones(higher.shape[1], dtype=np.int64))
+        higher = tables[0][0]  # order n + 1: its column n - 1 is its first word
+        continuations = _unique_rows(np.delete(higher, n - 1, axis=0), None)
+        del higher
         tables.insert(0, _merge_tables(continuations, counts.starts[n - 2]))
     bigrams = tables[0][0]
     continuation = np.bincount(bigrams[1], minlength=vocab_size).astype(np.int64)
@@ -323,39 +384,51 @@ class PartModel:
         return p
 
 
-def _history_index(histories: list[np.ndarray], words: np.ndarray, vocab_size: int) -> np.ndarray:
-    """Index, among ``histories`` of len(words) words, of each row's history (``words``: ``(k, m)``,
-    oldest first), the last level built here from these rows (the ones before hold them all)."""
-    k = words.shape[0]
-    keys = words[k - 1].astype(np.int64)
-    for j in range(1, k + 1):
-        if j == len(histories) + 1:
-            ordered = np.sort(keys)  # np.unique hashes first: slower on tens of millions of keys
-            histories.append(ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))])
+def _history_keys(histories: list[np.ndarray], heads: np.ndarray, vocab_size: int) -> np.ndarray:
+    """The trie keys of histories given as :data:`Table` columns ``heads`` (``(k, h)``: the previous
+    word first, the oldest last), from the shorter ``histories`` already built: int64 ``(h,)``,
+    ascending where ``heads`` are sorted."""
+    keys = heads[0].astype(np.int64)
+    for j in range(1, heads.shape[0]):
         index = sorted_lookup(histories[j - 1], keys)
         if (index < 0).any():
             raise BaselineError(f"kneser-ney: histories of {j} words that were not counted")
-        if j < k:
-            keys = index * vocab_size + words[k - 1 - j]
-    return index
+        keys = index * vocab_size + heads[j]
+    return keys
 
 
-def estimate(adjusted: Adjusted, statistics: GlobalStatistics) -> PartModel:
-    """A partition's model from its adjusted counts and the global statistics."""
+def estimate(tables: Sequence[Table], statistics: GlobalStatistics) -> PartModel:
+    """A partition's model from its adjusted counts (:attr:`Adjusted.tables`) and the global
+    statistics. The tables are in the trie's order, so each order's histories are the runs of its
+    first n - 1 columns, already in the order of their keys, and its n-gram keys come out sorted:
+    nothing is sorted here. (Arrays as long as the table are updated in place: they set a
+    partition task's peak memory.)"""
     vocab_size = statistics.unigram.shape[0]
-    if max((a.shape[0] for _, a in adjusted.tables), default=0) * vocab_size >= 2**62:
+    if max((a.shape[0] for _, a in tables), default=0) * vocab_size >= 2**62:
         raise BaselineError(f"kneser-ney: too many n-grams of {vocab_size:,} words for int64 keys")
     histories: list[np.ndarray] = []
     orders = []
-    for n, (cols, a) in enumerate(adjusted.tables, start=2):
-        history = _history_index(histories, cols[: n - 1], vocab_size)
-        keys = history * vocab_size + cols[n - 1]
-        order = np.argsort(keys, kind="stable")
-        keys, a, history = keys[order], a[order], history[order]
+    for n, (cols, a) in enumerate(tables, start=2):
+        same = np.ones(max(cols.shape[1] - 1, 0), dtype=bool)
+        for c in range(n - 1):  # a row starts a history where any of its history's words changes
+            same &= cols[c, 1:] == cols[c, :-1]
+        first = np.flatnonzero(np.concatenate(([True], ~same))[: cols.shape[1]])
+        del same
+        histories.append(_history_keys(histories, cols[: n - 1, first], vocab_size))
+        history = np.repeat(
+            np.arange(first.shape[0], dtype=np.int64), np.diff(np.append(first, cols.shape[1]))
+        )
         taken = statistics.discounts[n - 1][np.minimum(a, 3)]
-        totals = np.bincount(history, weights=a, minlength=histories[n - 2].shape[0])
-        gamma = np.bincount(history, weights=taken, minlength=histories[n - 2].shape[0]) / totals
-        orders.append(_Order(keys, (a - taken) / totals[history], gamma))
+        totals = np.add.reduceat(a, first).astype(np.float64) if first.size else np.zeros(0)
+        gamma = np.add.reduceat(taken, first) / totals if first.size else np.zeros(0)
+        own = a.astype(np.float64)
+        own -= taken
+        del taken
+        own /= totals[history]
+        history *= vocab_size
+        history += cols[n - 1]
+        orders.append(_Order(history, own, gamma))  # the n-gram keys: history index * V + word
+        del history, own
     return PartModel(vocab_size, tuple(histories), tuple(orders))
 
 
@@ -452,7 +525,7 @@ def build(counts: NgramCounts, vocab_size: int, parts: int = 1) -> KneserNey:
     """Estimate the model from the training split's counts, in ``parts`` partitions."""
     adjusted = [adjust(c, vocab_size) for c in split_counts(counts, parts)]
     statistics = global_statistics(adjusted)
-    return KneserNey(statistics, tuple(estimate(a, statistics) for a in adjusted))
+    return KneserNey(statistics, tuple(estimate(a.tables, statistics) for a in adjusted))
 
 
 def perplexity(nll: float, targets: int) -> float:

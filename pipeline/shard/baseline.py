@@ -1,27 +1,30 @@
 """The shard stage's Kneser-Ney pass: the held-out baseline of the shards it just wrote (the
 model and its partitions: :mod:`pipeline.formats.kneser_ney`; why: docs/training.md#baselines).
 
-Ray tasks, at most ``window`` unfinished at once:
+Ray tasks, at most ``window`` unfinished at once, in three steps with a barrier between them; what
+passes from one step to the next is files on storage (:mod:`pipeline.shard.sorted_runs`), never
+objects in Ray's store, so nothing there grows with the corpus:
 
-1. count: a group of training shards each (read back, checked against their sha256), cut into
-   the partitions (``kneser_ney.parts_for``: from the corpus size alone);
-2. merge: a partition's counts two at a time, the two smallest first, so that a merge costs about
-   the size of its result;
-3. adjust: a partition's adjusted counts, and its share of the global statistics;
-4. statistics: the unigram and the discounts, from every partition's share;
-5. score: a partition's model, and the held-out targets whose previous word is in it.
+1. count: a group of training shards each (read back, checked against their sha256), its n-grams
+   cut into the partitions (``kneser_ney.parts_for``: from the corpus size alone), each written as
+   a sorted run;
+2. adjust: a partition each: its runs merged in one k-way merge, its adjusted counts written, its
+   runs deleted; it returns its share of the global statistics (counts of counts, continuation
+   counts: small), from which one task makes the unigram and the discounts;
+3. score: a partition each: its model estimated from its adjusted counts, and the held-out targets
+   whose previous word is in it scored (the held-out split is read once, its targets cut into the
+   partitions by one task). With ``write_arpa``, a last step writes each partition's ARPA sections.
 
-Only the small numbers of steps 4 and 5 come to the driver. A task holds one partition at most
-(its last merge: two halves and the result), so the memory per task is bounded by the number of
-partitions rather than by the corpus.
+A task holds one group or one partition: memory per task follows ``GROUP_TOKENS`` and
+``kneser_ney.PART_BYTES``, not the corpus; storage holds the runs, then the adjusted counts (about
+12 bytes an n-gram each), until the pass ends.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import ray
@@ -29,11 +32,12 @@ import ray
 from pipeline.formats import arpa, kneser_ney
 from pipeline.formats.shard_format import open_shard
 from pipeline.runtime import storage
+from pipeline.shard import sorted_runs
 from pipeline.shard.writer import ShardRecord
 
 GROUP_TOKENS = 8_000_000
 """Most training tokens a count task reads (fewer where the cluster's tasks would sit idle): each
-of its results is an object per partition, so larger groups keep the objects few on a large corpus."""
+writes a run per partition, so larger groups keep the runs few on a large corpus."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,24 @@ class _Shard:
     sha256: str
     sentences: int
     tokens: int
+
+
+@dataclass(frozen=True)
+class BaselinePlan:
+    """What the pass needs to know. ``output``: the shard output (its scratch files go in
+    ``sorted_runs.SCRATCH_FOLDER`` there); ``order``: N; ``vocab_size``: V; ``parts``: the
+    partitions; ``window``: most Ray tasks unfinished at once; ``write_arpa``: also write the model
+    as :data:`ARPA_FILE`."""
+
+    output: str
+    order: int
+    vocab_size: int
+    parts: int
+    window: int
+    write_arpa: bool = False
+
+    def path(self, name: str) -> str:
+        return storage.join(self.output, name)
 
 
 def _sentences(shards: Sequence[_Shard]) -> tuple[np.ndarray, np.ndarray]:
@@ -56,22 +78,43 @@ def _sentences(shards: Sequence[_Shard]) -> tuple[np.ndarray, np.ndarray]:
 
 
 @ray.remote
-def _count_task(shards: Sequence[_Shard], order: int, parts: int):
-    counts = kneser_ney.split_counts(kneser_ney.count_ngrams(*_sentences(shards), order), parts)
-    return counts[0] if parts == 1 else tuple(counts)
+def _count_task(plan: BaselinePlan, group: int, shards: Sequence[_Shard]) -> None:
+    counts = kneser_ney.count_ngrams(*_sentences(shards), plan.order)
+    for part, piece in enumerate(kneser_ney.split_counts(counts, plan.parts)):
+        tables = [piece.top, *piece.starts]
+        sorted_runs.write_tables(plan.path(sorted_runs.counts_name(group, part)), tables, piece.tokens)
+
+
+def _merged_runs(plan: BaselinePlan, names: Sequence[str]) -> kneser_ney.NgramCounts:
+    """A partition's sorted runs, read and merged order by order: each order's runs are let go
+    once concatenated (``kneser_ney.merge_runs``), so the peak is one copy of them and the sort."""
+    runs: list[list[kneser_ney.Table]] = [[] for _ in range(plan.order - 1)]  # the top order first
+    tokens = 0
+    for name in names:
+        tables, part_tokens = sorted_runs.read_tables(plan.path(name))
+        if len(tables) != plan.order - 1:
+            raise kneser_ney.BaselineError(
+                f"kneser-ney: {name} holds {len(tables)} tables, not {plan.order - 1}"
+            )
+        for k, table in enumerate(tables):
+            runs[k].append(table)
+        tokens += part_tokens
+        del tables
+    merged = [kneser_ney.merge_runs(order_runs) for order_runs in runs]
+    return kneser_ney.NgramCounts(plan.order, merged[0], tuple(merged[1:]), tokens)
 
 
 @ray.remote
-def _merge_task(a: kneser_ney.NgramCounts, b: kneser_ney.NgramCounts) -> kneser_ney.NgramCounts:
-    return kneser_ney.merge_counts(a, b)
-
-
-@ray.remote(num_returns=2)
-def _adjust_task(counts: kneser_ney.NgramCounts, vocab_size: int):
-    """-> (the partition's adjusted tables, its share of the global statistics)"""
-    adjusted = kneser_ney.adjust(counts, vocab_size)
-    share = kneser_ney.Adjusted((), adjusted.counts_of_counts, adjusted.continuation)
-    return adjusted, share
+def _adjust_task(plan: BaselinePlan, part: int, groups: int) -> kneser_ney.Adjusted:
+    """-> the partition's share of the global statistics (its tables are written, not returned)"""
+    names = [sorted_runs.counts_name(group, part) for group in range(groups)]
+    counts = _merged_runs(plan, names)
+    adjusted = kneser_ney.adjust(counts, plan.vocab_size)
+    del counts
+    sorted_runs.write_tables(plan.path(sorted_runs.adjusted_name(part)), adjusted.tables)
+    for name in names:
+        storage.delete(plan.path(name))
+    return kneser_ney.Adjusted((), adjusted.counts_of_counts, adjusted.continuation)
 
 
 @ray.remote(num_returns=2)
@@ -86,39 +129,41 @@ def _statistics_task(*shares: kneser_ney.Adjusted):
 
 
 @ray.remote
-def _model_task(
-    adjusted: kneser_ney.Adjusted, statistics: kneser_ney.GlobalStatistics
-) -> kneser_ney.PartModel:
-    return kneser_ney.estimate(adjusted, statistics)
+def _targets_task(plan: BaselinePlan, heldout: Sequence[_Shard]):
+    """-> per partition, the held-out targets whose previous word is in it"""
+    targets = kneser_ney.Targets.of(*_sentences(heldout), plan.order, plan.vocab_size)
+    pieces = [targets.part(plan.parts, p) for p in range(plan.parts)]
+    return pieces[0] if plan.parts == 1 else tuple(pieces)
+
+
+def _model(plan: BaselinePlan, part: int, statistics) -> kneser_ney.PartModel:
+    tables, _ = sorted_runs.read_tables(plan.path(sorted_runs.adjusted_name(part)))
+    return kneser_ney.estimate(tables, statistics)
 
 
 @ray.remote
-def _score_task(
-    model: kneser_ney.PartModel,
-    statistics: kneser_ney.GlobalStatistics,
-    heldout: Sequence[_Shard],
-    part: int,
-    parts: int,
-) -> tuple[float, int, list[int]]:
-    """-> (-sum ln p of the partition's held-out targets, their number, its n-grams per order)"""
-    vocab_size = statistics.unigram.shape[0]
-    targets = kneser_ney.Targets.of(*_sentences(heldout), len(model.orders) + 1, vocab_size).part(parts, part)
-    return kneser_ney.part_cost(model, targets, statistics), int(targets.words.shape[0]), model.ngrams
+def _score_task(plan: BaselinePlan, part: int, statistics, targets: kneser_ney.Targets):
+    """-> ((-sum ln p of the partition's held-out targets, their number, its n-grams per order),
+    then with ``plan.write_arpa`` per partition p the backoffs of its histories that p writes)"""
+    model = _model(plan, part, statistics)
+    scored = (kneser_ney.part_cost(model, targets, statistics), int(targets.words.shape[0]), model.ngrams)
+    if not plan.write_arpa:
+        return scored
+    return (scored, *arpa.history_backoffs(model, plan.parts))
 
 
 @ray.remote
-def _backoffs_task(model: kneser_ney.PartModel, parts: int):
-    """-> per partition p, the backoffs of this one's histories that p writes (arpa.history_backoffs)"""
-    pieces = arpa.history_backoffs(model, parts)
-    return pieces[0] if parts == 1 else tuple(pieces)
-
-
-@ray.remote
-def _arpa_task(model, statistics, tokens_box: list, part: int, parts: int, *backoffs):
+def _arpa_task(plan: BaselinePlan, part: int, statistics, tokens_box: list, *backoffs):
     """-> the partition's ARPA sections, order 1..N, each a gzip member (arpa.part_sections)"""
+    model = _model(plan, part, statistics)
     tokens = arpa.arpa_tokens(ray.get(tokens_box[0]))
-    sections = arpa.part_sections(model, statistics, tokens, part, parts, backoffs)
+    sections = arpa.part_sections(model, statistics, tokens, part, plan.parts, backoffs)
     return sections[0] if len(sections) == 1 else tuple(sections)
+
+
+def _refs(refs) -> list:
+    """A task's refs as a list, whether it has one result or several."""
+    return list(refs) if isinstance(refs, list | tuple) else [refs]
 
 
 def _shards(output: str, records: Sequence[ShardRecord]) -> list[_Shard]:
@@ -137,81 +182,97 @@ def _groups(shards: list[_Shard], window: int) -> list[list[_Shard]]:
     return groups
 
 
-def _merged_partitions(
-    groups: list[list[_Shard]], order: int, parts: int, window: int, on_counted: Callable[[int, int], None]
-) -> list[ray.ObjectRef]:
-    """Count every group and merge each partition down to one object: its ref, per partition."""
-    todo = groups[::-1]
-    ready: list[list[tuple[int, int, ray.ObjectRef]]] = [
-        [] for _ in range(parts)
-    ]  # per partition, smallest first
-    running: dict[
-        ray.ObjectRef, tuple[int, int, list[_Shard] | None]
-    ] = {}  # ref -> (partition, tokens, group)
-    tie = itertools.count()
-    while todo or running or any(len(heap) > 1 for heap in ready):
-        for part, heap in enumerate(ready):
-            while len(heap) > 1 and len(running) < window:
-                (a_tokens, _, a), (b_tokens, _, b) = heapq.heappop(heap), heapq.heappop(heap)
-                running[_merge_task.remote(a, b)] = (part, a_tokens + b_tokens, None)
-        while todo and len(running) < window:
-            group = todo.pop()
-            refs = _count_task.options(num_returns=parts).remote(group, order, parts)
-            tokens = sum(s.tokens for s in group)
-            for part, ref in enumerate([refs] if parts == 1 else refs):
-                running[ref] = (part, tokens, group if part == 0 else None)
-        if not running:
-            continue
+def _windowed(
+    calls: Sequence[Callable[[], list]], window: int, get: Callable, on_done: Callable[[int], None]
+) -> list[list]:
+    """Start ``calls`` in order, at most ``window`` unfinished at once; as call i finishes, its
+    first result is fetched (its error raised here, by ``get``: the results waited on are small)
+    and ``on_done(i)`` is called. Each call returns its refs as a list: they are returned in order."""
+    started: list[list] = []
+    running: dict[ray.ObjectRef, int] = {}
+    while len(started) < len(calls) or running:
+        while len(started) < len(calls) and len(running) < window:
+            started.append(calls[len(started)]())
+            running[started[-1][0]] = len(started) - 1
         (done,), _ = ray.wait(list(running), num_returns=1, fetch_local=False)
-        part, tokens, group = running.pop(done)
-        if group is not None:
-            on_counted(sum(s.sentences for s in group), tokens)
-        heapq.heappush(ready[part], (tokens, next(tie), done))
-    return [heap[0][2] for heap in ready]
+        get(done)
+        on_done(running.pop(done))
+    return started
+
+
+class BaselineProgress(Protocol):
+    """The pass's progress (pipeline/shard/progress.py's ``BaselineBars``)."""
+
+    def counted(self, sentences: int, tokens: int) -> None:
+        """After each group of training shards is counted."""
+
+    def partition(self) -> None:
+        """After each partition's adjust step, then after each one's score step."""
 
 
 def kneser_ney_baseline(
-    output: str,
+    plan: BaselinePlan,
     shards: Mapping[str, Sequence[ShardRecord]],
     vocab: Sequence[str],
-    order: int,
-    window: int,
-    on_counted: Callable[[int, int], None],
+    progress: BaselineProgress,
     get: Callable = ray.get,
-    write_arpa: bool = False,
 ) -> dict | None:
-    """The manifest's ``baselines.kneser_ney`` record for the shards of ``output`` (``shards``:
-    split -> records, as the manifest lists them), or None without held-out sentences.
-    ``on_counted(sentences, tokens)`` after each group of training shards is counted; ``get``:
-    ``ray.get`` or the stage's variant that re-raises its own errors as themselves; ``write_arpa``:
-    also write the model as :data:`ARPA_FILE` (its record under ``arpa``)."""
-    heldout = [s for s in _shards(output, shards["heldout"]) if s.sentences]
+    """The manifest's ``baselines.kneser_ney`` record for the shards of ``plan.output``
+    (``shards``: split -> records, as the manifest lists them), or None without held-out
+    sentences. ``get``: ``ray.get`` or the stage's variant that re-raises its own errors as
+    themselves. With ``plan.write_arpa`` the record's ``arpa`` names the model's ARPA file."""
+    heldout = [s for s in _shards(plan.output, shards["heldout"]) if s.sentences]
     if not heldout:
         return None
-    train = _shards(output, shards["train"])
-    parts = kneser_ney.parts_for(sum(s.tokens for s in train), order)
-    merged = _merged_partitions(_groups(train, window), order, parts, window, on_counted)
-    adjusted = [_adjust_task.remote(ref, len(vocab)) for ref in merged]
-    del merged
-    statistics, summary = _statistics_task.remote(*(share for _, share in adjusted))
-    models = [_model_task.remote(tables, statistics) for tables, _ in adjusted]
-    del adjusted
-    scored = get([_score_task.remote(model, statistics, heldout, p, parts) for p, model in enumerate(models)])
+    sorted_runs.clear(plan.output)  # a run that stopped halfway left its own
+    groups = _groups(_shards(plan.output, shards["train"]), plan.window)
+    _windowed(
+        [lambda g=g, group=group: [_count_task.remote(plan, g, group)] for g, group in enumerate(groups)],
+        plan.window,
+        get,
+        lambda g: progress.counted(sum(s.sentences for s in groups[g]), sum(s.tokens for s in groups[g])),
+    )
+    shares = _windowed(
+        [lambda p=p: [_adjust_task.remote(plan, p, len(groups))] for p in range(plan.parts)],
+        plan.window,
+        get,
+        lambda _: progress.partition(),
+    )
+    statistics, summary = _statistics_task.remote(*(refs[0] for refs in shares))
+    del shares
+    targets = _targets_task.options(num_returns=plan.parts).remote(plan, heldout)
+    targets = [targets] if plan.parts == 1 else targets
+    returns = 1 + plan.parts * plan.write_arpa  # with the ARPA file: the backoffs for each partition
+    scored = _windowed(
+        [
+            lambda p=p, mine=mine: _refs(
+                _score_task.options(num_returns=returns).remote(plan, p, statistics, mine)
+            )
+            for p, mine in enumerate(targets)
+        ],
+        plan.window,
+        get,
+        lambda _: progress.partition(),
+    )
+    del targets
+    costs = get([refs[0] for refs in scored])
     summary = get(summary)
-    nll = float(sum(cost for cost, _, _ in scored))  # in partition order: the same sum on every run
-    targets = sum(n for _, n, _ in scored)
+    nll = float(sum(cost for cost, _, _ in costs))  # in partition order: the same sum on every run
+    targets_scored = sum(n for _, n, _ in costs)
     record = {
-        "order": order,
-        "perplexity": kneser_ney.perplexity(nll, targets),
+        "order": plan.order,
+        "perplexity": kneser_ney.perplexity(nll, targets_scored),
         "nll": nll,
-        "targets": targets,
-        "ngrams": [summary["unigrams"], *np.sum([n for _, _, n in scored], axis=0).tolist()],
+        "targets": targets_scored,
+        "ngrams": [summary["unigrams"], *np.sum([n for _, _, n in costs], axis=0).tolist()],
         "discounts": summary["discounts"],
-        "partitions": parts,
+        "partitions": plan.parts,
     }
-    if write_arpa:
+    if plan.write_arpa:
         ngrams = [len(vocab), *record["ngrams"][1:]]  # every vocabulary entry is a unigram line
-        record["arpa"] = _write_arpa(output, models, statistics, vocab, ngrams, get)
+        backoffs = [refs[1:] for refs in scored]
+        record["arpa"] = _write_arpa(plan, statistics, backoffs, vocab, ngrams, get)
+    sorted_runs.clear(plan.output)
     return record
 
 
@@ -219,21 +280,22 @@ ARPA_FILE = "kneser_ney.arpa.gz"
 """The baseline's model as an ARPA file (``kneser_ney_arpa=true``): pipeline/formats/arpa.py."""
 
 
-def _write_arpa(output: str, models: list, statistics, vocab: Sequence[str], ngrams: list[int], get) -> dict:
+def _write_arpa(
+    plan: BaselinePlan, statistics, backoffs: list, vocab: Sequence[str], ngrams: list[int], get
+) -> dict:
     """Every partition's sections, streamed into :data:`ARPA_FILE` one at a time (the driver holds
-    one section at most): its record, ``{"file", "bytes", "sha256"}``."""
-    parts, order = len(models), len(ngrams)
-    backoffs = [_backoffs_task.options(num_returns=parts).remote(model, parts) for model in models]
-    backoffs = [[pieces] if parts == 1 else pieces for pieces in backoffs]
+    one section at most; ``backoffs[q][p]``: partition q's backoffs for p): its record,
+    ``{"file", "bytes", "sha256"}``."""
+    parts, order = plan.parts, len(ngrams)
     tokens_box = [ray.put(list(vocab))]
     sections = [
         _arpa_task.options(num_returns=order).remote(
-            model, statistics, tokens_box, p, parts, *(backoffs[q][p] for q in range(parts))
+            plan, p, statistics, tokens_box, *(backoffs[q][p] for q in range(parts))
         )
-        for p, model in enumerate(models)
+        for p in range(parts)
     ]
-    sections = [[refs] if order == 1 else refs for refs in sections]
-    path = storage.join(output, ARPA_FILE)
+    sections = [_refs(refs) for refs in sections]
+    path = plan.path(ARPA_FILE)
     with storage.open_write(path) as raw:
         out = storage.HashingWriter(raw)
         for member in arpa.assemble(arpa.header(ngrams), sections):

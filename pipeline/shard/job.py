@@ -43,6 +43,7 @@ import ray
 from ray.exceptions import RayTaskError
 
 from pipeline.config import to_dict
+from pipeline.formats import kneser_ney
 from pipeline.formats.shard_format import (
     COUNTS_FILE,
     MANIFEST_FILE,
@@ -56,7 +57,7 @@ from pipeline.formats.unigram import training_target_counts, unigram_log_probs
 from pipeline.output_folder import Lease, taken_back_on_failure
 from pipeline.runtime import storage
 from pipeline.runtime.ray_runtime import RaySession
-from pipeline.shard.baseline import kneser_ney_baseline
+from pipeline.shard.baseline import BaselinePlan, kneser_ney_baseline
 from pipeline.shard.config import ShardConfig
 from pipeline.shard.duplicates import (
     chunk_drops,
@@ -85,7 +86,7 @@ from pipeline.shard.passes import (
     encode_chunk,
     retokenize,
 )
-from pipeline.shard.progress import Progress, summary
+from pipeline.shard.progress import BaselineBars, Progress, summary
 from pipeline.shard.reader import iter_chunks, resolve_inputs
 from pipeline.shard.resume import (
     chunk_sources,
@@ -622,18 +623,20 @@ def _baselines(run: _ShardRun, shards, vocab: Vocabulary) -> tuple[dict, float]:
     if not order:
         return {}, 0.0
     started = time.perf_counter()
-    progress = Progress(f"shard: {order}-gram baseline", run.config.progress)
-    record = kneser_ney_baseline(
+    train_tokens = sum(r.tokens for r in shards["train"])
+    plan = BaselinePlan(
         run.output,
-        shards,
-        vocab.tokens,
         order,
+        len(vocab.tokens),
+        kneser_ney.parts_for(train_tokens, order),
         run.window,
-        progress.update,
-        _get,
-        write_arpa=run.config.kneser_ney_arpa,
+        run.config.kneser_ney_arpa,
     )
-    progress.close()
+    bars = BaselineBars(order, plan.parts, run.config.progress)
+    try:
+        record = kneser_ney_baseline(plan, shards, vocab.tokens, bars, _get)
+    finally:
+        bars.close()
     return ({"kneser_ney": record} if record else {}), time.perf_counter() - started
 
 

@@ -11,30 +11,58 @@ from pipeline.formats.unigram import manifest_unigram_perplexity
 
 
 class Progress:
-    """A bar counting lines, with the token rate as its postfix; silent when disabled."""
+    """A bar counting lines (or another ``unit``), with the token rate as its postfix where tokens
+    are counted; silent when disabled."""
 
-    def __init__(self, desc: str, enabled: bool, total_lines: int | None = None):
+    def __init__(self, desc: str, enabled: bool, total_lines: int | None = None, unit: str = " lines"):
         self.start = time.perf_counter()
         self.tokens = 0
         self.bar = tqdm(
             desc=desc,
             total=total_lines,
-            unit=" lines",
-            unit_scale=True,
+            unit=unit,
+            unit_scale=unit == " lines",
             disable=not enabled,
             file=sys.stderr,
             leave=True,
         )
 
-    def update(self, lines: int, tokens: int) -> None:
+    def update(self, lines: int, tokens: int = 0) -> None:
         self.tokens += tokens
         self.bar.update(lines)
-        self.bar.set_postfix_str(
-            f"{format_rate(self.tokens, time.perf_counter() - self.start)} tokens/s", refresh=False
-        )
+        if self.tokens:
+            self.bar.set_postfix_str(
+                f"{format_rate(self.tokens, time.perf_counter() - self.start)} tokens/s", refresh=False
+            )
 
     def close(self) -> None:
         self.bar.close()
+
+
+class BaselineBars:
+    """The Kneser-Ney pass's two bars, one after the other: training lines counted, then its
+    partitions' steps (adjust, then score: ``2 * parts``)."""
+
+    def __init__(self, order: int, parts: int, enabled: bool):
+        self.desc, self.parts, self.enabled = f"shard: {order}-gram baseline", parts, enabled
+        self.counting = Progress(f"{self.desc}, counting", enabled)
+        self.partitions: Progress | None = None
+
+    def counted(self, lines: int, tokens: int) -> None:
+        self.counting.update(lines, tokens)
+
+    def partition(self) -> None:
+        if self.partitions is None:
+            self.counting.close()
+            self.partitions = Progress(
+                f"{self.desc}, {self.parts} partitions", self.enabled, 2 * self.parts, unit=" steps"
+            )
+        self.partitions.update(1)
+
+    def close(self) -> None:
+        self.counting.close()
+        if self.partitions is not None:
+            self.partitions.close()
 
 
 def format_rate(count: float, seconds: float) -> str:

@@ -130,11 +130,31 @@ def test_counts_of_parts_merge_to_the_counts_of_the_whole():
         np.testing.assert_array_equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("order", [3, 4])  # 3 x 20 bits sort as one packed key; 4 x 20 by columns
+def test_counts_are_in_the_tries_order_whatever_the_key_width(order):
+    rng = np.random.default_rng(order)
+    words = rng.choice(np.arange(3, 2**20), size=40)  # ids of a benchmark-sized vocabulary
+    sentences = [list(rng.choice(words, size=rng.integers(0, 9))) for _ in range(300)]
+    want: Counter = Counter()
+    for s in sentences:
+        padded = [BOS_ID, *s, EOS_ID]
+        for end in range(order - 1, len(padded)):
+            gram = padded[end - order + 1 : end + 1]
+            want[(*gram[-2::-1], gram[-1])] += 1  # the previous word first, back to the first, then the last
+    cols, counts = count_ngrams(*_flat(sentences), order).top
+    assert [tuple(r) for r in cols.T.tolist()] == sorted(want)
+    assert counts.tolist() == [want[k] for k in sorted(want)]
+    halves = [count_ngrams(*_flat(sentences[a:b]), order) for a, b in ((0, 100), (100, 180), (180, 300))]
+    merged = merge_counts(*halves)  # three sorted runs, one merge
+    np.testing.assert_array_equal(merged.top[0], cols)
+    np.testing.assert_array_equal(merged.top[1], counts)
+
+
 def test_partitions_follow_the_corpus_size_alone():
     assert kneser_ney.parts_for(400_000, 3) == 1  # a small corpus: one
     assert kneser_ney.parts_for(14_388_204, 3) == 14  # one per million tokens, for the node's cores
-    assert kneser_ney.parts_for(10**9, 3) == 31  # then as many as 2 GiB each needs
-    assert kneser_ney.parts_for(10**9, 5) == 82
+    assert kneser_ney.parts_for(10**9, 3) == 150  # then as many as 768 MiB each needs
+    assert kneser_ney.parts_for(10**9, 5) == 398
 
 
 def test_a_higher_order_predicts_a_repetitive_corpus_better():

@@ -178,7 +178,7 @@ def _ids_and_lengths(blocks: list[fmt.Block]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_the_manifest_records_the_kneser_ney_baseline_of_its_shards(baseline):
-    # the Ray pass (a task per shard, counts merged two at a time) against one count of the whole
+    # the Ray pass (groups of shards counted, each partition's runs merged) against one count of the whole
     out, manifest = baseline
     record = manifest["baselines"]["kneser_ney"]
     whole = kneser_ney.count_ngrams(*_ids_and_lengths(_all_sentences(out, manifest, "train")), 3)
@@ -237,6 +237,7 @@ def test_the_kneser_ney_baseline_is_the_same_in_partitions(baseline, corpus, tmp
     out, manifest = baseline
     monkeypatch.setattr(kneser_ney, "MIN_PART_TOKENS", 10_000)  # a partition per 10k tokens: several here
     record = run([corpus[0]], tmp_path / "parts", workers=2)["baselines"]["kneser_ney"]
+    assert not (tmp_path / "parts" / "kneser_ney").exists()  # its scratch files: gone with the pass
     whole = manifest["baselines"]["kneser_ney"]
     assert (
         whole["partitions"] == 1
@@ -272,14 +273,17 @@ def test_rerun_does_nothing_and_a_partial_output_is_completed(baseline, corpus, 
     assert "nothing to do" in capsys.readouterr().out
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == mtimes
     # a killed writing pass: a shard and the manifest are missing; the others are kept, not rewritten
+    # (a pass killed in its Kneser-Ney step leaves its scratch files too: deleted by the rerun)
     (out / "manifest.json").unlink()
     (out / "train-000001.tar").unlink()
+    (out / "kneser_ney").mkdir()
+    (out / "kneser_ney" / "counts-g000003-p0001.tables").write_bytes(b"half a run")
     kept = (out / "train-000000.tar").stat().st_mtime_ns
     capsys.readouterr()
     run([corpus[0]], out, workers=1, chunk_bytes=50000)
     tars = [name for name in before if name.endswith(".tar")]
     assert f"reused {len(tars) - 1} shards" in capsys.readouterr().out
-    assert snapshot(out) == before
+    assert snapshot(out) == before and not (out / "kneser_ney").exists()
     assert (out / "train-000000.tar").stat().st_mtime_ns == kept
     # a shard that is not a readable tar is rewritten
     (out / "manifest.json").unlink()
