@@ -65,7 +65,7 @@ class ShardConfig:
     seed: int = 0
     """Seed of the within-shard shuffle."""
     kneser_ney_order: int = 3
-    """Order of the held-out Kneser-Ney baseline written into the manifest (2..5; 0 turns it off): an interpolated modified Kneser-Ney model counted on the training split, scored on the held-out targets the biLM is scored on. Its pass reads the training shards once more and each of its tasks holds a partition of their n-grams; on hundreds of millions of tokens on a small machine it costs more than the rest of the stage (800M on 2 cores: not done in 43 minutes), so use 0 or 2 there: see docs/training.md#baselines for its time and memory."""
+    """Order of the held-out Kneser-Ney baseline written into the manifest (2..5; 0 turns it off): an interpolated modified Kneser-Ney model counted on the training split, scored on the held-out targets the biLM is scored on. Its pass reads the training shards once more, each of its tasks holds a group of shards or a partition of their n-grams, and its sorted runs wait under the output's ``kneser_ney/`` folder (about 12 bytes an n-gram; deleted as the pass ends): 800M tokens on 2 cores take 7.4 minutes at order 3; order 5 takes about 5x order 3. See docs/training.md#baselines for its time and memory."""
     kneser_ney_arpa: bool = False
     """Also write the Kneser-Ney baseline's model as ``kneser_ney.arpa.gz``: the ARPA file KenLM, SRILM and speech decoders read (``<s>``, ``</s>``, ``<unk>`` as KenLM names them). Off by default: at the 1B Word Benchmark's size it is gigabytes."""
     chunk_bytes: int = 4 * 1024 * 1024
