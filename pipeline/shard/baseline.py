@@ -77,12 +77,18 @@ def _sentences(shards: Sequence[_Shard]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(ids), np.concatenate(lengths)
 
 
-@ray.remote
-def _count_task(plan: BaselinePlan, group: int, shards: Sequence[_Shard]) -> None:
-    counts = kneser_ney.count_ngrams(*_sentences(shards), plan.order)
+def write_runs(plan: BaselinePlan, group: int, ids: np.ndarray, lengths: np.ndarray) -> None:
+    """Count sentences (``ids`` ``(sum(lengths),)``, ``lengths`` ``(S,)``) and write their n-grams
+    as group ``group``'s sorted run of each partition."""
+    counts = kneser_ney.count_ngrams(ids, lengths, plan.order)
     for part, piece in enumerate(kneser_ney.split_counts(counts, plan.parts)):
         tables = [piece.top, *piece.starts]
         sorted_runs.write_tables(plan.path(sorted_runs.counts_name(group, part)), tables, piece.tokens)
+
+
+@ray.remote
+def _count_task(plan: BaselinePlan, group: int, shards: Sequence[_Shard]) -> None:
+    write_runs(plan, group, *_sentences(shards))
 
 
 def _merged_runs(plan: BaselinePlan, names: Sequence[str]) -> kneser_ney.NgramCounts:
@@ -104,9 +110,9 @@ def _merged_runs(plan: BaselinePlan, names: Sequence[str]) -> kneser_ney.NgramCo
     return kneser_ney.NgramCounts(plan.order, merged[0], tuple(merged[1:]), tokens)
 
 
-@ray.remote
-def _adjust_task(plan: BaselinePlan, part: int, groups: int) -> kneser_ney.Adjusted:
-    """-> the partition's share of the global statistics (its tables are written, not returned)"""
+def adjust_partition(plan: BaselinePlan, part: int, groups: int) -> kneser_ney.Adjusted:
+    """Merge partition ``part``'s runs of ``groups`` groups, write its adjusted counts and delete the
+    runs: its share of the global statistics (no tables: those are on storage)."""
     names = [sorted_runs.counts_name(group, part) for group in range(groups)]
     counts = _merged_runs(plan, names)
     adjusted = kneser_ney.adjust(counts, plan.vocab_size)
@@ -115,6 +121,9 @@ def _adjust_task(plan: BaselinePlan, part: int, groups: int) -> kneser_ney.Adjus
     for name in names:
         storage.delete(plan.path(name))
     return kneser_ney.Adjusted((), adjusted.counts_of_counts, adjusted.continuation)
+
+
+_adjust_task = ray.remote(adjust_partition)
 
 
 @ray.remote(num_returns=2)
@@ -136,7 +145,8 @@ def _targets_task(plan: BaselinePlan, heldout: Sequence[_Shard]):
     return pieces[0] if plan.parts == 1 else tuple(pieces)
 
 
-def _model(plan: BaselinePlan, part: int, statistics) -> kneser_ney.PartModel:
+def partition_model(plan: BaselinePlan, part: int, statistics) -> kneser_ney.PartModel:
+    """Partition ``part``'s model, from the adjusted counts :func:`adjust_partition` wrote."""
     tables, _ = sorted_runs.read_tables(plan.path(sorted_runs.adjusted_name(part)))
     return kneser_ney.estimate(tables, statistics)
 
@@ -145,7 +155,7 @@ def _model(plan: BaselinePlan, part: int, statistics) -> kneser_ney.PartModel:
 def _score_task(plan: BaselinePlan, part: int, statistics, targets: kneser_ney.Targets):
     """-> ((-sum ln p of the partition's held-out targets, their number, its n-grams per order),
     then with ``plan.write_arpa`` per partition p the backoffs of its histories that p writes)"""
-    model = _model(plan, part, statistics)
+    model = partition_model(plan, part, statistics)
     scored = (kneser_ney.part_cost(model, targets, statistics), int(targets.words.shape[0]), model.ngrams)
     if not plan.write_arpa:
         return scored
@@ -155,7 +165,7 @@ def _score_task(plan: BaselinePlan, part: int, statistics, targets: kneser_ney.T
 @ray.remote
 def _arpa_task(plan: BaselinePlan, part: int, statistics, tokens_box: list, *backoffs):
     """-> the partition's ARPA sections, order 1..N, each a gzip member (arpa.part_sections)"""
-    model = _model(plan, part, statistics)
+    model = partition_model(plan, part, statistics)
     tokens = arpa.arpa_tokens(ray.get(tokens_box[0]))
     sections = arpa.part_sections(model, statistics, tokens, part, plan.parts, backoffs)
     return sections[0] if len(sections) == 1 else tuple(sections)
