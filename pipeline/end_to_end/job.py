@@ -48,6 +48,7 @@ def derive_stage_configs(cfg: DictConfig) -> DictConfig:
     _fill(cfg.train, "shards", cfg.shard.output)
     _fill(cfg.train, "output", run_dir)
     _fill(cfg.train, "name", cfg.name)
+    _fill(cfg.train.wandb, "group", cfg.name)
     _fill(cfg.embed, "model", RunDir(cfg.train.output).export)
     _fill(cfg.embed, "input", [cfg.shard.output])
     _fill(cfg.embed, "output", storage.join(root, "embeddings"))

@@ -126,6 +126,9 @@ class WandbConfig:
     """wandb project name."""
     entity: str = ""
     """wandb entity (team or user); empty uses the API key's default."""
+    group: str = ""
+    """wandb group the run joins (``elmo pipeline`` sets its name, so a pipeline's stages show as one
+    group); empty: none."""
 
 
 @dataclass

@@ -21,7 +21,7 @@ from pipeline.train.errors import TrainError
 from pipeline.train.plan import RunPlan
 from pipeline.train.progress import RelaySender
 from pipeline.train.run_dir import RunDir, RunWriter
-from pipeline.train.wandb_run import WandbRun
+from pipeline.train.wandb_run import STEP_METRIC, WandbRun
 
 # ---- MFU ---------------------------------------------------------------------------------------
 
@@ -184,7 +184,8 @@ class RunLog:
     logging every 5 steps). Only the final status row is awaited, once, at the end of the run: it is
     the driver's verdict on the run.
 
-    ``plan``: the run's ``RunPlan`` (its directory, name, step count and wandb id);
+    ``plan``: the run's ``RunPlan`` (its directory, name, step count and wandb id); ``world``:
+    the workers, which with the batch make the tokens of a step;
     ``resumed_from``: the step a resumed run continues from (rows logged after it are dropped and
     a ``resume`` event is logged), or None for a new run (a ``config`` row is logged).
     """
@@ -197,6 +198,7 @@ class RunLog:
         resumed_from: int | None,
         writer: RunWriter,
         relay: Any = None,
+        world: int = 1,
     ):
         self.every = cfg.log_every
         self.relay = RelaySender(relay) if rank == 0 and relay is not None else None
@@ -204,10 +206,11 @@ class RunLog:
         run_dir = RunDir(plan.run_dir)
         self.metrics = MetricsLog(run_dir.metrics, resumed_from, writer.records) if rank == 0 else None
         self.wandb = (
-            WandbRun(cfg.wandb, plan.run_dir, plan.name, config, plan.wandb_id, writer.records)
+            WandbRun(cfg.wandb, plan.run_dir, plan.name, config, plan.wandb_id, writer.records, plan.use_gpu)
             if rank == 0
             else None
         )
+        self.tokens_per_step = cfg.batch_size * cfg.unroll_steps * world
         total_steps = plan.total_steps
         if self.metrics is not None:
             if resumed_from is None:
@@ -228,7 +231,9 @@ class RunLog:
         return step % self.every == 0 or last_step
 
     def emit(self, row: dict, to_wandb: bool = True) -> None:
-        """One row (``kind``, ``step``, values) to every sink (the relay's call is not awaited)."""
+        """One row (``kind``, ``step``, values) to every sink (the relay's call is not awaited), with
+        the training tokens seen by its step (``tokens``: per direction, all workers)."""
+        row = {**row, STEP_METRIC: row["step"] * self.tokens_per_step}
         self._record(row, to_wandb)
         if self.relay is not None:
             self.relay.put(row)

@@ -90,7 +90,7 @@ class Trainer:
             plan.baselines,
             self.world,
         )
-        self.log = RunLog(cfg, plan, self.rank, self.resumed_from, self.writer, relay)
+        self.log = RunLog(cfg, plan, self.rank, self.resumed_from, self.writer, relay, self.world)
         self.probe = DashboardProbe(cfg.probe_every if self.rank == 0 else 0)  # rank 0 probes alone
         self.flops_per_step = runner.flops_per_step(cfg.batch_size, cfg.unroll_steps)
         self.peak_flops = measure_matmul_peak(device, runner.autocast_dtype or torch.float32)

@@ -87,18 +87,35 @@ def _check_credentials() -> None:
         )
 
 
+STEP_METRIC = "tokens"
+"""Every curve's x-axis on the dashboard: training tokens seen (per direction, all workers), so runs
+of different batch sizes compare (wandb's ``define_metric``); the step stays in each row."""
+CURVES = ("train/*", "eval/*", "probe/*", "checkpoint/*")
+
+
 class WandbRun:
-    """The rank-0 wandb run of a training run (nothing for ``mode=disabled``).
+    """The rank-0 wandb run of a training run (nothing for ``mode=disabled``), ``job_type`` train in
+    the group ``settings.group``, its curves against :data:`STEP_METRIC`, its summary the best
+    held-out perplexity and its ratios to the baselines (``best/*``: what a dashboard sorts runs by).
 
     ``settings``: the ``WandbConfig``; ``wandb_id``: the run's id from ``run.json``; ``writes``:
-    the run's records queue (``run_dir.RunWriter``), which carries the copies to an s3 run directory.
+    the run's records queue (``run_dir.RunWriter``), which carries the copies to an s3 run directory;
+    ``use_gpu``: wandb's system charts on (GPU utilisation, memory, power), off on CPU.
     """
 
     def __init__(
-        self, settings: Any, run_dir: str, name: str, config: dict, wandb_id: str, writes: WriteQueue
+        self,
+        settings: Any,
+        run_dir: str,
+        name: str,
+        config: dict,
+        wandb_id: str,
+        writes: WriteQueue,
+        use_gpu: bool = False,
     ):
         self.run_dir, self.writes = run_dir, writes
         self.run = None
+        self.best: float | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._uploaded: dict[str, tuple[int, int]] = {}  # local path -> (size, mtime_ns) uploaded
         mode = settings.mode
@@ -125,17 +142,25 @@ class WandbRun:
             entity=settings.entity or None,
             name=name,
             id=wandb_id,
+            group=settings.group or None,
+            job_type="train",
             # offline runs cannot resume (each attempt is a directory of its own, synced with --id)
             resume="allow" if mode is WandbMode.online else None,
             config=config,
-            settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
+            settings=wandb.Settings(console="off", silent=True, x_disable_stats=not use_gpu),
         )
+        self.run.define_metric(STEP_METRIC)
+        for curve in CURVES:
+            self.run.define_metric(curve, step_metric=STEP_METRIC)
 
     def log(self, row: dict, step: int) -> None:
-        if self.run is not None:
-            self.run.log(
-                {k: v for k, v in row.items() if isinstance(v, int | float) and k != "step"}, step=step
-            )
+        if self.run is None:
+            return
+        self.run.log({k: v for k, v in row.items() if isinstance(v, int | float) and k != "step"}, step=step)
+        perplexity = row.get("eval/perplexity")
+        if perplexity is not None and (self.best is None or perplexity < self.best):
+            self.best = perplexity
+            self.run.summary.update(best_summary(row))
 
     def upload(self) -> None:
         """Queue a copy of the offline files written since the last copy to ``RUN/wandb/attempt-NNN``
@@ -183,3 +208,16 @@ class WandbRun:
             self._copy_new_files()
         finally:
             self._tmp.cleanup()
+
+
+def best_summary(row: dict) -> dict:
+    """The run summary's ``best/*`` entries from the eval row of its best held-out perplexity: the
+    perplexity, its step and tokens, and its ratio to each baseline the row carries."""
+    ppl = row["eval/perplexity"]
+    best = {"best/perplexity": ppl, "best/step": row["step"]}
+    if STEP_METRIC in row:
+        best["best/tokens"] = row[STEP_METRIC]
+    for baseline in ("unigram", "kneser_ney"):
+        if f"eval/{baseline}_perplexity" in row:
+            best[f"best/perplexity_to_{baseline}"] = ppl / row[f"eval/{baseline}_perplexity"]
+    return best

@@ -27,6 +27,7 @@ def test_relative_local_storage_becomes_absolute(tmp_path, monkeypatch):
         root, "embeddings"
     )
     assert list(cfg.shard.input) == [str(SAMPLE_CORPUS)] and cfg.train.name == "r1"
+    assert cfg.train.wandb.group == "r1"  # the pipeline's runs show as one group on the dashboard
 
 
 def test_s3_storage_and_user_set_paths_are_kept():
@@ -37,3 +38,4 @@ def test_s3_storage_and_user_set_paths_are_kept():
     assert cfg.train.output == "s3://other/run" and cfg.embed.model == "s3://other/run/export"
     assert list(cfg.shard.input) == ["s3://data/c.txt"]
     assert list(cfg.embed.shard_splits) == ["heldout"]
+    assert _derive("name=r3", "train.wandb.group=sweep-7").train.wandb.group == "sweep-7"

@@ -26,6 +26,7 @@ from pipeline.train.launch import TrainError, final_status, prepare_run, run_tra
 from pipeline.train.metrics import read_metrics
 from pipeline.train.run_dir import EXPORT_DIR, METRICS_FILE, PLOT_FILE
 from pipeline.train.trainer import Trainer
+from tests import wandb_offline
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -73,6 +74,7 @@ def trained(tmp_path_factory, shards, ray_local):
         "checkpoint_every=50",
         "eval_max_batches=60",
         "probe_every=75",
+        "wandb.group=kjv-study",
     )
     result = run_training(cfg)
     assert result.stage == "train" and result.output == run_dir and result.complete
@@ -80,45 +82,16 @@ def trained(tmp_path_factory, shards, ray_local):
     return run_dir, result.details
 
 
-WANDB_LOG_READER = """
-import json, struct, sys
-from wandb.proto import wandb_internal_pb2
-
-data = open(sys.argv[1], "rb").read()
-pos, block, payload, rows = 7, 32 * 1024, b"", []
-while pos + 7 <= len(data):
-    room = block - (pos % block)
-    if room < 7:
-        pos += room
-        continue
-    _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-    if length == 0 and kind == 0:
-        pos += room
-        continue
-    payload += data[pos + 7 : pos + 7 + length]
-    pos += 7 + length
-    if kind in (1, 4):  # FULL or LAST
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(payload)
-        payload = b""
-        if record.WhichOneof("record_type") == "history":
-            rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
-print(json.dumps(rows))
-"""
-"""Reads a .wandb file: a LevelDB-style log (7-byte header, then 32 KiB blocks of records with a
-7-byte crc/length/type header) of protobuf ``Record`` messages; prints the ``history`` records."""
+def wandb_records(run_dir: str) -> list[dict]:
+    """The records of the run's one offline wandb run file, under RUN/wandb."""
+    files = wandb_offline.run_files(Path(run_dir, "wandb"))
+    assert len(files) == 1, files
+    return wandb_offline.records(files[0])
 
 
 def wandb_history(run_dir: str) -> list[dict]:
-    """The ``history`` records ({key: value} per logged step) of the offline wandb run under RUN/wandb.
-
-    Parsed in a child process: wandb is never imported into the test process, which also drives Ray."""
-    files = list(Path(run_dir, "wandb").glob("attempt-*/wandb/offline-run-*/run-*.wandb"))
-    assert len(files) == 1, files
-    out = subprocess.run(
-        [sys.executable, "-c", WANDB_LOG_READER, str(files[0])], capture_output=True, text=True, check=True
-    )
-    return json.loads(out.stdout)
+    """The ``history`` records ({key: value} per logged step) of the offline wandb run."""
+    return wandb_offline.history(wandb_records(run_dir))
 
 
 def test_train_perplexity_falls_and_heldout_beats_half_the_unigram(trained):
@@ -184,6 +157,27 @@ def test_wandb_offline_run_holds_the_logged_perplexities(trained):
                 assert row[key] == pytest.approx(logged[step][key], rel=1e-6)
                 seen += 1
     assert seen >= STEPS // 10 + 3
+
+
+def test_the_dashboard_run_joins_its_group_against_tokens_with_the_best_perplexity_as_summary(trained):
+    run_dir, _ = trained
+    recs = wandb_records(run_dir)
+    run = wandb_offline.run_record(recs)
+    assert run["run_group"] == "kjv-study" and run["job_type"] == "train"
+    curves = wandb_offline.step_metrics(recs)
+    assert {curves[g] for g in ("train/*", "eval/*", "probe/*", "checkpoint/*")} == {"tokens"}
+    tokens_per_step = 32 * 20 * 2  # batch x unroll x workers
+    rows = wandb_offline.history(recs)
+    assert rows and all(row["tokens"] == row["_step"] * tokens_per_step for row in rows)
+    evals = [r for r in read_metrics(os.path.join(run_dir, METRICS_FILE)) if r["kind"] == "eval"]
+    best = min(evals, key=lambda r: r["eval/perplexity"])
+    assert best["tokens"] == best["step"] * tokens_per_step  # metrics.jsonl carries them too
+    got = wandb_offline.summary(recs)
+    assert got["best/perplexity"] == pytest.approx(best["eval/perplexity"], rel=1e-9)
+    assert got["best/step"] == best["step"] and got["best/tokens"] == best["tokens"]
+    ratio = best["eval/perplexity"] / best["eval/unigram_perplexity"]
+    assert got["best/perplexity_to_unigram"] == pytest.approx(ratio, rel=1e-9)
+    assert "best/perplexity_to_kneser_ney" not in got  # these shards have no Kneser-Ney baseline
 
 
 def test_checkpoints_keep_the_last_two_and_the_export_reproduces_the_model(trained, tmp_path):

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from pipeline.runtime import storage
 from pipeline.runtime.background import WriteQueue
 from pipeline.train.config import WandbConfig
-from pipeline.train.wandb_run import WandbRun, new_wandb_id, sync_command
+from pipeline.train.wandb_run import WandbRun, best_summary, new_wandb_id, sync_command
 
 
 @pytest.fixture(autouse=True)
@@ -129,3 +129,21 @@ def test_an_upload_runs_beside_the_loop_and_its_error_comes_at_the_next(s3_prefi
     writes.close()
     uploaded = storage.list_prefix(storage.join(run_dir, "wandb") + "/")
     assert any(path.endswith("/files/notes.txt") for path in uploaded), uploaded
+
+
+def test_the_summary_keeps_the_best_evaluation_and_its_ratios_to_the_baselines():
+    row = {
+        "step": 300,
+        "tokens": 300 * 4096,
+        "eval/perplexity": 60.0,
+        "eval/unigram_perplexity": 400.0,
+        "eval/kneser_ney_perplexity": 100.0,
+        "eval/kneser_ney_order": 5,
+    }
+    assert best_summary(row) == {
+        "best/perplexity": 60.0,
+        "best/step": 300,
+        "best/tokens": 300 * 4096,
+        "best/perplexity_to_unigram": 0.15,
+        "best/perplexity_to_kneser_ney": 0.6,  # the paper's biLM: 0.59 of a 5-gram's
+    }
