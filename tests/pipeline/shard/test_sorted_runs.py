@@ -53,7 +53,9 @@ def test_a_damaged_file_is_one_clear_error(tmp_path):
     path.write_bytes(b"PK\x03\x04" + data[4:])
     with pytest.raises(ShardError, match="not a Kneser-Ney scratch file .no header."):
         sorted_runs.read_tables(str(path))
-    with pytest.raises(ShardError, match=r"cannot read the Kneser-Ney pass.s scratch file \S*missing.tables: no such file"):
+    with pytest.raises(
+        ShardError, match=r"cannot read the Kneser-Ney pass.s scratch file \S*missing.tables: no such file"
+    ):
         sorted_runs.read_tables(str(tmp_path / "missing.tables"))
 
 
