@@ -6,8 +6,9 @@
 
 Each order runs in a fresh process (its peak resident memory is its own) doing what the shard
 stage's tasks do, one after another and in one partition (the whole corpus: what
-``kneser_ney.parts_for`` divides by the partitions): count every training shard, merge the counts
-two at a time (the smallest first), estimate the model, score the held-out shards. The table gives seconds per
+``kneser_ney.parts_for`` divides by the partitions), in memory rather than through sorted runs on
+storage: count every training shard, merge the counts two at a time (the smallest first; the stage
+merges a partition's runs in one k-way merge), estimate the model, score the held-out shards. The table gives seconds per
 step (one core), the peak memory, the n-grams per order and the held-out perplexity; the bytes per
 training token project the memory to a larger corpus (an upper bound: distinct n-grams grow
 slower than the corpus).
