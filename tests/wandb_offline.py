@@ -64,16 +64,24 @@ def records(path: str | Path) -> list[dict]:
     return json.loads(out.stdout)
 
 
+def _put(out: dict, item: dict) -> None:
+    """An item of a record into ``out``: ``key`` -> value, or a media value's field under its
+    ``nested_key`` (``["probe/table", "path"]``: ``out["probe/table"]["path"]``)."""
+    keys = [item["key"]] if item.get("key") else item["nested_key"]
+    for key in keys[:-1]:
+        out = out.setdefault(key, {})
+    out[keys[-1]] = json.loads(item["value_json"])
+
+
 def history(recs: list[dict]) -> list[dict]:
     """The logged rows: ``{key: value}`` per ``history`` record (``_step`` among them)."""
-    return [
-        {
-            item.get("key") or "/".join(item["nested_key"]): json.loads(item["value_json"])
-            for item in r["item"]
-        }
-        for r in recs
-        if r["type"] == "history"
-    ]
+    rows = []
+    for r in recs:
+        if r["type"] == "history":
+            rows.append({})
+            for item in r["item"]:
+                _put(rows[-1], item)
+    return rows
 
 
 def summary(recs: list[dict]) -> dict:
@@ -82,7 +90,7 @@ def summary(recs: list[dict]) -> dict:
     for r in recs:
         if r["type"] == "summary":
             for item in r.get("update", []):
-                out[item.get("key") or "/".join(item["nested_key"])] = json.loads(item["value_json"])
+                _put(out, item)
     return out
 
 

@@ -91,3 +91,18 @@ class DashboardProbe:
             "probe/wsd_examples": wsd["test"],
             "probe/seconds": time.perf_counter() - started,
         }
+
+
+def result_of(row: dict) -> dict:
+    """A dashboard probe's row (kind ``probe``) as the probe's result (``report.table_rows`` and
+    ``report.plot`` read it): ``{"probes": {"pos": {"layers", "baseline"}, "wsd": {...}}}``."""
+    probes = {}
+    for name in ("pos", "wsd"):
+        prefix = f"probe/{name}_"
+        layers = {
+            key[len(prefix) + len("layer") :] if key.startswith(prefix + "layer") else "mix": value
+            for key, value in row.items()
+            if key.startswith(prefix + "layer") or key == prefix + "mix"
+        }
+        probes[name] = {"layers": layers, "baseline": row[prefix + "baseline"]}
+    return {"probes": probes}

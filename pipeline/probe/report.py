@@ -30,7 +30,7 @@ def table(result: dict) -> str:
         [("random control", result["control"])] if "control" in result else []
     )
     layers = sorted(result["probes"]["pos"]["layers"], key=lambda k: (k == "mix", k))
-    titles = {"pos": "part of speech", "wsd": "word sense"}
+    titles = TASKS
     width = max(len(f"{title} ({label})") for title in titles.values() for label, _ in rows) + 2
     header = f"{'probe':<{width}}" + "".join(f"{'layer ' + k if k != 'mix' else 'mix':>10}" for k in layers)
     lines = [header + f"{'baseline':>10}"]
@@ -52,6 +52,26 @@ def table(result: dict) -> str:
         f"word sense: {wsd['test']:,} WordNet examples, nearest sense, leave one out; * = best layer"
     )
     return "\n".join(lines)
+
+
+TASKS = {"pos": "part of speech", "wsd": "word sense"}
+
+
+def table_rows(result: dict) -> tuple[list[str], list[list]]:
+    """The table as columns and rows, for a dashboard's table (``wandb.Table``): a row per probe
+    (and per random-control probe), its accuracy at each layer and the mix (None where a probe has
+    no mix), and its baseline; accuracies as fractions."""
+    runs = [("model", result["probes"])] + (
+        [("random control", result["control"])] if "control" in result else []
+    )
+    layers = sorted(result["probes"]["pos"]["layers"], key=lambda k: (k == "mix", str(k)))
+    columns = ["probe", *(f"layer {k}" if k != "mix" else "mix" for k in layers), "baseline"]
+    rows = [
+        [f"{title} ({label})", *(found[name]["layers"].get(k) for k in layers), found[name]["baseline"]]
+        for label, found in runs
+        for name, title in TASKS.items()
+    ]
+    return columns, rows
 
 
 def plot(result: dict) -> bytes:

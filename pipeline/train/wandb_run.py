@@ -90,13 +90,18 @@ def _check_credentials() -> None:
 STEP_METRIC = "tokens"
 """Every curve's x-axis on the dashboard: training tokens seen (per direction, all workers), so runs
 of different batch sizes compare (wandb's ``define_metric``); the step stays in each row."""
-CURVES = ("train/*", "eval/*", "probe/*", "checkpoint/*")
+CURVES = ("train/*", "eval/*", "checkpoint/*")
+PROBE_STEP_METRIC = "probe_tokens"
+"""The probe curves' x-axis: the tokens seen by the step probed. A probe's row comes in after its step
+(it runs beside the training: pipeline/probe/dashboard.py), and wandb takes no row for a step before
+the latest, so it joins the latest step logged and carries its own tokens here."""
 
 
 class WandbRun:
     """The rank-0 wandb run of a training run (nothing for ``mode=disabled``), ``job_type`` train in
     the group ``settings.group``, its curves against :data:`STEP_METRIC`, its summary the best
-    held-out perplexity and its ratios to the baselines (``best/*``: what a dashboard sorts runs by).
+    held-out perplexity and its ratios to the baselines (``best/*``: what a dashboard sorts runs by),
+    each probe of ``probe_every`` also as a table and a chart.
 
     ``settings``: the ``WandbConfig``; ``wandb_id``: the run's id from ``run.json``; ``writes``:
     the run's records queue (``run_dir.RunWriter``), which carries the copies to an s3 run directory;
@@ -116,6 +121,7 @@ class WandbRun:
         self.run_dir, self.writes = run_dir, writes
         self.run = None
         self.best: float | None = None
+        self.last_step, self.probed_at = 0, -1  # the latest step logged, and a probe's
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._uploaded: dict[str, tuple[int, int]] = {}  # local path -> (size, mtime_ns) uploaded
         mode = settings.mode
@@ -149,14 +155,26 @@ class WandbRun:
             config=config,
             settings=wandb.Settings(console="off", silent=True, x_disable_stats=not use_gpu),
         )
-        self.run.define_metric(STEP_METRIC)
+        for metric in (STEP_METRIC, PROBE_STEP_METRIC):
+            self.run.define_metric(metric)
         for curve in CURVES:
             self.run.define_metric(curve, step_metric=STEP_METRIC)
+        self.run.define_metric("probe/*", step_metric=PROBE_STEP_METRIC)
 
     def log(self, row: dict, step: int) -> None:
         if self.run is None:
             return
-        self.run.log({k: v for k, v in row.items() if isinstance(v, int | float) and k != "step"}, step=step)
+        values = {k: v for k, v in row.items() if isinstance(v, int | float) and k != "step"}
+        if row.get("kind") == "probe":  # joins the latest step logged (see PROBE_STEP_METRIC)
+            # two probes can finish between two logged steps (the run's last two): the second
+            # takes the next step, or it would replace the first
+            step = self.last_step + (self.probed_at == self.last_step)
+            self.probed_at = self.last_step = step
+            values[PROBE_STEP_METRIC] = values.pop(STEP_METRIC)
+            self.run.log({**values, **probe_media(row)}, step=step)
+            return
+        self.run.log(values, step=step)
+        self.last_step = max(self.last_step, step)
         perplexity = row.get("eval/perplexity")
         if perplexity is not None and (self.best is None or perplexity < self.best):
             self.best = perplexity
@@ -221,3 +239,22 @@ def best_summary(row: dict) -> dict:
         if f"eval/{baseline}_perplexity" in row:
             best[f"best/perplexity_to_{baseline}"] = ppl / row[f"eval/{baseline}_perplexity"]
     return best
+
+
+def probe_media(row: dict) -> dict:
+    """A dashboard probe's row as wandb reads such results: ``probe/table`` (a ``wandb.Table``: a row
+    per probe, its accuracy per layer and its baseline) and ``probe/plot`` (``probe.png``'s chart)."""
+    import io
+
+    import wandb
+    from PIL import Image
+
+    from pipeline.probe.dashboard import result_of
+    from pipeline.probe.report import plot, table_rows
+
+    result = result_of(row)
+    columns, rows = table_rows(result)
+    return {
+        "probe/table": wandb.Table(columns=columns, data=rows),
+        "probe/plot": wandb.Image(Image.open(io.BytesIO(plot(result))), caption=f"step {row['step']}"),
+    }

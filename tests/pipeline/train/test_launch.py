@@ -140,6 +140,32 @@ def test_the_layers_are_probed_on_the_dashboard_as_the_run_goes(trained):
     assert probes[0]["probe/pos_baseline"] == probes[1]["probe/pos_baseline"]
     history = wandb_history(run_dir)
     assert {"probe/pos_layer1", "probe/wsd_layer2"} <= {k for row in history for k in row}
+    # each probe also as a table (a row per probe, a column per layer) and the probe's chart
+    files = wandb_offline.run_files(Path(run_dir, "wandb"))[0].parent / "files"
+    # (a probe's row comes in after its step: it joins a later step's row, its x-axis its own tokens)
+    logged_probes = {row["probe_tokens"]: row for row in history if "probe/table" in row}
+    assert sorted(logged_probes) == [p["tokens"] for p in probes]
+    for probe in probes:
+        logged = logged_probes[probe["tokens"]]
+        assert logged["probe/pos_layer1"] == pytest.approx(probe["probe/pos_layer1"], rel=1e-9)
+        table = json.loads((files / logged["probe/table"]["path"]).read_text())
+        assert table["columns"] == ["probe", "layer 0", "layer 1", "layer 2", "mix", "baseline"]
+        assert table["data"] == [
+            [
+                "part of speech (model)",
+                *(probe[f"probe/pos_{k}"] for k in ("layer0", "layer1", "layer2", "mix", "baseline")),
+            ],
+            [
+                "word sense (model)",
+                *(probe[f"probe/wsd_{k}"] for k in ("layer0", "layer1", "layer2")),
+                None,
+                probe["probe/wsd_baseline"],
+            ],
+        ]
+        image = files / logged["probe/plot"]["path"]
+        assert (
+            logged["probe/plot"]["_type"] == "image-file" and image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        )
 
 
 def test_wandb_offline_run_holds_the_logged_perplexities(trained):
@@ -165,10 +191,14 @@ def test_the_dashboard_run_joins_its_group_against_tokens_with_the_best_perplexi
     run = wandb_offline.run_record(recs)
     assert run["run_group"] == "kjv-study" and run["job_type"] == "train"
     curves = wandb_offline.step_metrics(recs)
-    assert {curves[g] for g in ("train/*", "eval/*", "probe/*", "checkpoint/*")} == {"tokens"}
+    assert {curves[g] for g in ("train/*", "eval/*", "checkpoint/*")} == {"tokens"}
+    assert curves["probe/*"] == "probe_tokens"
     tokens_per_step = 32 * 20 * 2  # batch x unroll x workers
     rows = wandb_offline.history(recs)
-    assert rows and all(row["tokens"] == row["_step"] * tokens_per_step for row in rows)
+    stepped = [row for row in rows if "tokens" in row]  # all but a probe's row past the last step
+    assert len(stepped) >= STEPS // 10 and all(
+        row["tokens"] == row["_step"] * tokens_per_step for row in stepped
+    )
     evals = [r for r in read_metrics(os.path.join(run_dir, METRICS_FILE)) if r["kind"] == "eval"]
     best = min(evals, key=lambda r: r["eval/perplexity"])
     assert best["tokens"] == best["step"] * tokens_per_step  # metrics.jsonl carries them too

@@ -1,0 +1,46 @@
+"""The probe's results as a dashboard's table: a row per probe, a column per layer."""
+
+from __future__ import annotations
+
+from pipeline.probe.dashboard import result_of
+from pipeline.probe.report import table_rows
+
+RESULT = {
+    "probes": {
+        "pos": {"layers": {"0": 0.70, "1": 0.80, "2": 0.75, "mix": 0.82}, "baseline": 0.50},
+        "wsd": {"layers": {"0": 0.30, "1": 0.35, "2": 0.40}, "baseline": 0.25},
+    },
+    "control": {
+        "pos": {"layers": {"0": 0.60, "1": 0.55, "2": 0.52, "mix": 0.61}, "baseline": 0.50},
+        "wsd": {"layers": {"0": 0.28, "1": 0.26, "2": 0.27}, "baseline": 0.25},
+    },
+}
+
+
+def test_the_table_has_a_row_per_probe_and_the_controls_below():
+    columns, rows = table_rows(RESULT)
+    assert columns == ["probe", "layer 0", "layer 1", "layer 2", "mix", "baseline"]
+    assert rows == [
+        ["part of speech (model)", 0.70, 0.80, 0.75, 0.82, 0.50],
+        ["word sense (model)", 0.30, 0.35, 0.40, None, 0.25],  # no mix for word sense
+        ["part of speech (random control)", 0.60, 0.55, 0.52, 0.61, 0.50],
+        ["word sense (random control)", 0.28, 0.26, 0.27, None, 0.25],
+    ]
+
+
+def test_a_dashboard_probes_row_reads_as_the_probes_result():
+    row = {
+        "kind": "probe",
+        "step": 75,
+        "tokens": 96000,
+        **{f"probe/pos_layer{k}": v for k, v in (("0", 0.70), ("1", 0.80), ("2", 0.75))},
+        "probe/pos_mix": 0.82,
+        **{f"probe/wsd_layer{k}": v for k, v in (("0", 0.30), ("1", 0.35), ("2", 0.40))},
+        "probe/pos_baseline": 0.50,
+        "probe/wsd_baseline": 0.25,
+        "probe/pos_train_tokens": 1000,
+        "probe/pos_test_tokens": 300,
+        "probe/wsd_examples": 2000,
+        "probe/seconds": 3.5,
+    }
+    assert result_of(row) == {"probes": RESULT["probes"]}
