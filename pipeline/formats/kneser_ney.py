@@ -228,15 +228,11 @@ def split_counts(counts: NgramCounts, parts: int) -> list[NgramCounts]:
     ]
 
 
-def _merge_tables(*tables: Table) -> Table:
-    """Sorted tables of one order as one (rows in several of them: their counts summed): one stable
-    sort of their concatenation, which finds the sorted runs and merges them."""
-    return merge_runs(list(tables))
-
-
 def merge_runs(runs: list[Table]) -> Table:
-    """:func:`_merge_tables` of ``runs``, emptying the list once they are concatenated, so that a
-    caller holding no other reference to them frees them before the sort (a partition's peak)."""
+    """Sorted tables of one order as one (rows in several of them: their counts summed): one stable
+    sort of their concatenation, which finds the sorted runs and merges them. The list is emptied
+    once they are concatenated, so that a caller holding no other reference to them frees them
+    before the sort (a partition's peak)."""
     cols = np.concatenate([t[0] for t in runs], axis=1)
     counts = np.concatenate([t[1] for t in runs])
     runs.clear()
@@ -248,10 +244,8 @@ def merge_counts(*parts: NgramCounts) -> NgramCounts:
     orders = sorted({p.order for p in parts})
     if len(orders) != 1:
         raise BaselineError(f"kneser-ney: cannot merge counts of order {' and '.join(map(str, orders))}")
-    starts = tuple(_merge_tables(*(p.starts[k] for p in parts)) for k in range(orders[0] - 2))
-    return NgramCounts(
-        orders[0], _merge_tables(*(p.top for p in parts)), starts, sum(p.tokens for p in parts)
-    )
+    starts = tuple(merge_runs([p.starts[k] for p in parts]) for k in range(orders[0] - 2))
+    return NgramCounts(orders[0], merge_runs([p.top for p in parts]), starts, sum(p.tokens for p in parts))
 
 
 @dataclass(frozen=True)
@@ -275,7 +269,7 @@ def adjust(counts: NgramCounts, vocab_size: int) -> Adjusted:
         higher = tables[0][0]  # order n + 1: its column n - 1 is its first word
         continuations = _unique_rows(np.delete(higher, n - 1, axis=0), None)
         del higher
-        tables.insert(0, _merge_tables(continuations, counts.starts[n - 2]))
+        tables.insert(0, merge_runs([continuations, counts.starts[n - 2]]))
     bigrams = tables[0][0]
     continuation = np.bincount(bigrams[1], minlength=vocab_size).astype(np.int64)
     counts_of_counts = np.stack([np.bincount(np.minimum(a, 5), minlength=6)[1:5] for _, a in tables])

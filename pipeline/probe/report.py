@@ -24,18 +24,30 @@ def probes(pos: PosResult, wsd: WsdResult) -> dict:
     return {"pos": asdict(pos), "wsd": asdict(wsd)}
 
 
-def table(result: dict) -> str:
-    """Layers x probes with the baselines; ``*`` marks each probe's best layer (the mix aside)."""
-    rows = [("model", result["probes"])] + (
+TASKS = {"pos": "part of speech", "wsd": "word sense"}
+
+
+def _runs(result: dict) -> list[tuple[str, dict]]:
+    """``(label, probes)`` of the model, then of the random control where the result has one."""
+    return [("model", result["probes"])] + (
         [("random control", result["control"])] if "control" in result else []
     )
-    layers = sorted(result["probes"]["pos"]["layers"], key=lambda k: (k == "mix", k))
-    titles = TASKS
-    width = max(len(f"{title} ({label})") for title in titles.values() for label, _ in rows) + 2
+
+
+def _layers(result: dict) -> list:
+    """The layers' keys in the table's order: the numbered layers, then the mix."""
+    return sorted(result["probes"]["pos"]["layers"], key=lambda k: (k == "mix", str(k)))
+
+
+def table(result: dict) -> str:
+    """Layers x probes with the baselines; ``*`` marks each probe's best layer (the mix aside)."""
+    rows = _runs(result)
+    layers = _layers(result)
+    width = max(len(f"{title} ({label})") for title in TASKS.values() for label, _ in rows) + 2
     header = f"{'probe':<{width}}" + "".join(f"{'layer ' + k if k != 'mix' else 'mix':>10}" for k in layers)
     lines = [header + f"{'baseline':>10}"]
     for label, found in rows:
-        for name, title in titles.items():
+        for name, title in TASKS.items():
             accuracy = found[name]["layers"]
             numbered = {k: v for k, v in accuracy.items() if k != "mix"}
             best = max(numbered, key=numbered.get)
@@ -54,17 +66,12 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-TASKS = {"pos": "part of speech", "wsd": "word sense"}
-
-
 def table_rows(result: dict) -> tuple[list[str], list[list]]:
     """The table as columns and rows, for a dashboard's table (``wandb.Table``): a row per probe
     (and per random-control probe), its accuracy at each layer and the mix (None where a probe has
     no mix), and its baseline; accuracies as fractions."""
-    runs = [("model", result["probes"])] + (
-        [("random control", result["control"])] if "control" in result else []
-    )
-    layers = sorted(result["probes"]["pos"]["layers"], key=lambda k: (k == "mix", str(k)))
+    runs = _runs(result)
+    layers = _layers(result)
     columns = ["probe", *(f"layer {k}" if k != "mix" else "mix" for k in layers), "baseline"]
     rows = [
         [f"{title} ({label})", *(found[name]["layers"].get(k) for k in layers), found[name]["baseline"]]

@@ -22,7 +22,7 @@ A task holds one group or one partition: memory per task follows ``GROUP_TOKENS`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,6 +33,7 @@ from pipeline.formats import arpa, kneser_ney
 from pipeline.formats.shard_format import open_shard
 from pipeline.runtime import storage
 from pipeline.shard import sorted_runs
+from pipeline.shard.task_window import TaskWindow, get
 from pipeline.shard.writer import ShardRecord
 
 GROUP_TOKENS = 8_000_000
@@ -87,7 +88,7 @@ def write_runs(plan: BaselinePlan, group: int, ids: np.ndarray, lengths: np.ndar
 
 
 @ray.remote
-def _count_task(plan: BaselinePlan, group: int, shards: Sequence[_Shard]) -> None:
+def _runs_task(plan: BaselinePlan, group: int, shards: Sequence[_Shard]) -> None:
     write_runs(plan, group, *_sentences(shards))
 
 
@@ -192,24 +193,6 @@ def _groups(shards: list[_Shard], window: int) -> list[list[_Shard]]:
     return groups
 
 
-def _windowed(
-    calls: Sequence[Callable[[], list]], window: int, get: Callable, on_done: Callable[[int], None]
-) -> list[list]:
-    """Start ``calls`` in order, at most ``window`` unfinished at once; as call i finishes, its
-    first result is fetched (its error raised here, by ``get``: the results waited on are small)
-    and ``on_done(i)`` is called. Each call returns its refs as a list: they are returned in order."""
-    started: list[list] = []
-    running: dict[ray.ObjectRef, int] = {}
-    while len(started) < len(calls) or running:
-        while len(started) < len(calls) and len(running) < window:
-            started.append(calls[len(started)]())
-            running[started[-1][0]] = len(started) - 1
-        (done,), _ = ray.wait(list(running), num_returns=1, fetch_local=False)
-        get(done)
-        on_done(running.pop(done))
-    return started
-
-
 class BaselineProgress(Protocol):
     """The pass's progress (pipeline/shard/progress.py's ``BaselineBars``)."""
 
@@ -225,45 +208,38 @@ def kneser_ney_baseline(
     shards: Mapping[str, Sequence[ShardRecord]],
     vocab: Sequence[str],
     progress: BaselineProgress,
-    get: Callable = ray.get,
 ) -> dict | None:
     """The manifest's ``baselines.kneser_ney`` record for the shards of ``plan.output``
     (``shards``: split -> records, as the manifest lists them), or None without held-out
-    sentences. ``get``: ``ray.get`` or the stage's variant that re-raises its own errors as
-    themselves. With ``plan.write_arpa`` the record's ``arpa`` names the model's ARPA file."""
+    sentences. With ``plan.write_arpa`` the record's ``arpa`` names the model's ARPA file."""
     heldout = [s for s in _shards(plan.output, shards["heldout"]) if s.sentences]
     if not heldout:
         return None
     sorted_runs.clear(plan.output)  # a run that stopped halfway left its own
     groups = _groups(_shards(plan.output, shards["train"]), plan.window)
-    _windowed(
-        [lambda g=g, group=group: [_count_task.remote(plan, g, group)] for g, group in enumerate(groups)],
+    window = TaskWindow(
         plan.window,
-        get,
-        lambda g: progress.counted(sum(s.sentences for s in groups[g]), sum(s.tokens for s in groups[g])),
+        lambda g, _: progress.counted(sum(s.sentences for s in groups[g]), sum(s.tokens for s in groups[g])),
     )
-    shares = _windowed(
-        [lambda p=p: [_adjust_task.remote(plan, p, len(groups))] for p in range(plan.parts)],
-        plan.window,
-        get,
-        lambda _: progress.partition(),
-    )
-    statistics, summary = _statistics_task.remote(*(refs[0] for refs in shares))
+    for g, group in enumerate(groups):
+        window.add(_runs_task.remote(plan, g, group), tag=g)
+    window.drain()
+    window = TaskWindow(plan.window, lambda _, __: progress.partition())
+    shares = []
+    for p in range(plan.parts):
+        shares.append(_adjust_task.remote(plan, p, len(groups)))
+        window.add(shares[-1], tag=p)
+    window.drain()
+    statistics, summary = _statistics_task.remote(*shares)
     del shares
     targets = _targets_task.options(num_returns=plan.parts).remote(plan, heldout)
     targets = [targets] if plan.parts == 1 else targets
     returns = 1 + plan.parts * plan.write_arpa  # with the ARPA file: the backoffs for each partition
-    scored = _windowed(
-        [
-            lambda p=p, mine=mine: _refs(
-                _score_task.options(num_returns=returns).remote(plan, p, statistics, mine)
-            )
-            for p, mine in enumerate(targets)
-        ],
-        plan.window,
-        get,
-        lambda _: progress.partition(),
-    )
+    scored = []
+    for p, mine in enumerate(targets):
+        scored.append(_refs(_score_task.options(num_returns=returns).remote(plan, p, statistics, mine)))
+        window.add(scored[-1][0], tag=p)
+    window.drain()
     del targets
     costs = get([refs[0] for refs in scored])
     summary = get(summary)
@@ -281,7 +257,7 @@ def kneser_ney_baseline(
     if plan.write_arpa:
         ngrams = [len(vocab), *record["ngrams"][1:]]  # every vocabulary entry is a unigram line
         backoffs = [refs[1:] for refs in scored]
-        record["arpa"] = _write_arpa(plan, statistics, backoffs, vocab, ngrams, get)
+        record["arpa"] = _write_arpa(plan, statistics, backoffs, vocab, ngrams)
     sorted_runs.clear(plan.output)
     return record
 
@@ -291,7 +267,7 @@ ARPA_FILE = "kneser_ney.arpa.gz"
 
 
 def _write_arpa(
-    plan: BaselinePlan, statistics, backoffs: list, vocab: Sequence[str], ngrams: list[int], get
+    plan: BaselinePlan, statistics, backoffs: list, vocab: Sequence[str], ngrams: list[int]
 ) -> dict:
     """Every partition's sections, streamed into :data:`ARPA_FILE` one at a time (the driver holds
     one section at most; ``backoffs[q][p]``: partition q's backoffs for p): its record,

@@ -40,7 +40,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import ray
-from ray.exceptions import RayTaskError
 
 from pipeline.config import to_dict
 from pipeline.formats import kneser_ney
@@ -97,6 +96,7 @@ from pipeline.shard.resume import (
     read_vocabulary,
 )
 from pipeline.shard.sentences import LineStats, Sentences
+from pipeline.shard.task_window import TaskWindow, get
 from pipeline.shard.vocabulary import TokenCounts, Vocabulary, build_vocabulary
 from pipeline.shard.writer import ShardRecord, build_shard, describe_shard
 from pipeline.stage_result import StageResult
@@ -266,43 +266,6 @@ def _describe_task(path, name, unk_id, unigram_box):
         return None  # not a readable shard: rewrite it
 
 
-def _get(refs):
-    """``ray.get`` that re-raises our own errors from a task as themselves (one line)."""
-    try:
-        return ray.get(refs)
-    except RayTaskError as err:
-        cause = err.cause
-        if isinstance(cause, ShardError | storage.StorageError | FormatError):
-            raise cause from None
-        raise
-
-
-class _Window:
-    """Unfinished tasks, at most ``limit``; finished results go to ``on_done``."""
-
-    def __init__(self, limit: int, on_done):
-        self.limit = max(1, limit)
-        self.on_done = on_done
-        self.refs: list = []
-        self.tags: dict = {}
-
-    def add(self, ref, tag=None) -> None:
-        self.refs.append(ref)
-        self.tags[ref] = tag
-        while len(self.refs) >= self.limit:
-            self._wait_one()
-
-    def _wait_one(self) -> None:
-        done, self.refs = ray.wait(self.refs, num_returns=1, fetch_local=False)
-        tag = self.tags.pop(done[0])
-        if tag is not None:
-            self.on_done(tag, _get(done[0]))
-
-    def drain(self) -> None:
-        while self.refs:
-            self._wait_one()
-
-
 @dataclass(frozen=True)
 class _ShardRun:
     """The facts of one shard run that every pass reads: the input ``paths`` (main inputs, then
@@ -366,7 +329,7 @@ def _count(run: _ShardRun, progress: Progress) -> tuple[list[ChunkSummary], Toke
     chunk's keys' ObjectRef in chunk order."""
     counted = _Counted(progress)
     keys: list = []
-    window = _Window(run.window, counted.absorb)
+    window = TaskWindow(run.window, counted.absorb)
     for chunk in iter_chunks(run.paths, run.config.chunk_bytes, run.config.max_line_bytes):
         result_ref, sentences_ref, keys_ref = _count_task.remote(chunk, run.settings)
         keys.append(keys_ref)
@@ -390,12 +353,12 @@ def _deduplicate(
     ranges = hash_ranges(total, _cluster_workers(run.config.workers))
     found, touched = zip(*(_find_task.remote([list(keys)], lo, hi) for lo, hi in ranges), strict=True)
     keys.clear()  # the find tasks hold the refs now: the keys are freed as they finish
-    touched = {int(i) for part in _get(list(touched)) for i in part}  # at most one int per chunk
+    touched = {int(i) for part in get(list(touched)) for i in part}  # at most one int per chunk
     counted = _Counted(progress, counts)
     for index in sorted(set(range(len(chunks))) - touched):  # no copy in it: as the counting pass left it
         sentences_ref = kept.pop(index, None)
         counted.absorb(sentences_ref, (chunks[index], None, sentences_ref is not None))
-    window = _Window(run.window, counted.absorb)
+    window = TaskWindow(run.window, counted.absorb)
     found = list(found)
     for index, source in chunk_sources(run.paths, run.config, chunks, touched, kept):
         chunk = chunks[index]
@@ -446,7 +409,7 @@ def _reusable_shards(
         if record is not None and old.get((tag[0], record.name), record.sha256) == record.sha256:
             found[tag] = record
 
-    window = _Window(run.window, keep)
+    window = TaskWindow(run.window, keep)
     for split in SPLITS:
         for shard in range(layouts[split].num_shards):
             name = shard_name(split, shard)
@@ -474,7 +437,7 @@ def _write(run: _ShardRun, out: _ShardOutput, chunks, vocab, layouts, done, kept
         for record in records.values():
             progress.update(record.sentences, record.tokens)
 
-    window = _Window(run.window, finished)
+    window = TaskWindow(run.window, finished)
     pending: dict[tuple[str, int], list] = {}
     feeding = {i for i in range(len(chunks)) if any(key in needed for key in _shard_keys(layouts, i))}
     for index, source in chunk_sources(run.paths, run.config, chunks, feeding, kept):
@@ -634,7 +597,7 @@ def _baselines(run: _ShardRun, shards, vocab: Vocabulary) -> tuple[dict, float]:
     )
     bars = BaselineBars(order, plan.parts, run.config.progress)
     try:
-        record = kneser_ney_baseline(plan, shards, vocab.tokens, bars, _get)
+        record = kneser_ney_baseline(plan, shards, vocab.tokens, bars)
     finally:
         bars.close()
     return ({"kneser_ney": record} if record else {}), time.perf_counter() - started

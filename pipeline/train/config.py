@@ -210,6 +210,10 @@ class TrainConfig:
     resources_timeout_s: float = 900.0
     """On a cluster that autoscales, how long to wait for it to add the workers' resources."""
 
+    def tokens_per_step(self, world: int) -> int:
+        """Training tokens one step reads, per direction, over ``world`` workers."""
+        return self.batch_size * self.unroll_steps * world
+
     def __post_init__(self) -> None:
         check_rules(
             [

@@ -234,7 +234,7 @@ def run_training(
     if cfg.wandb.mode is WandbMode.offline:
         final["wandb_sync"] = sync_command(plan.run_dir, plan.wandb_id, cfg.wandb.project, cfg.wandb.entity)
     steps = int(final["step"]) - steps_before
-    tokens = steps * cfg.batch_size * cfg.unroll_steps * cfg.workers
+    tokens = steps * cfg.tokens_per_step(cfg.workers)
     return StageResult("train", plan.run_dir, time.perf_counter() - started, tokens, details=final)
 
 

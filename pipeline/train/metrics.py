@@ -210,7 +210,7 @@ class RunLog:
             if rank == 0
             else None
         )
-        self.tokens_per_step = cfg.batch_size * cfg.unroll_steps * world
+        self.tokens_per_step = cfg.tokens_per_step(world)
         total_steps = plan.total_steps
         if self.metrics is not None:
             if resumed_from is None:

@@ -268,7 +268,7 @@ class Trainer:
     def _train_row(self, out: StepResult, steps_timed: int, compute: float, elapsed: float) -> dict:
         cfg = self.cfg
         fwd, bwd = out.losses.tolist()
-        tokens = 2 * cfg.batch_size * cfg.unroll_steps * self.world * steps_timed
+        tokens = 2 * cfg.tokens_per_step(self.world) * steps_timed
         return {
             "kind": "train",
             "step": self.step,
