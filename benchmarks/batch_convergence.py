@@ -37,17 +37,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pipeline.config import load_config  # noqa: E402
-from pipeline.train.config import TrainConfig  # noqa: E402
+from pipeline.train.config import LRRule, OptimizerConfig, TrainConfig  # noqa: E402
 from pipeline.train.metrics import read_metrics  # noqa: E402
+from pipeline.train.optimization import RECIPE_ROWS, peak_lr  # noqa: E402
 from pipeline.train.run_dir import RunDir  # noqa: E402
 
-RECIPE_ROWS = 384
-"""bilm-tf's global batch: 3 GPUs x 128 rows, for which its learning rate was tuned."""
-
-
 def learning_rate(base: float, batch: int, rule: str) -> float:
-    scale = batch / RECIPE_ROWS
-    return base * (math.sqrt(scale) if rule == "sqrt" else scale)
+    """The rate of ``rule`` for ``batch`` rows on one GPU: the product's ``sqrt`` rule, or linear."""
+    if rule == "sqrt":
+        return peak_lr(OptimizerConfig(lr=base, lr_rule=LRRule.sqrt), batch, cuda=True)
+    return base * batch / RECIPE_ROWS
 
 
 def device_name(device: str) -> str:
@@ -69,7 +68,7 @@ def run(args, batch: int, rule: str, out: Path) -> dict:
     cmd = [
         sys.executable, "-m", "jobs.train", "--shards", args.shards, "--output", str(run_dir),
         "--preset", args.preset, "--workers", "1", "--max-steps", str(steps),
-        f"batch_size={batch}", f"unroll_steps={args.unroll}", f"optimizer.lr={lr}",
+        f"batch_size={batch}", f"unroll_steps={args.unroll}", f"optimizer.lr={lr}", "optimizer.lr_rule=as_given",
         f"optimizer.warmup_steps={min(warmup, steps // 4)}", f"eval_every={max(1, steps // args.evals)}",
         f"eval_interval_batches={args.eval_batches}", f"eval_max_batches={args.eval_batches}",
         f"log_every={max(1, steps // 50)}", f"checkpoint_every={steps}", "wandb.mode=disabled",
@@ -147,6 +146,26 @@ def previous_runs(path: Path, tokens: int, unroll: int) -> list[dict]:
                 f"positions, not --tokens {tokens:,}"
             )
     return runs
+
+
+def diverged(run: dict) -> bool:
+    """Whether a run ended above its first evaluation or at a non-finite perplexity: it sets no target."""
+    first, last = run["evals"][0][3], run["evals"][-1][3]
+    return not math.isfinite(last) or last > first
+
+
+def default_targets(runs: list[dict]) -> list[float]:
+    """The worst final perplexity of the runs that did not diverge, and 1.2 times it: every such run
+    reaches both, so the table compares them all on tokens and seconds."""
+    finals = sorted(r["evals"][-1][3] for r in runs if not diverged(r))
+    return [finals[-1] * 1.2, finals[-1]] if finals else []
+
+
+def fastest(runs: list[dict], target: float) -> dict | None:
+    """The run that reaches ``target`` in the fewest seconds (runs without a clock skipped)."""
+    timed = [(first_reaching(r["evals"], target)[1], i) for i, r in enumerate(runs)]
+    timed = [(s, i) for s, i in timed if s is not None]
+    return runs[min(timed)[1]] if timed else None
 
 
 def first_reaching(evals: list, target: float) -> tuple[int | None, float | None]:
@@ -229,8 +248,7 @@ def main(argv=None) -> int:
             # after every run: a session stopped at its time limit keeps the runs it finished
             (args.out / "curves.json").write_text(json.dumps(runs, indent=1))
             plot(runs, args.out / "curves.png")
-    finals = sorted(r["evals"][-1][3] for r in runs)
-    targets = [float(t) for t in args.targets.split(",")] if args.targets else [finals[-1] * 1.2, finals[-1]]
+    targets = [float(t) for t in args.targets.split(",")] if args.targets else default_targets(runs)
     head = " | ".join(f"to {t:,.0f}: tokens / s" for t in targets)
     print(f"\n| batch/GPU | rule | device | lr | steps | final perplexity | {head} |")
     print("|---|---|---|---|---|---|" + "---|" * len(targets))
@@ -241,10 +259,13 @@ def main(argv=None) -> int:
             clock = "?" if seconds is None else f"{seconds:,.0f}"
             reached.append("not reached" if tokens is None else f"{tokens:,} / {clock}")
         print(
-            f"| {r['batch']} | {r['rule']} | {r.get('device', '?')} | {r['lr']:.3g} | {r['steps']} | {r['evals'][-1][3]:,.1f} | "
-            + " | ".join(reached)
-            + " |"
+            f"| {r['batch']} | {r['rule']} | {r.get('device', '?')} | {r['lr']:.3g} | {r['steps']} | "
+            f"{r['evals'][-1][3]:,.1f}{' (diverged)' if diverged(r) else ''} | " + " | ".join(reached) + " |"
         )
+    for t in targets:
+        best = fastest(runs, t)
+        if best is not None:
+            print(f"fastest to {t:,.0f}: batch {best['batch']} ({best['rule']} rule, lr {best['lr']:.3g})")
     print(f"\ncurves: {args.out / 'curves.png'}, {args.out / 'curves.json'}")
     return 0
 

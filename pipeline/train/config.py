@@ -37,6 +37,17 @@ class Schedule(enum.Enum):
     """Cosine decay to ``final_lr_fraction``."""
 
 
+class LRRule(enum.Enum):
+    auto = "auto"
+    """``sqrt`` when the run trains on GPUs, ``as_given`` on CPUs (whose presets' rates were tuned
+    at their own batches)."""
+    sqrt = "sqrt"
+    """``lr`` x sqrt(global rows / 384): bilm-tf's rate belongs to its 3 GPUs x 128 rows, and the
+    GPU batch study chose this scaling (docs/training.md#the-batch-on-a-gpu)."""
+    as_given = "as_given"
+    """``lr`` whatever the batch."""
+
+
 class WandbMode(enum.Enum):
     offline = "offline"
     """The run lands in RUN_DIR/wandb; ``wandb sync`` uploads it."""
@@ -53,7 +64,10 @@ class OptimizerConfig:
     name: OptimizerName = OptimizerName.adagrad
     """``adagrad`` (bilm-tf; sparse softmax updates) or ``adam``."""
     lr: float = 0.2
-    """Peak learning rate (bilm-tf's Adagrad default 0.2)."""
+    """Peak learning rate (bilm-tf's Adagrad default 0.2), before ``lr_rule``."""
+    lr_rule: LRRule = LRRule.auto
+    """How the batch scales ``lr``: ``auto`` (``sqrt`` on GPUs, ``as_given`` on CPUs), ``sqrt`` or
+    ``as_given``. The rate used is ``train/lr`` in metrics.jsonl."""
     initial_accumulator: float = 1.0
     """Adagrad's initial accumulator (bilm-tf 1.0; TF Adagrad has no epsilon)."""
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])

@@ -13,7 +13,20 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-from pipeline.train.config import OptimizerName, Schedule
+from pipeline.train.config import LRRule, OptimizerName, Schedule
+
+RECIPE_ROWS = 384
+"""bilm-tf's global batch (3 GPUs x 128 rows), the one its learning rate was tuned for."""
+
+
+def peak_lr(cfg, global_rows: int, cuda: bool) -> float:
+    """The peak learning rate of ``cfg`` (an OptimizerConfig) for ``global_rows`` rows a step over
+    all workers: ``cfg.lr`` scaled by sqrt(global_rows / 384) under the ``sqrt`` rule (``auto`` on
+    GPUs; docs/training.md#the-batch-on-a-gpu), as given otherwise."""
+    rule = cfg.lr_rule
+    if rule is LRRule.auto:
+        rule = LRRule.sqrt if cuda else LRRule.as_given
+    return cfg.lr * math.sqrt(global_rows / RECIPE_ROWS) if rule is LRRule.sqrt else cfg.lr
 
 
 def build_optimizer(cfg, params: Iterable[nn.Parameter], device: torch.device) -> torch.optim.Optimizer:

@@ -45,6 +45,7 @@ from pipeline.train.optimization import (
     clip_scale,
     global_norm,
     lr_factor,
+    peak_lr,
     takes_sparse_gradients,
 )
 from pipeline.train.step_inputs import StepInputs, padded_capacity, step_inputs
@@ -162,6 +163,8 @@ class StepRunner:
         )
         self.nonfinite = torch.zeros((), device=device)
         """Steps skipped for a non-finite loss or gradient, counted on the device."""
+        self.peak_lr = peak_lr(cfg.optimizer, cfg.batch_size * self.world, device.type == "cuda")
+        """The configured rate under its batch rule (docs/training.md#the-batch-on-a-gpu)."""
         self.step = 0
         self.lr_scale = 1.0
         """Multiplies the configured learning rate (the divergence guard lowers it on a rollback)."""
@@ -229,7 +232,7 @@ class StepRunner:
         """
         opt = self.cfg.optimizer
         lr = (
-            opt.lr
+            self.peak_lr
             * self.lr_scale
             * lr_factor(self.step, total_steps, opt.schedule, opt.warmup_steps, opt.final_lr_fraction)
         )

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.train.config import OptimizerConfig, OptimizerName, Schedule
+from pipeline.train.config import LRRule, OptimizerConfig, OptimizerName, Schedule
 from pipeline.train.optimization import (
     adagrad_rows_,
     apply_update,
@@ -15,6 +15,7 @@ from pipeline.train.optimization import (
     clip_scale,
     global_norm,
     lr_factor,
+    peak_lr,
 )
 
 CPU = torch.device("cpu")
@@ -27,6 +28,16 @@ def test_lr_schedules():
     assert lr_factor(9, 100, Schedule.linear, 10, 0.0) == pytest.approx(1.0)
     assert lr_factor(100, 100, Schedule.linear, 0, 0.1) == pytest.approx(0.1)
     assert lr_factor(50, 100, Schedule.cosine, 0, 0.0) == pytest.approx(0.5)
+
+
+def test_the_gpu_rule_scales_bilm_tfs_rate_by_the_square_root_of_the_global_batch():
+    recipe = OptimizerConfig(lr=0.2)
+    assert peak_lr(recipe, 384, cuda=True) == pytest.approx(0.2)  # bilm-tf: 3 GPUs x 128 rows
+    assert peak_lr(recipe, 128, cuda=True) == pytest.approx(0.2 / math.sqrt(3))  # one GPU
+    assert peak_lr(recipe, 8 * 128, cuda=True) == pytest.approx(0.2 * math.sqrt(8 / 3))
+    assert peak_lr(recipe, 128, cuda=False) == 0.2  # CPU presets keep their own rates
+    assert peak_lr(OptimizerConfig(lr=0.2, lr_rule=LRRule.sqrt), 96, cuda=False) == pytest.approx(0.1)
+    assert peak_lr(OptimizerConfig(lr=0.3, lr_rule=LRRule.as_given), 2048, cuda=True) == 0.3
 
 
 def test_global_norm_and_clip_scale():

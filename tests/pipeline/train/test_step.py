@@ -201,6 +201,14 @@ def test_full_softmax_and_adam_run_and_learn():
         assert last < first, overrides
 
 
+def test_the_step_trains_at_the_rate_its_batch_rule_gives():
+    batch = _batches(_cache(), 1)[0]
+    for rule, want in (("as_given", 0.02), ("sqrt", 0.02 * math.sqrt(B / 384)), ("auto", 0.02)):  # auto: CPU
+        cfg = _config("optimizer.lr=0.02", f"optimizer.lr_rule={rule}")
+        runner = StepRunner(cfg, to_options(cfg.model), VOCAB, torch.device("cpu"))
+        assert runner.train_step(batch, 100).lr == pytest.approx(want), rule
+
+
 def test_phase_timer_splits_a_cpu_step():
     cache = _cache()
     cfg = _config()
