@@ -42,6 +42,7 @@ from pipeline.train.metrics import read_metrics  # noqa: E402
 from pipeline.train.optimization import RECIPE_ROWS, peak_lr  # noqa: E402
 from pipeline.train.run_dir import RunDir  # noqa: E402
 
+
 def learning_rate(base: float, batch: int, rule: str) -> float:
     """The rate of ``rule`` for ``batch`` rows on one GPU: the product's ``sqrt`` rule, or linear."""
     if rule == "sqrt":

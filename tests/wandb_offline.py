@@ -99,6 +99,12 @@ def run_record(recs: list[dict]) -> dict:
     return next(r for r in recs if r["type"] == "run")
 
 
+def config(recs: list[dict]) -> dict:
+    """The run's config, as its ``run`` record holds it (wandb's own ``_wandb`` entry left out)."""
+    items = run_record(recs).get("config", {}).get("update", [])
+    return {i["key"]: json.loads(i["value_json"]) for i in items if i["key"] != "_wandb"}
+
+
 def step_metrics(recs: list[dict]) -> dict[str, str]:
     """``define_metric``'s step metrics: a metric's name or glob -> its step metric."""
     return {

@@ -13,6 +13,7 @@ from omegaconf import MISSING
 
 from elmo_model.static_inference import Precision
 from pipeline.config import ConfigError, UseGPU, check_rules
+from pipeline.tracking.config import WandbConfig
 
 
 class LayerMode(enum.Enum):
@@ -165,6 +166,9 @@ class EmbedConfig:
     stop_after_shards: int = 0
     """Testing only: stop the job once this many new shards are written, as if it had been killed
     (0: off). The rerun must then complete the output."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Weights & Biases: the stage's run in ``wandb.group`` (docs/outputs.md#the-dashboard), offline by
+    default into OUTPUT/wandb; ``wandb.mode=disabled`` logs nothing."""
 
     def __post_init__(self) -> None:
         share = self.gpu_share

@@ -34,12 +34,13 @@ from pipeline.output_folder import (
     read_marker,
 )
 from pipeline.runtime import storage
+from pipeline.tracking.offline_files import RUNS_PATTERN
 
 OWN_FILES = OwnFiles(
     "embed",
     f"{manifest.PROGRESS_DIR}/{manifest.RUN_FILE}",
     re.compile(
-        rf"({manifest.SHARD_NAME.pattern}|{re.escape(manifest.MANIFEST_FILE)}"
+        rf"({manifest.SHARD_NAME.pattern}|{re.escape(manifest.MANIFEST_FILE)}|{RUNS_PATTERN}"
         rf"|{re.escape(manifest.PROGRESS_DIR)}/({re.escape(manifest.RUN_FILE)}|{manifest.ENTRY_NAME.pattern}|\.write-probe))"
     ),
 )

@@ -20,6 +20,7 @@ from elmo_model.static_inference import OutputSpec
 from pipeline.config import UseGPU, to_dict
 from pipeline.embed import manifest
 from pipeline.embed.config import EmbedConfig, Pool, StoredDType, is_single_file
+from pipeline.embed.dashboard import embed_log
 from pipeline.embed.dataflow import ActorPool, embed_stream
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import plan_shards, resolve_inputs
@@ -38,6 +39,7 @@ from pipeline.output_folder import Claim, taken_back_on_failure
 from pipeline.runtime import cluster_capacity, ray_runtime
 from pipeline.runtime.ray_runtime import RaySession
 from pipeline.stage_result import StageResult
+from pipeline.tracking.stage_run import log_stage_run
 
 
 def run_settings(cfg, kind: str, paths: list[str], model_sha256: str) -> dict:
@@ -160,7 +162,13 @@ def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> StageResul
     job = _EmbedJob(cfg, single, target, source, kind, paths, session or RaySession.joined())
     # the claim is the run's once it wrote run.json (a resumed run's is an earlier run's)
     with taken_back_on_failure(target, OWN_FILES, claimed=False) as claim:
-        return _run(job, claim)
+        result = _run(job, claim)
+    # its run's files live in the output folder; a single file's parts folder is no place for them
+    if result.tokens and not single:  # a rerun that found every shard done logs no run
+        sync = log_stage_run(cfg.wandb, cfg.output, embed_log(cfg, result))
+        if sync:
+            result.details["wandb_sync"] = sync
+    return result
 
 
 @dataclass(frozen=True)
@@ -260,7 +268,7 @@ def _run(job: _EmbedJob, claim: Claim) -> StageResult:
 
 
 def summary(result: StageResult) -> str:
-    """A few lines for the end of a run."""
+    """A few lines for the end of a run (with its wandb run's sync command, when offline)."""
     t, d = result.details["totals"], result.details
     state = (
         "complete"
@@ -274,5 +282,10 @@ def summary(result: StageResult) -> str:
             f"  empty sentences {t['empty_sentences']}, invalid UTF-8 lines {t['invalid_utf8_lines']}, "
             f"lines with control characters {t['control_char_lines']}, split sentences {t['split_sentences']}",
             f"  {result.tokens:,} tokens in {result.seconds:.1f} s = {result.tokens_per_second:,.0f} tokens/s",
+            *(
+                [f"  wandb: offline; upload it with: {result.details['wandb_sync']}"]
+                if "wandb_sync" in result.details
+                else []
+            ),
         ]
     )

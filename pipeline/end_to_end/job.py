@@ -48,7 +48,8 @@ def derive_stage_configs(cfg: DictConfig) -> DictConfig:
     _fill(cfg.train, "shards", cfg.shard.output)
     _fill(cfg.train, "output", run_dir)
     _fill(cfg.train, "name", cfg.name)
-    _fill(cfg.train.wandb, "group", cfg.name)
+    for stage in (cfg.shard, cfg.train, cfg.embed, cfg.probe):  # the pipeline's runs: one wandb group
+        _fill(stage.wandb, "group", cfg.name)
     _fill(cfg.embed, "model", RunDir(cfg.train.output).export)
     _fill(cfg.embed, "input", [cfg.shard.output])
     _fill(cfg.embed, "output", storage.join(root, "embeddings"))
@@ -89,6 +90,17 @@ def _kneser_ney_line(final: dict, ppl: float) -> list[str]:
     ]
 
 
+def _wandb_syncs(results: dict[str, Any]) -> list[tuple[str, str]]:
+    """(stage, sync command) of each stage that logged an offline wandb run this time."""
+    syncs = []
+    for stage in ("shard", "train", "embed", "probe"):
+        details = results.get(stage)
+        details = getattr(details, "details", details) or {}
+        if details.get("wandb_sync"):
+            syncs.append((stage, details["wandb_sync"]))
+    return syncs
+
+
 def summary(results: dict[str, Any]) -> str:
     """The closing summary ``elmo pipeline`` prints."""
     cfg, train = results["config"], results["train"].details
@@ -113,10 +125,13 @@ def summary(results: dict[str, Any]) -> str:
         f"shards      {results['shard'].output}",
         f"weights     {storage.join(run_dir.export, 'options.json')} + weights.hdf5",
         f"embeddings  {results['embed'].output}",
-        *([f"wandb sync  {train['wandb_sync']}"] if train.get("wandb_sync") else []),
         f"plot        {run_dir.plot}",
         f"metrics     {run_dir.metrics}",
     ]
+    syncs = _wandb_syncs(results)
+    if syncs:
+        lines += ["", f"wandb (offline, group '{cfg.train.wandb.group}'): upload each run with"]
+        lines += [f"  {stage:<6} {command}" for stage, command in syncs]
     if "probe" in results:
         from pipeline.probe.report import table
 

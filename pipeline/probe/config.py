@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
 from elmo_model.static_inference import Precision
 from pipeline.config import check_rules, seed_rule
 from pipeline.model_loader import Device
+from pipeline.tracking.config import WandbConfig
 
 
 @dataclass
@@ -45,6 +46,9 @@ class ProbeConfig:
     """The forward's arithmetic: ``float32`` (exact), ``tf32`` or ``bf16`` (on GPUs)."""
     threads: int = 0
     """torch threads on a CPU; 0: all of this machine's cores."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Weights & Biases: the stage's run in ``wandb.group`` (docs/outputs.md#the-dashboard), offline by
+    default into OUTPUT/wandb; ``wandb.mode=disabled`` logs nothing."""
 
     def __post_init__(self) -> None:
         check_rules(

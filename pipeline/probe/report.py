@@ -132,3 +132,30 @@ def write(output: str, result: dict) -> tuple[str, str]:
     storage.write_bytes(json_path, (json.dumps(result, indent=2) + "\n").encode("utf-8"))
     storage.write_bytes(png_path, plot(result))
     return json_path, png_path
+
+
+def dashboard_log(config, result: dict, png: bytes):
+    """The ``probe`` run of a probe ``result`` (``config``: its ProbeConfig; ``png``: its chart):
+    the table (a row per probe, a column per layer) and the chart, and as the summary each
+    probe's best layer and accuracy, the random control's, and the seconds."""
+    from pipeline.config import to_dict
+    from pipeline.tracking.stage_run import StageLog
+
+    summary: dict = {"seconds": result["seconds"]}
+    for label, found in _runs(result):
+        prefix = "" if label == "model" else "control/"
+        for name in TASKS:
+            layers = {k: v for k, v in found[name]["layers"].items() if k != "mix" and v is not None}
+            best = max(layers, key=layers.get)
+            summary[f"{prefix}{name}/best_layer"] = int(best)
+            summary[f"{prefix}{name}/best_accuracy"] = layers[best]
+            summary[f"{prefix}{name}/baseline"] = found[name]["baseline"]
+    name = f"{config.wandb.group}-probe" if config.wandb.group else "probe"
+    return StageLog(
+        "probe",
+        name,
+        to_dict(config),
+        summary,
+        tables={"probe/table": table_rows(result)},
+        images={"probe/plot": png},
+    )

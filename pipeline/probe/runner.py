@@ -26,6 +26,8 @@ from pipeline.probe.pos_probe import probe_pos
 from pipeline.probe.probe_set import ProbeError, ProbeSet, load_probe_set
 from pipeline.probe.wsd_probe import probe_wsd
 from pipeline.runtime import storage
+from pipeline.tracking.offline_files import RUNS_PATTERN
+from pipeline.tracking.stage_run import log_stage_run
 
 MARKER_FILE = "probe_run.json"
 """``{"stage": "probe", "model": {"options_file", "weights_file"}}``: written first, read before a
@@ -33,7 +35,10 @@ later probe writes into the folder (``probe.json``, the report, is a name any pr
 OWN_FILES = OwnFiles(
     "probe",
     MARKER_FILE,
-    re.compile("|".join(re.escape(name) for name in (MARKER_FILE, report.JSON_FILE, report.PLOT_FILE))),
+    re.compile(
+        "|".join(re.escape(name) for name in (MARKER_FILE, report.JSON_FILE, report.PLOT_FILE))
+        + f"|{RUNS_PATTERN}"
+    ),
 )
 
 
@@ -125,10 +130,17 @@ def run_probe(cfg: ProbeConfig) -> dict:
     result["seconds"] = round(time.perf_counter() - started, 1)
     json_path, png_path = write_report(output, result)
     result["written"] = [json_path, png_path]
+    sync = log_stage_run(cfg.wandb, output, report.dashboard_log(cfg, result, storage.read_bytes(png_path)))
+    if sync:
+        result["wandb_sync"] = sync
     return result
 
 
 def summary(result: dict) -> str:
     return "\n".join(
-        [report.table(result), f"probe done in {result['seconds']:.0f} s: {', '.join(result['written'])}"]
+        [
+            report.table(result),
+            f"probe done in {result['seconds']:.0f} s: {', '.join(result['written'])}",
+            *([f"wandb: offline; upload it with: {result['wandb_sync']}"] if "wandb_sync" in result else []),
+        ]
     )

@@ -10,8 +10,9 @@ from omegaconf import MISSING
 
 from pipeline.config import check_rules, seed_rule
 from pipeline.formats.kneser_ney import MAX_ORDER
+from pipeline.tracking.config import WandbConfig
 
-RUNTIME_KEYS = ("output", "workers", "ray_address", "progress", "chunk_bytes")
+RUNTIME_KEYS = ("output", "workers", "ray_address", "progress", "chunk_bytes", "wandb")
 """Keys that change how the stage runs but not what it writes; the manifest leaves them out so
 that 1 or N workers (or another output path) give byte-identical output."""
 
@@ -76,6 +77,9 @@ class ShardConfig:
     """Ray cluster to join (``auto``, ``host:port``); empty starts an embedded one (or uses RAY_ADDRESS)."""
     progress: bool = True
     """Show a progress bar on stderr."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Weights & Biases: the stage's run in ``wandb.group`` (docs/outputs.md#the-dashboard), offline by
+    default into OUTPUT/wandb; ``wandb.mode=disabled`` logs nothing."""
 
     def __post_init__(self) -> None:
         check_rules(

@@ -58,6 +58,7 @@ from pipeline.runtime import storage
 from pipeline.runtime.ray_runtime import RaySession
 from pipeline.shard.baseline import BaselinePlan, kneser_ney_baseline
 from pipeline.shard.config import ShardConfig
+from pipeline.shard.dashboard import shard_log
 from pipeline.shard.duplicates import (
     chunk_drops,
     decode_drops,
@@ -100,6 +101,7 @@ from pipeline.shard.task_window import TaskWindow, get
 from pipeline.shard.vocabulary import TokenCounts, Vocabulary, build_vocabulary
 from pipeline.shard.writer import ShardRecord, build_shard, describe_shard
 from pipeline.stage_result import StageResult
+from pipeline.tracking.stage_run import log_stage_run
 
 KEEP_MIN_BYTES = 100 * 1024
 """A counting task's tokenized chunk is kept for the writing pass only from this size on. Ray
@@ -480,12 +482,19 @@ def _cluster_workers(requested: int) -> int:
 def run_shard(cfg: ShardConfig, session: RaySession | None = None) -> StageResult:
     """Run the shard stage for a resolved ShardConfig in the entry point's Ray ``session`` (started
     only when there is work; default: the Ray this process initialised). The result's
-    ``details["manifest"]`` is the output's manifest (also on a no-op rerun, which processed 0 tokens).
+    ``details["manifest"]`` is the output's manifest (also on a no-op rerun, which processed 0 tokens);
+    ``details["wandb_sync"]``, where the run logged offline, the command that uploads its wandb run.
 
     A run that fails before writing anything (an empty corpus, an unreadable input) leaves no
     folder it created; one that wrote something keeps it, for a rerun to complete."""
     with taken_back_on_failure(cfg.output, OWN_FILES):
-        return _run_shard(cfg, session or RaySession.joined())
+        result = _run_shard(cfg, session or RaySession.joined())
+    if result.tokens:  # a rerun that found its output complete logs no run
+        sync = log_stage_run(cfg.wandb, cfg.output, shard_log(cfg, result))
+        if sync:
+            result.details["wandb_sync"] = sync
+            print(f"  wandb: offline; upload it with: {sync}")
+    return result
 
 
 def _run_shard(config: ShardConfig, session: RaySession) -> StageResult:

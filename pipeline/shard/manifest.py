@@ -31,6 +31,7 @@ from pipeline.shard.sentences import LineStats
 from pipeline.shard.sorted_runs import SCRATCH_PATTERN
 from pipeline.shard.vocabulary import Vocabulary
 from pipeline.shard.writer import ShardRecord
+from pipeline.tracking.offline_files import RUNS_PATTERN
 
 FORMAT_VERSION = 1
 RUN_FILE = "shard_run.json"
@@ -49,7 +50,7 @@ OWN_FILES = OwnFiles(
             re.escape(n)
             for n in (RUN_FILE, PLAN_FILE, MANIFEST_FILE, VOCAB_FILE, COUNTS_FILE, LEASE_FILE, ARPA_FILE)
         )
-        + rf"|({'|'.join(SPLITS)})-\d{{6,}}\.tar|{DROPS_FOLDER}/chunk-\d{{6,}}\.u32|{SCRATCH_PATTERN}|\.write-probe"
+        + rf"|({'|'.join(SPLITS)})-\d{{6,}}\.tar|{DROPS_FOLDER}/chunk-\d{{6,}}\.u32|{SCRATCH_PATTERN}|{RUNS_PATTERN}|\.write-probe"
     ),
 )
 """What the stage writes into its output; a folder with anything else is refused."""

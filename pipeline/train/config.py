@@ -19,6 +19,7 @@ from omegaconf import MISSING
 
 from pipeline.config import UseGPU, check_rules, seed_rule
 from pipeline.model_config import ModelConfig
+from pipeline.tracking.config import WandbConfig
 
 
 class OptimizerName(enum.Enum):
@@ -46,15 +47,6 @@ class LRRule(enum.Enum):
     GPU batch study chose this scaling (docs/training.md#the-batch-on-a-gpu)."""
     as_given = "as_given"
     """``lr`` whatever the batch."""
-
-
-class WandbMode(enum.Enum):
-    offline = "offline"
-    """The run lands in RUN_DIR/wandb; ``wandb sync`` uploads it."""
-    online = "online"
-    """Needs WANDB_API_KEY or ``wandb login``."""
-    disabled = "disabled"
-    """No wandb run."""
 
 
 @dataclass
@@ -127,22 +119,6 @@ class GuardConfig:
     """Learning-rate multiplier each rollback applies (kept by later checkpoints and resumes)."""
     max_rollbacks: int = 3
     """Rollbacks before a run that keeps diverging stops."""
-
-
-@dataclass
-class WandbConfig:
-    """Weights & Biases tracking."""
-
-    mode: WandbMode = WandbMode.offline
-    """``offline`` (default; the run lands in RUN_DIR/wandb, one directory per attempt, all under the
-    run's wandb id), ``online`` (needs WANDB_API_KEY or ``wandb login``) or ``disabled``."""
-    project: str = "elmo-pipeline"
-    """wandb project name."""
-    entity: str = ""
-    """wandb entity (team or user); empty uses the API key's default."""
-    group: str = ""
-    """wandb group the run joins (``elmo pipeline`` sets its name, so a pipeline's stages show as one
-    group); empty: none."""
 
 
 @dataclass

@@ -33,8 +33,10 @@ from pipeline.output_folder import taken_back_on_failure
 from pipeline.runtime import cluster_capacity, ray_runtime, storage
 from pipeline.runtime.ray_runtime import RaySession
 from pipeline.stage_result import StageResult
+from pipeline.tracking.config import WandbMode
+from pipeline.tracking.offline_files import sync_command
 from pipeline.train import export as export_mod
-from pipeline.train.config import NAME_RULE, TrainConfig, WandbMode, run_name_ok
+from pipeline.train.config import NAME_RULE, TrainConfig, run_name_ok
 from pipeline.train.data import steps_per_epoch
 from pipeline.train.errors import TrainError
 from pipeline.train.evaluate import check_heldout_split
@@ -44,7 +46,6 @@ from pipeline.train.progress import RelayFollower, relay_actor
 from pipeline.train.run_claim import claim_run_dir, data_identity, run_lease
 from pipeline.train.run_dir import OWN_FILES, RunDir
 from pipeline.train.trainer import train_loop_per_worker
-from pipeline.train.wandb_run import sync_command
 
 
 def _check_shards(shards: str, manifest: dict) -> None:
@@ -232,7 +233,9 @@ def run_training(
             ray.kill(relay)
     final = final_status(follower.status)
     if cfg.wandb.mode is WandbMode.offline:
-        final["wandb_sync"] = sync_command(plan.run_dir, plan.wandb_id, cfg.wandb.project, cfg.wandb.entity)
+        final["wandb_sync"] = sync_command(
+            RunDir(plan.run_dir).wandb, plan.wandb_id, cfg.wandb.project, cfg.wandb.entity
+        )
     steps = int(final["step"]) - steps_before
     tokens = steps * cfg.tokens_per_step(cfg.workers)
     return StageResult("train", plan.run_dir, time.perf_counter() - started, tokens, details=final)

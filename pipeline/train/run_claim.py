@@ -9,10 +9,10 @@ import json
 
 from pipeline.output_folder import Lease, check_owned, read_marker
 from pipeline.runtime import storage
+from pipeline.tracking.offline_files import new_wandb_id
 from pipeline.train.config import run_name_ok
 from pipeline.train.errors import TrainError
 from pipeline.train.run_dir import OWN_FILES, RunDir
-from pipeline.train.wandb_run import new_wandb_id
 
 
 def data_identity(shards: str, manifest: dict) -> dict:

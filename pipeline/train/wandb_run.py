@@ -1,12 +1,12 @@
 """One wandb run per training run, across resumes and worker restarts.
 
 The run's wandb id is made once, when the run directory is claimed, and kept in its ``run.json``
-(:func:`new_wandb_id`), so every attempt of the run logs under the same id. Online, each attempt
-resumes that run (``resume="allow"``). Offline (the default), wandb cannot resume a run; each
+(``pipeline.tracking.offline_files.new_wandb_id``), so every attempt of the run logs under the
+same id. Online, each attempt resumes that run (``resume="allow"``). Offline (the default), wandb cannot resume a run; each
 attempt writes under its own ``RUN/wandb/attempt-NNN/`` (wandb's ``wandb/offline-run-<time>-<id>``
 below it: wandb names that directory to the second, so two attempts within one second would share
 it) and ``wandb sync --id <id>`` uploads them all into the one run, attempts in order
-(:func:`sync_command` prints the exact command).
+(``offline_files.sync_command`` prints the exact command).
 
 For an ``s3://`` run directory the offline files are written locally and copied to ``RUN/wandb``
 whenever :meth:`WandbRun.upload` is called (with each checkpoint; queued on the run's records queue, so the
@@ -17,75 +17,13 @@ checkpoint interval of history.
 from __future__ import annotations
 
 import os
-import re
-import secrets
-import shlex
-import tempfile
 from typing import Any
 
-from pipeline.runtime import storage
 from pipeline.runtime.background import WriteQueue
-from pipeline.train.config import WandbMode
-from pipeline.train.run_dir import WANDB_DIR, RunDir
-
-_ATTEMPT = re.compile(r"attempt-(\d+)$")
-
-
-def new_wandb_id() -> str:
-    """A fresh wandb run id (wandb's own alphabet: lowercase letters and digits)."""
-    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-    return "".join(secrets.choice(alphabet) for _ in range(12))
-
-
-def sync_command(run_dir: str, wandb_id: str, project: str, entity: str = "") -> str:
-    """The shell command that uploads every offline attempt of the run into one wandb run."""
-    target = f"-p {shlex.quote(project)}" + (f" -e {shlex.quote(entity)}" if entity else "")
-    runs = f"attempt-*/wandb/offline-run-*-{wandb_id}"
-    if storage.is_s3(run_dir):
-        source = RunDir(run_dir).wandb
-        return (
-            f"aws s3 cp --recursive {shlex.quote(source)} ./{WANDB_DIR} && "
-            f"wandb sync --id {wandb_id} {target} ./{WANDB_DIR}/{runs}"
-        )
-    local = RunDir(run_dir).wandb
-    return f"wandb sync --id {wandb_id} {target} {shlex.quote(local)}/{runs}"
-
-
-def _attempt_name(index: int) -> str:
-    return f"attempt-{index:03d}"  # zero-padded: the sync command's glob lists attempts in order
-
-
-def next_attempt(run_dir: str) -> str:
-    """The wandb directory of a new attempt of the run, relative to the run directory
-    (``wandb/attempt-NNN``), one past the highest an earlier attempt left there. Only rank 0 of
-    one attempt at a time runs this, so listing is enough; a local directory is created here."""
-    root = RunDir(run_dir).wandb
-    if storage.is_s3(run_dir):
-        names = {p[len(root) + 1 :].split("/", 1)[0] for p in storage.list_prefix(root + "/")}
-    else:
-        names = set(os.listdir(root)) if os.path.isdir(root) else set()
-    used = [int(m.group(1)) for name in names if (m := _ATTEMPT.match(name))]
-    index = max(used, default=0) + 1
-    if not storage.is_s3(run_dir):
-        while True:  # exist_ok=False: a directory is claimed once
-            try:
-                os.makedirs(os.path.join(root, _attempt_name(index)))
-                break
-            except FileExistsError:
-                index += 1
-    return f"{WANDB_DIR}/{_attempt_name(index)}"
-
-
-def _check_credentials() -> None:
-    """Online mode needs credentials: ``WANDB_API_KEY`` or those ``wandb login`` saved."""
-    import wandb
-
-    if not wandb.login(prompt=False, verify=False):
-        raise ValueError(
-            "wandb.mode=online needs credentials: set WANDB_API_KEY or run `wandb login`; "
-            "or use wandb.mode=offline"
-        )
-
+from pipeline.tracking.config import WandbMode
+from pipeline.tracking.offline_files import OfflineCopy, next_attempt
+from pipeline.tracking.stage_run import check_credentials
+from pipeline.train.run_dir import RunDir
 
 STEP_METRIC = "tokens"
 """Every curve's x-axis on the dashboard: training tokens seen (per direction, all workers), so runs
@@ -122,28 +60,22 @@ class WandbRun:
         self.run = None
         self.best: float | None = None
         self.last_step, self.probed_at = 0, -1  # the latest step logged, and a probe's
-        self._tmp: tempfile.TemporaryDirectory | None = None
-        self._uploaded: dict[str, tuple[int, int]] = {}  # local path -> (size, mtime_ns) uploaded
+        self.files: OfflineCopy | None = None
         mode = settings.mode
         if mode is WandbMode.disabled:
             return
         if mode is WandbMode.online:
-            _check_credentials()
+            check_credentials()
         import wandb
 
         # a wandb service inherited through the environment (a driver or a test process that ran
         # wandb before starting Ray) would hold the streams of every attempt: a killed attempt's
         # stream would then keep the run's id "in use" for the next. Each rank 0 starts its own.
         os.environ.pop("WANDB_SERVICE", None)
-        self.attempt = next_attempt(run_dir)
-        if storage.is_s3(run_dir):
-            self._tmp = tempfile.TemporaryDirectory(prefix="elmo-wandb-")
-            local = self._tmp.name
-        else:
-            local = os.path.join(run_dir, self.attempt)
+        self.files = OfflineCopy(next_attempt(RunDir(run_dir).wandb))
         self.run = wandb.init(
             mode=mode.value,
-            dir=local,
+            dir=self.files.local,
             project=settings.project,
             entity=settings.entity or None,
             name=name,
@@ -184,27 +116,8 @@ class WandbRun:
         """Queue a copy of the offline files written since the last copy to ``RUN/wandb/attempt-NNN``
         (s3 run directories only: a local run directory holds them already), so the training loop
         does not wait for the storage; an earlier copy's error is raised here."""
-        if self._tmp is not None:
-            self.writes.submit(self._copy_new_files, latest="wandb")
-
-    def _copy_new_files(self) -> None:
-        root = self._tmp.name
-        for dirpath, _, files in os.walk(root):
-            for name in files:
-                full = os.path.join(dirpath, name)
-                if os.path.islink(full):
-                    continue
-                try:
-                    stat = os.stat(full)
-                except FileNotFoundError:  # wandb rotated it meanwhile
-                    continue
-                seen = (stat.st_size, stat.st_mtime_ns)
-                if self._uploaded.get(full) == seen:
-                    continue
-                storage.upload_file(
-                    full, storage.join(self.run_dir, self.attempt, os.path.relpath(full, root))
-                )
-                self._uploaded[full] = seen
+        if self.files is not None:
+            self.writes.submit(self.files.copy_new, latest="wandb")
 
     def finish(self) -> None:
         """End the wandb run; an s3 run directory then gets the last files (queued: the run's
@@ -218,14 +131,7 @@ class WandbRun:
         # wandb's process-wide state (its service, the session's login) would outlive the run: a
         # later run in this process would inherit another run's credentials
         wandb.teardown()
-        if self._tmp is not None:
-            self.writes.submit(self._copy_last_files)
-
-    def _copy_last_files(self) -> None:
-        try:
-            self._copy_new_files()
-        finally:
-            self._tmp.cleanup()
+        self.writes.submit(self.files.close)
 
 
 def best_summary(row: dict) -> dict:

@@ -16,6 +16,7 @@ import pytest
 from jobs.cli import main as elmo
 from pipeline.end_to_end.job import SAMPLE_CORPUS
 from pipeline.runtime import storage
+from tests import wandb_offline
 
 pytestmark = pytest.mark.subprocess
 
@@ -69,6 +70,21 @@ def test_pipeline_end_to_end_on_s3(
     with h5py.File(first, "r") as f:
         key = sorted(f.keys(), key=int)[0]
         assert f[key].ndim == 3 and f[key].shape[0] == 3 and f[key].shape[2] == 2 * 64
+
+    # the pipeline on the dashboard: one wandb group, a run per stage, each one's sync command printed
+    job_types = {}
+    for folder in ("shards", "train", "embeddings", "probe"):
+        files = [p for p in storage.list_prefix(f"{run}/{folder}/wandb/") if p.endswith(".wandb")]
+        assert len(files) == 1, (folder, files)
+        local = tmp_path / f"{folder}.wandb"
+        storage.download_file(files[0], str(local))
+        record = wandb_offline.run_record(wandb_offline.records(local))
+        assert record["run_group"] == "e2e", folder
+        job_types[folder] = record["job_type"]
+    assert job_types == {"shards": "shard", "train": "train", "embeddings": "embed", "probe": "probe"}
+    assert "wandb (offline, group 'e2e'): upload each run with" in out
+    for stage, folder in (("shard", "shards"), ("train", "train"), ("embed", "embeddings"), ("probe", "probe")):
+        assert f"  {stage:<6} aws s3 cp --recursive {run}/{folder}/wandb " in out, stage
 
     secrets = {"AWS_SECRET_ACCESS_KEY": s3_server.secret_key, "WANDB_API_KEY": fake_wandb_key}
     places = {"console": (console.out + console.err).encode()}

@@ -35,7 +35,7 @@ def _embed(root: str, name: str, settings: dict) -> str:
     output = storage.join(root, name)
     items = {
         "options_file": str(OPTIONS), "weights_file": str(WEIGHTS), "input": f"[{corpus}]", "output": output,
-        "layers": "all", "lines_per_shard": 20, "progress": False, "workers": 1, **settings,
+        "layers": "all", "lines_per_shard": 20, "progress": False, "workers": 1, "wandb.mode": "disabled", **settings,
     }  # fmt: skip
     run_embed(load_config(EmbedConfig, overrides=[f"{k}={v}" for k, v in items.items()]))
     return output

@@ -27,14 +27,21 @@ from pipeline.config import load_config
 from pipeline.embed import manifest
 from pipeline.embed.config import EmbedConfig
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.runner import run_embed
+from pipeline.embed.runner import run_embed, summary
 from pipeline.runtime import storage
+from tests import wandb_offline
 
 MAX_TOKENS = 100
 
 
 def _config(**overrides) -> EmbedConfig:
-    base = {"progress": False, "workers": 1, "lines_per_shard": 40, "max_sentence_tokens": MAX_TOKENS}
+    base = {
+        "progress": False,
+        "workers": 1,
+        "lines_per_shard": 40,
+        "max_sentence_tokens": MAX_TOKENS,
+        "wandb.mode": "disabled",
+    }
     items = [f"{k}={json.dumps(v) if isinstance(v, list) else v}" for k, v in {**base, **overrides}.items()]
     return load_config(EmbedConfig, overrides=items)
 
@@ -61,6 +68,33 @@ def _shard_values(output: str) -> list[tuple[int, np.ndarray]]:
 @pytest.fixture(scope="module")
 def model():
     return load_model()
+
+
+def test_the_embed_run_is_on_the_dashboard_and_a_rerun_adds_none(ray_local, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"\n".join(sample_lines(90)) + b"\n")
+    output = tmp_path / "out"
+    args = {
+        "options_file": OPTIONS,
+        "weights_file": WEIGHTS,
+        "input": [str(corpus)],
+        "output": str(output),
+        "wandb.mode": "offline",
+        "wandb.group": "g2",
+    }
+    result = run_embed(_config(**args))
+    (path,) = wandb_offline.run_files(output / "wandb")
+    recs = wandb_offline.records(path)
+    run = wandb_offline.run_record(recs)
+    assert (run["run_group"], run["job_type"], run["display_name"]) == ("g2", "embed", "g2-embed")
+    got = wandb_offline.summary(recs)
+    totals = json.loads((output / "manifest.json").read_text())["totals"]
+    assert {k: got[f"output/{k}"] for k in totals} == totals and totals["shards"] == 3
+    assert got["run/tokens"] == result.tokens == totals["tokens"] and got["run/shards"] == 3
+    assert got["run/tokens_per_s"] == pytest.approx(result.tokens_per_second) and got["complete"] == 1
+    assert "wandb sync --id" in summary(result)
+    again = run_embed(_config(**args))  # every shard done: no work, no second run
+    assert again.tokens == 0 and [p.name for p in (output / "wandb").iterdir()] == ["attempt-001"]
 
 
 def test_killed_run_on_s3_finishes_exactly_once(ray_local, s3_prefix, model):

@@ -21,7 +21,9 @@ SMALL = ["pos_train_sentences=300", "pos_test_sentences=100", "wsd_examples=400"
 
 
 def _config(output: Path, *overrides: str) -> ProbeConfig:
-    return load_config(ProbeConfig, overrides=[*FILES, *SMALL, f"output={output}", *overrides])
+    return load_config(
+        ProbeConfig, overrides=[*FILES, *SMALL, f"output={output}", "wandb.mode=disabled", *overrides]
+    )
 
 
 def test_a_probe_reports_every_layer_against_its_baselines_and_the_same_again(tmp_path):

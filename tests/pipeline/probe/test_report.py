@@ -44,3 +44,29 @@ def test_a_dashboard_probes_row_reads_as_the_probes_result():
         "probe/seconds": 3.5,
     }
     assert result_of(row) == {"probes": RESULT["probes"]}
+
+
+def test_elmo_probes_run_holds_the_table_the_chart_and_each_probes_best_layer():
+    from pipeline.config import load_config
+    from pipeline.probe.config import ProbeConfig
+    from pipeline.probe.report import dashboard_log
+
+    cfg = load_config(ProbeConfig, overrides=["model=m", "output=o", "wandb.group=demo"])
+    log = dashboard_log(cfg, {**RESULT, "seconds": 12.5}, b"\x89PNG")
+    assert (log.job_type, log.name, log.config["model"]) == ("probe", "demo-probe", "m")
+    assert log.tables == {"probe/table": table_rows(RESULT)} and log.images == {"probe/plot": b"\x89PNG"}
+    assert log.summary == {
+        "seconds": 12.5,
+        "pos/best_layer": 1,  # the mix is no layer
+        "pos/best_accuracy": 0.80,
+        "pos/baseline": 0.50,
+        "wsd/best_layer": 2,
+        "wsd/best_accuracy": 0.40,
+        "wsd/baseline": 0.25,
+        "control/pos/best_layer": 0,
+        "control/pos/best_accuracy": 0.60,
+        "control/pos/baseline": 0.50,
+        "control/wsd/best_layer": 0,
+        "control/wsd/best_accuracy": 0.28,
+        "control/wsd/baseline": 0.25,
+    }

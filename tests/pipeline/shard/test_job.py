@@ -24,11 +24,18 @@ from pipeline.shard.errors import ShardError
 from pipeline.shard.job import run_shard
 from pipeline.shard.reader import iter_chunks
 from pipeline.shard.split import heldout_threshold, is_heldout
+from tests import wandb_offline
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "pipeline" / "data" / "kjv-sample.txt.gz"
 LINES = 2500
-SETTINGS = {"heldout_fraction": 0.05, "shard_tokens": 15000, "block_tokens": 1000, "progress": False}
+SETTINGS = {
+    "heldout_fraction": 0.05,
+    "shard_tokens": 15000,
+    "block_tokens": 1000,
+    "progress": False,
+    "wandb.mode": "disabled",  # the stage's wandb run: test_the_shard_run_is_on_the_dashboard
+}
 
 
 def _config(inputs, output, **overrides) -> ShardConfig:
@@ -261,6 +268,30 @@ def test_byte_identical_with_two_workers_and_other_chunking(baseline, corpus, tm
     other = tmp_path / "two"
     run([corpus[0]], other, workers=2, chunk_bytes=20000)
     assert snapshot(other) == snapshot(out)
+
+
+def test_the_shard_run_is_on_the_dashboard_and_a_rerun_adds_none(ray_local, corpus, tmp_path, capsys):
+    out = tmp_path / "shards"
+    result = run_shard(_config([corpus[0]], out, workers=2, **{"wandb.mode": "offline", "wandb.group": "g1"}))
+    manifest = result.details["manifest"]
+    (path,) = wandb_offline.run_files(out / "wandb")
+    recs = wandb_offline.records(path)
+    run = wandb_offline.run_record(recs)
+    assert (run["run_group"], run["job_type"], run["display_name"]) == ("g1", "shard", "g1-shard")
+    got = wandb_offline.summary(recs)
+    for split in fmt.SPLITS:
+        for key in ("sentences", "tokens", "shards"):
+            assert got[f"{split}/{key}"] == manifest["totals"][split][key]
+        assert got[f"{split}/duplicate_sentences"] == manifest["lines"]["duplicates"][split]["sentences"]
+    assert got["vocab/size"] == manifest["vocab"]["size"]
+    assert got["baselines/unigram_perplexity"] == pytest.approx(manifest_unigram_perplexity(manifest))
+    assert got["baselines/kneser_ney_perplexity"] == manifest["baselines"]["kneser_ney"]["perplexity"]
+    assert wandb_offline.config(recs)["kneser_ney_order"] == 3
+    assert f"upload it with: {result.details['wandb_sync']}" in capsys.readouterr().out
+    # the output is still the stage's own, and a rerun that finds it complete logs no second run
+    again = run_shard(_config([corpus[0]], out, **{"wandb.mode": "offline", "wandb.group": "g1"}))
+    assert again.tokens == 0 and "wandb_sync" not in again.details
+    assert [p.name for p in (out / "wandb").iterdir()] == ["attempt-001"]
 
 
 def test_rerun_does_nothing_and_a_partial_output_is_completed(baseline, corpus, tmp_path, capsys):

@@ -424,7 +424,7 @@ def test_killed_worker_restarts_from_checkpoint_on_s3(shards, s3_prefix, ray_loc
     }
     assert len(attempts) == 2 and all(a.endswith(f"-{wandb_id}") for a in attempts), attempts
     assert sorted(a.split("/")[0] for a in attempts) == ["attempt-001", "attempt-002"]
-    assert final["wandb_sync"].endswith(f"./wandb/attempt-*/wandb/offline-run-*-{wandb_id}")
+    assert final["wandb_sync"].endswith(f"./wandb-{wandb_id}/attempt-*/wandb/offline-run-*-{wandb_id}")
     # the offline wandb run of an s3 run directory is written locally, then uploaded at the end
     # (wandb runs in the workers only: it is never started in this test process)
     runs = [p for p in storage.list_prefix(storage.join(run_dir, "wandb") + "/") if p.endswith(".wandb")]

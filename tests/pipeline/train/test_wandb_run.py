@@ -12,8 +12,10 @@ from omegaconf import OmegaConf
 
 from pipeline.runtime import storage
 from pipeline.runtime.background import WriteQueue
-from pipeline.train.config import WandbConfig
-from pipeline.train.wandb_run import WandbRun, best_summary, new_wandb_id, sync_command
+from pipeline.tracking.config import WandbConfig
+from pipeline.tracking.offline_files import new_wandb_id, sync_command
+from pipeline.train.run_dir import RunDir
+from pipeline.train.wandb_run import WandbRun, best_summary
 
 
 @pytest.fixture(autouse=True)
@@ -37,21 +39,6 @@ def test_online_needs_credentials(monkeypatch, tmp_path):
         WandbRun(settings("online"), str(tmp_path / "run"), "run", {}, new_wandb_id(), WriteQueue("t"))
 
 
-def test_ids_are_wandb_ids():
-    ids = {new_wandb_id() for _ in range(100)}
-    assert len(ids) == 100 and all(len(i) == 12 and i.isalnum() and i.islower() for i in ids)
-
-
-def test_sync_commands():
-    assert sync_command("/runs/a b", "abc123", "elmo") == (
-        "wandb sync --id abc123 -p elmo '/runs/a b/wandb'/attempt-*/wandb/offline-run-*-abc123"
-    )
-    assert sync_command("s3://bucket/runs/x", "abc123", "elmo", "team") == (
-        "aws s3 cp --recursive s3://bucket/runs/x/wandb ./wandb && "
-        "wandb sync --id abc123 -p elmo -e team ./wandb/attempt-*/wandb/offline-run-*-abc123"
-    )
-
-
 def _attempt(run_dir: str, wandb_id: str, steps: range) -> None:
     writes = WriteQueue("test-records")
     run = WandbRun(settings("offline"), run_dir, "run", {"lr": 0.1}, wandb_id, writes)
@@ -68,7 +55,7 @@ def test_every_attempt_logs_under_the_run_id(tmp_path):
     run_dir, wandb_id = str(tmp_path / "run"), new_wandb_id()
     _attempt(run_dir, wandb_id, range(1, 4))
     _attempt(run_dir, wandb_id, range(4, 7))
-    pattern = sync_command(run_dir, wandb_id, "elmo").rsplit(" ", 1)[1]
+    pattern = sync_command(RunDir(run_dir).wandb, wandb_id, "elmo").rsplit(" ", 1)[1]
     found = sorted(glob.glob(pattern))  # as the shell expands it
     assert len(found) == 2 and all(d.endswith(f"-{wandb_id}") for d in found)
     assert [d.split("/wandb/")[1].split("/")[0] for d in found] == ["attempt-001", "attempt-002"]
@@ -94,7 +81,7 @@ def test_s3_run_directory_gets_the_files_on_each_upload(s3_prefix):
 
 
 def test_an_upload_runs_beside_the_loop_and_its_error_comes_at_the_next(s3_prefix, monkeypatch):
-    import pipeline.train.wandb_run as wandb_run
+    import pipeline.tracking.offline_files as offline_files
 
     run_dir = storage.join(s3_prefix, "run")
     writes = WriteQueue("test-records")
@@ -106,7 +93,7 @@ def test_an_upload_runs_beside_the_loop_and_its_error_comes_at_the_next(s3_prefi
         assert gate.wait(timeout=30)
         upload_file(local, remote)
 
-    monkeypatch.setattr(wandb_run.storage, "upload_file", slow_storage)
+    monkeypatch.setattr(offline_files.storage, "upload_file", slow_storage)
     run.upload()
     assert not writes.idle  # the loop goes on while the storage takes its time
     gate.set()
@@ -116,7 +103,7 @@ def test_an_upload_runs_beside_the_loop_and_its_error_comes_at_the_next(s3_prefi
     def broken(local, remote):
         raise storage.StorageError(f"{remote}: connection reset")
 
-    monkeypatch.setattr(wandb_run.storage, "upload_file", broken)
+    monkeypatch.setattr(offline_files.storage, "upload_file", broken)
     with open(os.path.join(run.run.dir, "notes.txt"), "w") as f:  # a file the next copy must take
         f.write("step 2")
     run.upload()
@@ -124,7 +111,7 @@ def test_an_upload_runs_beside_the_loop_and_its_error_comes_at_the_next(s3_prefi
         for _ in range(500):  # the failed copy's error, where the loop asks for the next
             run.upload()
             time.sleep(0.01)
-    monkeypatch.setattr(wandb_run.storage, "upload_file", upload_file)
+    monkeypatch.setattr(offline_files.storage, "upload_file", upload_file)
     run.finish()  # the files that failed to copy get there at the end
     writes.close()
     uploaded = storage.list_prefix(storage.join(run_dir, "wandb") + "/")
