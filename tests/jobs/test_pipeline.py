@@ -83,7 +83,12 @@ def test_pipeline_end_to_end_on_s3(
         job_types[folder] = record["job_type"]
     assert job_types == {"shards": "shard", "train": "train", "embeddings": "embed", "probe": "probe"}
     assert "wandb (offline, group 'e2e'): upload each run with" in out
-    for stage, folder in (("shard", "shards"), ("train", "train"), ("embed", "embeddings"), ("probe", "probe")):
+    for stage, folder in (
+        ("shard", "shards"),
+        ("train", "train"),
+        ("embed", "embeddings"),
+        ("probe", "probe"),
+    ):
         assert f"  {stage:<6} aws s3 cp --recursive {run}/{folder}/wandb " in out, stage
 
     secrets = {"AWS_SECRET_ACCESS_KEY": s3_server.secret_key, "WANDB_API_KEY": fake_wandb_key}
