@@ -45,6 +45,8 @@ while pos + 7 <= len(data):
         payload = b""
         kind_name = record.WhichOneof("record_type")
         body = MessageToDict(getattr(record, kind_name), preserving_proto_field_name=True)
+        if "type" in body:  # an artifact record's own type (dataset, model ...)
+            body[kind_name + "_type"] = body.pop("type")
         out.append({"type": kind_name, **body})
 print(json.dumps(out))
 """
@@ -57,7 +59,8 @@ def run_files(root: str | Path) -> list[Path]:
 
 def records(path: str | Path) -> list[dict]:
     """The records of one run file, in order: ``{"type": "history" | "run" | "metric" | "summary"
-    | ..., **fields}``."""
+    | "artifact" | ..., **fields}`` (a record's own ``type`` field as ``<record type>_type``:
+    an artifact's ``artifact_type``)."""
     out = subprocess.run(
         [sys.executable, "-c", _READER, str(path)], capture_output=True, text=True, check=True
     )
@@ -103,6 +106,12 @@ def config(recs: list[dict]) -> dict:
     """The run's config, as its ``run`` record holds it (wandb's own ``_wandb`` entry left out)."""
     items = run_record(recs).get("config", {}).get("update", [])
     return {i["key"]: json.loads(i["value_json"]) for i in items if i["key"] != "_wandb"}
+
+
+def artifacts(recs: list[dict]) -> list[dict]:
+    """The run's artifact records: ``name``, ``artifact_type``, ``digest``, ``manifest`` (its
+    ``contents``: ``path``, ``ref``, ``digest``), and ``use_after_commit`` on those the run used."""
+    return [r for r in recs if r["type"] == "artifact"]
 
 
 def step_metrics(recs: list[dict]) -> dict[str, str]:

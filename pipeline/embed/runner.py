@@ -34,11 +34,13 @@ from pipeline.embed.resume import (
 )
 from pipeline.embed.settings import EmbedSettings
 from pipeline.embed.single_file import delete_parts, merge, parts_path
+from pipeline.formats.shard_format import read_manifest
 from pipeline.model_loader import ModelSource, load_bilm, resolve_model
 from pipeline.output_folder import Claim, taken_back_on_failure
 from pipeline.runtime import cluster_capacity, ray_runtime
 from pipeline.runtime.ray_runtime import RaySession
 from pipeline.stage_result import StageResult
+from pipeline.tracking.artifacts import dataset_artifact, model_artifact
 from pipeline.tracking.stage_run import log_stage_run
 
 
@@ -165,7 +167,10 @@ def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> StageResul
         result = _run(job, claim)
     # its run's files live in the output folder; a single file's parts folder is no place for them
     if result.tokens and not single:  # a rerun that found every shard done logs no run
-        sync = log_stage_run(cfg.wandb, cfg.output, embed_log(cfg, result))
+        uses = (model_artifact(source.options_file, source.weights_file),)
+        if kind == "shards":
+            uses += (dataset_artifact(paths[0], read_manifest(paths[0])),)
+        sync = log_stage_run(cfg.wandb, cfg.output, embed_log(cfg, result, uses))
         if sync:
             result.details["wandb_sync"] = sync
     return result

@@ -139,6 +139,7 @@ def dashboard_log(config, result: dict, png: bytes):
     the table (a row per probe, a column per layer) and the chart, and as the summary each
     probe's best layer and accuracy, the random control's, and the seconds."""
     from pipeline.config import to_dict
+    from pipeline.tracking.artifacts import OutputArtifact, artifact_name, model_artifact
     from pipeline.tracking.stage_run import StageLog
 
     summary: dict = {"seconds": result["seconds"]}
@@ -151,6 +152,8 @@ def dashboard_log(config, result: dict, png: bytes):
             summary[f"{prefix}{name}/best_accuracy"] = layers[best]
             summary[f"{prefix}{name}/baseline"] = found[name]["baseline"]
     name = f"{config.wandb.group}-probe" if config.wandb.group else "probe"
+    model = result["model"]
+    output = config.output.rstrip("/")
     return StageLog(
         "probe",
         name,
@@ -158,4 +161,10 @@ def dashboard_log(config, result: dict, png: bytes):
         summary,
         tables={"probe/table": table_rows(result)},
         images={"probe/plot": png},
+        uses=(model_artifact(model["options_file"], model["weights_file"]),),
+        produces=OutputArtifact(
+            artifact_name(output),
+            "probe-report",
+            checked=(storage.join(output, JSON_FILE), storage.join(output, PLOT_FILE)),
+        ),
     )

@@ -8,6 +8,7 @@ from pipeline.formats.shard_format import SPLITS
 from pipeline.formats.unigram import manifest_unigram_perplexity
 from pipeline.shard.config import ShardConfig
 from pipeline.stage_result import StageResult
+from pipeline.tracking.artifacts import dataset_artifact
 from pipeline.tracking.stage_run import StageLog
 
 
@@ -40,6 +41,14 @@ def shard_summary(manifest: dict, result: StageResult) -> dict[str, float | int]
 
 
 def shard_log(config: ShardConfig, result: StageResult) -> StageLog:
-    """The ``shard`` run of ``result`` (whose ``details["manifest"]`` is the output's)."""
+    """The ``shard`` run of ``result`` (whose ``details["manifest"]`` is the output's), the output
+    its ``dataset`` artifact."""
+    manifest = result.details["manifest"]
     name = f"{config.wandb.group}-shard" if config.wandb.group else "shard"
-    return StageLog("shard", name, to_dict(config), shard_summary(result.details["manifest"], result))
+    return StageLog(
+        "shard",
+        name,
+        to_dict(config),
+        shard_summary(manifest, result),
+        produces=dataset_artifact(config.output, manifest),
+    )

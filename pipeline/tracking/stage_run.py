@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.runtime import storage
+from pipeline.tracking.artifacts import OutputArtifact, artifact_logged, log_output, use_input
 from pipeline.tracking.config import WandbConfig, WandbMode
 from pipeline.tracking.offline_files import WANDB_DIR, OfflineCopy, new_wandb_id, next_attempt, sync_command
 
@@ -38,7 +39,8 @@ class StageLog:
     ``job_type``: the stage (``shard``, ``embed``, ``probe``); ``name``: the run's name;
     ``config``: the stage's settings as plain containers (``pipeline.config.to_dict``: credentials
     redacted); ``summary``: its totals, scalars by name; ``tables``: name -> (columns, rows), each a
-    ``wandb.Table``; ``images``: name -> PNG bytes, each a ``wandb.Image``.
+    ``wandb.Table``; ``images``: name -> PNG bytes, each a ``wandb.Image``; ``uses``: the outputs
+    it read, ``produces``: its own (reference artifacts, ``pipeline/tracking/artifacts.py``).
     """
 
     job_type: str
@@ -47,6 +49,8 @@ class StageLog:
     summary: dict[str, float | int | str]
     tables: dict[str, tuple[list[str], list[list[Any]]]] = field(default_factory=dict)
     images: dict[str, bytes] = field(default_factory=dict)
+    uses: tuple[OutputArtifact, ...] = ()
+    produces: OutputArtifact | None = None
 
 
 def log_stage_run(settings: WandbConfig, output: str, log: StageLog) -> str | None:
@@ -85,6 +89,12 @@ def log_stage_run(settings: WandbConfig, output: str, log: StageLog) -> str | No
         if media:
             run.log(media)
         run.summary.update(log.summary)
+        for artifact in log.uses:
+            with artifact_logged(artifact):
+                use_input(run, artifact, offline=mode is WandbMode.offline)
+        if log.produces is not None:
+            with artifact_logged(log.produces):
+                log_output(run, log.produces)
         run.finish()
     finally:
         # wandb's process-wide state (its service, a login) would outlive the run

@@ -39,6 +39,11 @@ OWN_FILES = OwnFiles(
 )
 
 
+def export_files(folder: str) -> tuple[str, str]:
+    """The options and weights files of the export (or released model) in ``folder``."""
+    return storage.join(folder, OPTIONS_FILE), storage.join(folder, WEIGHTS_FILE)
+
+
 def write_softmax(softmax: SharedSoftmax, path: str) -> None:
     """Write softmax W (V, P) and b (V,) as float32 to a local HDF5 file."""
     with h5py.File(path, "w") as f:

@@ -17,7 +17,9 @@ import torch
 from pipeline.config import to_dict
 from pipeline.runtime import storage
 from pipeline.runtime.background import WriteQueue
+from pipeline.tracking.artifacts import dataset_artifact, model_artifact
 from pipeline.train.errors import TrainError
+from pipeline.train.export import export_files
 from pipeline.train.plan import RunPlan
 from pipeline.train.progress import RelaySender
 from pipeline.train.run_dir import RunDir, RunWriter
@@ -210,6 +212,10 @@ class RunLog:
             if rank == 0
             else None
         )
+        if self.wandb is not None:  # the lineage: what the run reads
+            self.wandb.use(dataset_artifact(plan.shards, plan.manifest))
+            if plan.init_from:
+                self.wandb.use(model_artifact(*export_files(plan.init_from)))
         self.tokens_per_step = cfg.tokens_per_step(world)
         total_steps = plan.total_steps
         if self.metrics is not None:
@@ -243,6 +249,11 @@ class RunLog:
             self.metrics.append(row)
             if to_wandb:
                 self.wandb.log(row, row["step"])
+
+    def produce_model(self, export: str) -> None:
+        """The run's export (rank 0, once written) as its ``model`` artifact on the dashboard."""
+        if self.wandb is not None:
+            self.wandb.produce(model_artifact(*export_files(export)))
 
     def save_tracking(self) -> None:
         """Bring the wandb files of an s3:// run directory up to date there (with each checkpoint;

@@ -151,6 +151,7 @@ class Trainer:
                         self.run_dir.export,
                         {"run": self.plan.run_dir, "name": self.plan.name, "step": self.step},
                     )
+                self.log.produce_model(self.run_dir.export)
                 plot_perplexity(self.log.rows, self.run_dir.plot)
             status.update({k: v for k, v in final.items() if k != "kind"})
         self.log.finish_with(status)

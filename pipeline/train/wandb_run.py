@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 from pipeline.runtime.background import WriteQueue
+from pipeline.tracking.artifacts import OutputArtifact, artifact_logged, log_output, use_input
 from pipeline.tracking.config import WandbMode
 from pipeline.tracking.offline_files import OfflineCopy, next_attempt
 from pipeline.tracking.stage_run import check_credentials
@@ -39,7 +40,8 @@ class WandbRun:
     """The rank-0 wandb run of a training run (nothing for ``mode=disabled``), ``job_type`` train in
     the group ``settings.group``, its curves against :data:`STEP_METRIC`, its summary the best
     held-out perplexity and its ratios to the baselines (``best/*``: what a dashboard sorts runs by),
-    each probe of ``probe_every`` also as a table and a chart.
+    each probe of ``probe_every`` also as a table and a chart; the shards it reads are its input
+    artifact, its export its output (:meth:`use`, :meth:`produce`).
 
     ``settings``: the ``WandbConfig``; ``wandb_id``: the run's id from ``run.json``; ``writes``:
     the run's records queue (``run_dir.RunWriter``), which carries the copies to an s3 run directory;
@@ -62,6 +64,7 @@ class WandbRun:
         self.last_step, self.probed_at = 0, -1  # the latest step logged, and a probe's
         self.files: OfflineCopy | None = None
         mode = settings.mode
+        self.offline = mode is WandbMode.offline
         if mode is WandbMode.disabled:
             return
         if mode is WandbMode.online:
@@ -111,6 +114,18 @@ class WandbRun:
         if perplexity is not None and (self.best is None or perplexity < self.best):
             self.best = perplexity
             self.run.summary.update(best_summary(row))
+
+    def use(self, artifact: OutputArtifact) -> None:
+        """Mark an output the run reads (its shards, a model it continues) as its input."""
+        if self.run is not None:
+            with artifact_logged(artifact):
+                use_input(self.run, artifact, self.offline)
+
+    def produce(self, artifact: OutputArtifact) -> None:
+        """Log an output of the run (its export) as a reference artifact."""
+        if self.run is not None:
+            with artifact_logged(artifact):
+                log_output(self.run, artifact)
 
     def upload(self) -> None:
         """Queue a copy of the offline files written since the last copy to ``RUN/wandb/attempt-NNN``

@@ -72,16 +72,37 @@ def test_pipeline_end_to_end_on_s3(
         assert f[key].ndim == 3 and f[key].shape[0] == 3 and f[key].shape[2] == 2 * 64
 
     # the pipeline on the dashboard: one wandb group, a run per stage, each one's sync command printed
-    job_types = {}
+    job_types, made, used = {}, {}, {}
     for folder in ("shards", "train", "embeddings", "probe"):
         files = [p for p in storage.list_prefix(f"{run}/{folder}/wandb/") if p.endswith(".wandb")]
         assert len(files) == 1, (folder, files)
         local = tmp_path / f"{folder}.wandb"
         storage.download_file(files[0], str(local))
-        record = wandb_offline.run_record(wandb_offline.records(local))
+        recs = wandb_offline.records(local)
+        record = wandb_offline.run_record(recs)
         assert record["run_group"] == "e2e", folder
         job_types[folder] = record["job_type"]
+        for artifact in wandb_offline.artifacts(recs):
+            if artifact["artifact_type"] == "run_table":  # wandb's own, for the probe's table
+                continue
+            side = used if artifact.get("use_after_commit") else made
+            side.setdefault(folder, []).append(
+                (artifact["artifact_type"], artifact["name"], artifact["digest"])
+            )
     assert job_types == {"shards": "shard", "train": "train", "embeddings": "embed", "probe": "probe"}
+    # the lineage: shards -> train -> model -> embed and probe, each input the very version its stage logged
+    ((_, dataset, _),) = made["shards"]
+    ((_, model, _),) = made["train"]
+    assert [a[0] for a in made["shards"] + made["train"] + made["embeddings"] + made["probe"]] == [
+        "dataset",
+        "model",
+        "embeddings",
+        "probe-report",
+    ]
+    assert dataset.endswith("-e2e-shards") and model == "e2e-train-export"
+    assert used["train"] == made["shards"]
+    assert sorted(used["embeddings"]) == sorted(made["shards"] + made["train"])
+    assert used["probe"] == made["train"]
     assert "wandb (offline, group 'e2e'): upload each run with" in out
     for stage, folder in (
         ("shard", "shards"),

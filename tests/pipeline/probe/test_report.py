@@ -52,7 +52,12 @@ def test_elmo_probes_run_holds_the_table_the_chart_and_each_probes_best_layer():
     from pipeline.probe.report import dashboard_log
 
     cfg = load_config(ProbeConfig, overrides=["model=m", "output=o", "wandb.group=demo"])
-    log = dashboard_log(cfg, {**RESULT, "seconds": 12.5}, b"\x89PNG")
+    model = {"options_file": "m/options.json", "weights_file": "m/weights.hdf5"}
+    log = dashboard_log(cfg, {**RESULT, "seconds": 12.5, "model": model}, b"\x89PNG")
+    # the lineage: the model read, the report written
+    ((used,),) = [log.uses]
+    assert (used.type, used.checked) == ("model", ("m/options.json", "m/weights.hdf5"))
+    assert (log.produces.type, log.produces.checked) == ("probe-report", ("o/probe.json", "o/probe.png"))
     assert (log.job_type, log.name, log.config["model"]) == ("probe", "demo-probe", "m")
     assert log.tables == {"probe/table": table_rows(RESULT)} and log.images == {"probe/plot": b"\x89PNG"}
     assert log.summary == {

@@ -287,6 +287,14 @@ def test_the_shard_run_is_on_the_dashboard_and_a_rerun_adds_none(ray_local, corp
     assert got["baselines/unigram_perplexity"] == pytest.approx(manifest_unigram_perplexity(manifest))
     assert got["baselines/kneser_ney_perplexity"] == manifest["baselines"]["kneser_ney"]["perplexity"]
     assert wandb_offline.config(recs)["kneser_ney_order"] == 3
+    # the output as a dataset artifact: the manifest and vocabulary checked, every shard listed
+    (artifact,) = wandb_offline.artifacts(recs)
+    name = f"{out.parent.parent.name}-{out.parent.name}-{out.name}"
+    assert (artifact["artifact_type"], artifact["name"]) == ("dataset", name)
+    shards = [r["name"] for split in fmt.SPLITS for r in manifest["shards"][split]]
+    contents = {c["path"]: c["ref"] for c in artifact["manifest"]["contents"]}
+    assert sorted(contents) == sorted(["manifest.json", "vocab.txt", *shards])
+    assert contents["manifest.json"] == f"file://{out}/manifest.json"
     assert f"upload it with: {result.details['wandb_sync']}" in capsys.readouterr().out
     # the output is still the stage's own, and a rerun that finds it complete logs no second run
     again = run_shard(_config([corpus[0]], out, **{"wandb.mode": "offline", "wandb.group": "g1"}))
