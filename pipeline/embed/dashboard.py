@@ -41,9 +41,8 @@ def embed_log(config: EmbedConfig, result: StageResult, uses: tuple[OutputArtifa
             "complete": int(result.complete),
         }
     )
-    name = f"{config.wandb.group}-embed" if config.wandb.group else "embed"
     produces = None
     if result.complete:
         document = json.loads(storage.read_bytes(manifest.manifest_path(config.output)))
         produces = embeddings_artifact(config.output, document)
-    return StageLog("embed", name, to_dict(config), summary, uses=uses, produces=produces)
+    return StageLog("embed", to_dict(config), summary, uses=uses, produces=produces)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ray
 import torch
@@ -41,7 +41,8 @@ from pipeline.runtime import cluster_capacity, ray_runtime
 from pipeline.runtime.ray_runtime import RaySession
 from pipeline.stage_result import StageResult
 from pipeline.tracking.artifacts import dataset_artifact, model_artifact
-from pipeline.tracking.stage_run import log_stage_run
+from pipeline.tracking.config import WandbMode
+from pipeline.tracking.stage_run import StageRun
 
 
 def run_settings(cfg, kind: str, paths: list[str], model_sha256: str) -> dict:
@@ -161,16 +162,22 @@ def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> StageResul
     load_bilm(source, EmbedError)  # a broken weights file fails here, in one line, not inside an actor
     kind, paths = resolve_inputs(cfg.input)
     check_output(cfg.output, target, single, cfg.overwrite)
-    job = _EmbedJob(cfg, single, target, source, kind, paths, session or RaySession.joined())
-    # the claim is the run's once it wrote run.json (a resumed run's is an earlier run's)
-    with taken_back_on_failure(target, OWN_FILES, claimed=False) as claim:
-        result = _run(job, claim)
-    # its run's files live in the output folder; a single file's parts folder is no place for them
-    if result.tokens and not single:  # a rerun that found every shard done logs no run
+    # the wandb run's files live in the output folder; a single file's parts folder is no place for them
+    tracked = replace(cfg.wandb, mode=WandbMode.disabled) if single else cfg.wandb
+    tracking = StageRun(tracked, cfg.output, "embed", to_dict(cfg))
+    job = _EmbedJob(cfg, single, target, source, kind, paths, session or RaySession.joined(), tracking)
+    try:
+        # the claim is the run's once it wrote run.json (a resumed run's is an earlier run's)
+        with taken_back_on_failure(target, OWN_FILES, claimed=False) as claim:
+            result = _run(job, claim)
+    except BaseException:
+        tracking.abandon()
+        raise
+    if result.tokens:  # a rerun that found every shard done logs no run
         uses = (model_artifact(source.options_file, source.weights_file),)
         if kind == "shards":
             uses += (dataset_artifact(paths[0], read_manifest(paths[0])),)
-        sync = log_stage_run(cfg.wandb, cfg.output, embed_log(cfg, result, uses))
+        sync = tracking.finish(embed_log(cfg, result, uses))
         if sync:
             result.details["wandb_sync"] = sync
     return result
@@ -188,6 +195,8 @@ class _EmbedJob:
     kind: str
     paths: list[str]
     session: RaySession
+    tracking: StageRun
+    """The stage's wandb run: a row per committed shard as it goes (started by the first)."""
 
 
 def _run(job: _EmbedJob, claim: Claim) -> StageResult:
@@ -230,6 +239,7 @@ def _run(job: _EmbedJob, claim: Claim) -> StageResult:
         if todo:
             check_capacity(cfg, 1 if cfg.stateful else cfg.workers, gpus, embedded)
         settings = settings_for(cfg, "cuda" if gpus else "cpu", choose_pass_size(cfg, job.source, gpus))
+        job.tracking.system_stats = bool(gpus)  # the GPU's charts beside the stage's curves
         pool = actor_pool(cfg, gpus) if todo else None
         stream = embed_stream(todo, source, settings, target, pool)
         for result in stream:
@@ -240,7 +250,9 @@ def _run(job: _EmbedJob, claim: Claim) -> StageResult:
             new_shards += 1
             new_tokens += entry["tokens"]
             bar.update(entry["sentences"])
-            bar.set_postfix_str(f"{new_tokens / max(time.monotonic() - start, 1e-9):,.0f} tok/s")
+            rate = new_tokens / max(time.monotonic() - start, 1e-9)
+            bar.set_postfix_str(f"{rate:,.0f} tok/s")
+            job.tracking.log({"shards_done": len(done), "run/tokens": new_tokens, "run/tokens_per_s": rate})
             if cfg.stop_after_shards and new_shards >= cfg.stop_after_shards and len(done) < len(specs):
                 stopped = True
                 stream.close()

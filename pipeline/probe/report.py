@@ -151,12 +151,10 @@ def dashboard_log(config, result: dict, png: bytes):
             summary[f"{prefix}{name}/best_layer"] = int(best)
             summary[f"{prefix}{name}/best_accuracy"] = layers[best]
             summary[f"{prefix}{name}/baseline"] = found[name]["baseline"]
-    name = f"{config.wandb.group}-probe" if config.wandb.group else "probe"
     model = result["model"]
     output = config.output.rstrip("/")
     return StageLog(
         "probe",
-        name,
         to_dict(config),
         summary,
         tables={"probe/table": table_rows(result)},

@@ -44,10 +44,8 @@ def shard_log(config: ShardConfig, result: StageResult) -> StageLog:
     """The ``shard`` run of ``result`` (whose ``details["manifest"]`` is the output's), the output
     its ``dataset`` artifact."""
     manifest = result.details["manifest"]
-    name = f"{config.wandb.group}-shard" if config.wandb.group else "shard"
     return StageLog(
         "shard",
-        name,
         to_dict(config),
         shard_summary(manifest, result),
         produces=dataset_artifact(config.output, manifest),

@@ -36,7 +36,7 @@ def check_credentials() -> None:
 class StageLog:
     """What a stage puts on the dashboard.
 
-    ``job_type``: the stage (``shard``, ``embed``, ``probe``); ``name``: the run's name;
+    ``job_type``: the stage (``shard``, ``embed``, ``probe``; the run's name is ``GROUP-job_type``);
     ``config``: the stage's settings as plain containers (``pipeline.config.to_dict``: credentials
     redacted); ``summary``: its totals, scalars by name; ``tables``: name -> (columns, rows), each a
     ``wandb.Table``; ``images``: name -> PNG bytes, each a ``wandb.Image``; ``uses``: the outputs
@@ -44,7 +44,6 @@ class StageLog:
     """
 
     job_type: str
-    name: str
     config: dict
     summary: dict[str, float | int | str]
     tables: dict[str, tuple[list[str], list[list[Any]]]] = field(default_factory=dict)
@@ -53,55 +52,103 @@ class StageLog:
     produces: OutputArtifact | None = None
 
 
-def log_stage_run(settings: WandbConfig, output: str, log: StageLog) -> str | None:
-    """Log ``log`` as one wandb run (nothing for ``wandb.mode=disabled``), its offline files under
-    ``output``'s ``wandb/`` (local or ``s3://``). Returns the offline run's sync command, else None."""
-    mode = settings.mode
-    if mode is WandbMode.disabled:
-        return None
-    if mode is WandbMode.online:
-        check_credentials()
-    import wandb
-    from PIL import Image
+def run_name(settings: WandbConfig, stage: str) -> str:
+    """A stage's run name: ``GROUP-stage`` in a group, else the stage."""
+    return f"{settings.group}-{stage}" if settings.group else stage
 
-    folder = storage.join(output, WANDB_DIR)
-    files = OfflineCopy(next_attempt(folder))
-    wandb_id = new_wandb_id()
-    # a wandb service inherited through the environment would outlive this run (see train's run)
-    os.environ.pop("WANDB_SERVICE", None)
-    try:
-        run = wandb.init(
-            mode=mode.value,
-            dir=files.local,
-            project=settings.project,
-            entity=settings.entity or None,
-            name=log.name,
-            id=wandb_id,
-            group=settings.group or None,
-            job_type=log.job_type,
-            config=log.config,
-            settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
+
+class StageRun:
+    """A one-shot stage's wandb run into ``output``'s ``wandb/``, started by its first :meth:`log`
+    or by :meth:`finish` (so a rerun with nothing to do, which calls neither, leaves no run).
+    ``system_stats``: wandb's system charts (GPU utilisation, memory, power), for a stage on GPUs."""
+
+    def __init__(self, settings: WandbConfig, output: str, job_type: str, config: dict):
+        self.settings, self.output, self.job_type, self.config = settings, output, job_type, config
+        self.system_stats = False
+        self.run = None
+        self._files: OfflineCopy | None = None
+        self._id = new_wandb_id()
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.mode is not WandbMode.disabled
+
+    def _start(self) -> None:
+        if self.run is not None or not self.enabled:
+            return
+        if self.settings.mode is WandbMode.online:
+            check_credentials()
+        import wandb
+
+        self._files = OfflineCopy(next_attempt(storage.join(self.output, WANDB_DIR)))
+        # a wandb service inherited through the environment would outlive this run (see train's run)
+        os.environ.pop("WANDB_SERVICE", None)
+        self.run = wandb.init(
+            mode=self.settings.mode.value,
+            dir=self._files.local,
+            project=self.settings.project,
+            entity=self.settings.entity or None,
+            name=run_name(self.settings, self.job_type),
+            id=self._id,
+            group=self.settings.group or None,
+            job_type=self.job_type,
+            config=self.config,
+            settings=wandb.Settings(console="off", silent=True, x_disable_stats=not self.system_stats),
         )
+
+    def log(self, row: dict[str, float | int]) -> None:
+        """One row of the stage's progress (its curves), starting the run at the first."""
+        if self.enabled:
+            self._start()
+            self.run.log(row)
+
+    def finish(self, log: StageLog) -> str | None:
+        """Log the stage's summary, tables, pictures and artifacts, end the run; its sync command
+        when offline, else None."""
+        if not self.enabled:
+            return None
+        self._start()
+        import wandb
+        from PIL import Image
+
         media: dict[str, Any] = {
             name: wandb.Table(columns=columns, data=rows) for name, (columns, rows) in log.tables.items()
         }
         media.update({name: wandb.Image(Image.open(io.BytesIO(png))) for name, png in log.images.items()})
         if media:
-            run.log(media)
-        run.summary.update(log.summary)
+            self.run.log(media)
+        self.run.summary.update(log.summary)
         for artifact in log.uses:
             with artifact_logged(artifact):
-                use_input(run, artifact, offline=mode is WandbMode.offline)
+                use_input(self.run, artifact, offline=self.settings.mode is WandbMode.offline)
         if log.produces is not None:
             with artifact_logged(log.produces):
-                log_output(run, log.produces)
-        run.finish()
-    finally:
-        # wandb's process-wide state (its service, a login) would outlive the run
-        wandb.teardown()
-        files.close()
-    return (
-        sync_command(folder, wandb_id, settings.project, settings.entity)
-        if mode is WandbMode.offline
-        else None
-    )
+                log_output(self.run, log.produces)
+        self._end(0)
+        folder = storage.join(self.output, WANDB_DIR)
+        offline = self.settings.mode is WandbMode.offline
+        return (
+            sync_command(folder, self._id, self.settings.project, self.settings.entity) if offline else None
+        )
+
+    def abandon(self) -> None:
+        """End a started run as failed (the stage raised)."""
+        if self.run is not None:
+            self._end(1)
+
+    def _end(self, exit_code: int) -> None:
+        import wandb
+
+        try:
+            self.run.finish(exit_code=exit_code)
+        finally:
+            self.run = None
+            # wandb's process-wide state (its service, a login) would outlive the run
+            wandb.teardown()
+            self._files.close()
+
+
+def log_stage_run(settings: WandbConfig, output: str, log: StageLog) -> str | None:
+    """Log ``log`` as one wandb run (nothing for ``wandb.mode=disabled``), its offline files under
+    ``output``'s ``wandb/`` (local or ``s3://``). Returns the offline run's sync command, else None."""
+    return StageRun(settings, output, log.job_type, log.config).finish(log)

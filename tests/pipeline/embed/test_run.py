@@ -93,6 +93,19 @@ def test_the_embed_run_is_on_the_dashboard_and_a_rerun_adds_none(ray_local, tmp_
     assert got["run/tokens"] == result.tokens == totals["tokens"] and got["run/shards"] == 3
     assert got["run/tokens_per_s"] == pytest.approx(result.tokens_per_second) and got["complete"] == 1
     assert "wandb sync --id" in summary(result)
+    # as it goes: a row per committed shard, its tokens and throughput so far
+    rows = [r for r in wandb_offline.history(recs) if "shards_done" in r]
+    assert sorted(r["shards_done"] for r in rows) == [1, 2, 3]
+    assert max(r["run/tokens"] for r in rows) == result.tokens and all(
+        r["run/tokens_per_s"] > 0 for r in rows
+    )
+    # the lineage: the model read, the embeddings written (their manifest checked, the shards listed)
+    (used,) = [a for a in wandb_offline.artifacts(recs) if a.get("use_after_commit")]
+    (made,) = [a for a in wandb_offline.artifacts(recs) if not a.get("use_after_commit")]
+    assert used["artifact_type"] == "model" and made["artifact_type"] == "embeddings"
+    assert sorted(c["path"] for c in made["manifest"]["contents"]) == sorted(
+        ["manifest.json", *(s["name"] for s in json.loads((output / "manifest.json").read_text())["shards"])]
+    )
     again = run_embed(_config(**args))  # every shard done: no work, no second run
     assert again.tokens == 0 and [p.name for p in (output / "wandb").iterdir()] == ["attempt-001"]
 

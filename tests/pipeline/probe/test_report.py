@@ -58,7 +58,7 @@ def test_elmo_probes_run_holds_the_table_the_chart_and_each_probes_best_layer():
     ((used,),) = [log.uses]
     assert (used.type, used.checked) == ("model", ("m/options.json", "m/weights.hdf5"))
     assert (log.produces.type, log.produces.checked) == ("probe-report", ("o/probe.json", "o/probe.png"))
-    assert (log.job_type, log.name, log.config["model"]) == ("probe", "demo-probe", "m")
+    assert (log.job_type, log.config["model"]) == ("probe", "m")
     assert log.tables == {"probe/table": table_rows(RESULT)} and log.images == {"probe/plot": b"\x89PNG"}
     assert log.summary == {
         "seconds": 12.5,

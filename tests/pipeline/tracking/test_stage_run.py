@@ -25,7 +25,6 @@ def _png() -> bytes:
 
 LOG = StageLog(
     "probe",
-    "demo-probe",
     {"seed": 3, "model": "runs/demo/train/export"},
     {"pos/best_layer": 1, "pos/best_accuracy": 0.755},
     tables={"probe/table": (["probe", "layer 0"], [["part of speech", 0.739]])},
