@@ -16,7 +16,7 @@ import pytest
 from jobs.cli import main as elmo
 from pipeline.end_to_end.job import SAMPLE_CORPUS
 from pipeline.runtime import storage
-from tests import wandb_offline
+from pipeline.tracking import offline_reader
 
 pytestmark = pytest.mark.subprocess
 
@@ -78,11 +78,11 @@ def test_pipeline_end_to_end_on_s3(
         assert len(files) == 1, (folder, files)
         local = tmp_path / f"{folder}.wandb"
         storage.download_file(files[0], str(local))
-        recs = wandb_offline.records(local)
-        record = wandb_offline.run_record(recs)
+        recs = offline_reader.records(local)
+        record = offline_reader.run_record(recs)
         assert record["run_group"] == "e2e", folder
         job_types[folder] = record["job_type"]
-        for artifact in wandb_offline.artifacts(recs):
+        for artifact in offline_reader.artifacts(recs):
             if artifact["artifact_type"] == "run_table":  # wandb's own, for the probe's table
                 continue
             side = used if artifact.get("use_after_commit") else made

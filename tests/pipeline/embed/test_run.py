@@ -29,7 +29,7 @@ from pipeline.embed.config import EmbedConfig
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.runner import run_embed, summary
 from pipeline.runtime import storage
-from tests import wandb_offline
+from pipeline.tracking import offline_reader
 
 MAX_TOKENS = 100
 
@@ -83,25 +83,25 @@ def test_the_embed_run_is_on_the_dashboard_and_a_rerun_adds_none(ray_local, tmp_
         "wandb.group": "g2",
     }
     result = run_embed(_config(**args))
-    (path,) = wandb_offline.run_files(output / "wandb")
-    recs = wandb_offline.records(path)
-    run = wandb_offline.run_record(recs)
+    (path,) = offline_reader.run_files(output / "wandb")
+    recs = offline_reader.records(path)
+    run = offline_reader.run_record(recs)
     assert (run["run_group"], run["job_type"], run["display_name"]) == ("g2", "embed", "g2-embed")
-    got = wandb_offline.summary(recs)
+    got = offline_reader.summary(recs)
     totals = json.loads((output / "manifest.json").read_text())["totals"]
     assert {k: got[f"output/{k}"] for k in totals} == totals and totals["shards"] == 3
     assert got["run/tokens"] == result.tokens == totals["tokens"] and got["run/shards"] == 3
     assert got["run/tokens_per_s"] == pytest.approx(result.tokens_per_second) and got["complete"] == 1
     assert "wandb sync --id" in summary(result)
     # as it goes: a row per committed shard, its tokens and throughput so far
-    rows = [r for r in wandb_offline.history(recs) if "shards_done" in r]
+    rows = [r for r in offline_reader.history(recs) if "shards_done" in r]
     assert sorted(r["shards_done"] for r in rows) == [1, 2, 3]
     assert max(r["run/tokens"] for r in rows) == result.tokens and all(
         r["run/tokens_per_s"] > 0 for r in rows
     )
     # the lineage: the model read, the embeddings written (their manifest checked, the shards listed)
-    (used,) = [a for a in wandb_offline.artifacts(recs) if a.get("use_after_commit")]
-    (made,) = [a for a in wandb_offline.artifacts(recs) if not a.get("use_after_commit")]
+    (used,) = [a for a in offline_reader.artifacts(recs) if a.get("use_after_commit")]
+    (made,) = [a for a in offline_reader.artifacts(recs) if not a.get("use_after_commit")]
     assert used["artifact_type"] == "model" and made["artifact_type"] == "embeddings"
     assert sorted(c["path"] for c in made["manifest"]["contents"]) == sorted(
         ["manifest.json", *(s["name"] for s in json.loads((output / "manifest.json").read_text())["shards"])]

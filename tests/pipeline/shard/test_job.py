@@ -24,7 +24,7 @@ from pipeline.shard.errors import ShardError
 from pipeline.shard.job import run_shard
 from pipeline.shard.reader import iter_chunks
 from pipeline.shard.split import heldout_threshold, is_heldout
-from tests import wandb_offline
+from pipeline.tracking import offline_reader
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "pipeline" / "data" / "kjv-sample.txt.gz"
@@ -274,11 +274,11 @@ def test_the_shard_run_is_on_the_dashboard_and_a_rerun_adds_none(ray_local, corp
     out = tmp_path / "shards"
     result = run_shard(_config([corpus[0]], out, workers=2, **{"wandb.mode": "offline", "wandb.group": "g1"}))
     manifest = result.details["manifest"]
-    (path,) = wandb_offline.run_files(out / "wandb")
-    recs = wandb_offline.records(path)
-    run = wandb_offline.run_record(recs)
+    (path,) = offline_reader.run_files(out / "wandb")
+    recs = offline_reader.records(path)
+    run = offline_reader.run_record(recs)
     assert (run["run_group"], run["job_type"], run["display_name"]) == ("g1", "shard", "g1-shard")
-    got = wandb_offline.summary(recs)
+    got = offline_reader.summary(recs)
     for split in fmt.SPLITS:
         for key in ("sentences", "tokens", "shards"):
             assert got[f"{split}/{key}"] == manifest["totals"][split][key]
@@ -286,9 +286,9 @@ def test_the_shard_run_is_on_the_dashboard_and_a_rerun_adds_none(ray_local, corp
     assert got["vocab/size"] == manifest["vocab"]["size"]
     assert got["baselines/unigram_perplexity"] == pytest.approx(manifest_unigram_perplexity(manifest))
     assert got["baselines/kneser_ney_perplexity"] == manifest["baselines"]["kneser_ney"]["perplexity"]
-    assert wandb_offline.config(recs)["kneser_ney_order"] == 3
+    assert offline_reader.config(recs)["kneser_ney_order"] == 3
     # the output as a dataset artifact: the manifest and vocabulary checked, every shard listed
-    (artifact,) = wandb_offline.artifacts(recs)
+    (artifact,) = offline_reader.artifacts(recs)
     name = f"{out.parent.parent.name}-{out.parent.name}-{out.name}"
     assert (artifact["artifact_type"], artifact["name"]) == ("dataset", name)
     shards = [r["name"] for split in fmt.SPLITS for r in manifest["shards"][split]]

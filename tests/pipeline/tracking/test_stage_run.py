@@ -10,9 +10,9 @@ import os
 import pytest
 
 from pipeline.runtime import storage
+from pipeline.tracking import offline_reader
 from pipeline.tracking.config import WandbConfig, WandbMode
 from pipeline.tracking.stage_run import StageLog, log_stage_run
-from tests import wandb_offline
 
 
 def _png() -> bytes:
@@ -35,15 +35,15 @@ LOG = StageLog(
 def test_an_offline_stage_run_joins_its_group_with_its_summary_table_and_picture(tmp_path):
     output = str(tmp_path / "probe")
     sync = log_stage_run(WandbConfig(group="demo"), output, LOG)
-    files = wandb_offline.run_files(os.path.join(output, "wandb"))
+    files = offline_reader.run_files(os.path.join(output, "wandb"))
     assert len(files) == 1 and files[0].is_relative_to(tmp_path / "probe" / "wandb" / "attempt-001")
-    recs = wandb_offline.records(files[0])
-    run = wandb_offline.run_record(recs)
+    recs = offline_reader.records(files[0])
+    run = offline_reader.run_record(recs)
     assert (run["run_group"], run["job_type"], run["display_name"]) == ("demo", "probe", "demo-probe")
-    assert wandb_offline.config(recs) == LOG.config
-    got = wandb_offline.summary(recs)
+    assert offline_reader.config(recs) == LOG.config
+    got = offline_reader.summary(recs)
     assert {k: got.get(k) for k in LOG.summary} == LOG.summary
-    (row,) = [r for r in wandb_offline.history(recs) if "probe/table" in r]
+    (row,) = [r for r in offline_reader.history(recs) if "probe/table" in r]
     media = files[0].parent / "files"
     table = json.loads((media / row["probe/table"]["path"]).read_text())
     assert table["columns"] == ["probe", "layer 0"] and table["data"] == [["part of speech", 0.739]]

@@ -19,6 +19,7 @@ from shard_builder import sample_sentences, write_sample_shards
 from elmo_model import BiLM, batch_to_ids
 from pipeline.config import load_config
 from pipeline.runtime import storage
+from pipeline.tracking import offline_reader
 from pipeline.train import checkpoint as ckpt
 from pipeline.train.config import TrainConfig
 from pipeline.train.export import SOFTMAX_FILE, VOCAB_FILE, model_from_checkpoint, read_softmax
@@ -26,7 +27,6 @@ from pipeline.train.launch import TrainError, final_status, prepare_run, run_tra
 from pipeline.train.metrics import read_metrics
 from pipeline.train.run_dir import EXPORT_DIR, METRICS_FILE, PLOT_FILE
 from pipeline.train.trainer import Trainer
-from tests import wandb_offline
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -84,14 +84,14 @@ def trained(tmp_path_factory, shards, ray_local):
 
 def wandb_records(run_dir: str) -> list[dict]:
     """The records of the run's one offline wandb run file, under RUN/wandb."""
-    files = wandb_offline.run_files(Path(run_dir, "wandb"))
+    files = offline_reader.run_files(Path(run_dir, "wandb"))
     assert len(files) == 1, files
-    return wandb_offline.records(files[0])
+    return offline_reader.records(files[0])
 
 
 def wandb_history(run_dir: str) -> list[dict]:
     """The ``history`` records ({key: value} per logged step) of the offline wandb run."""
-    return wandb_offline.history(wandb_records(run_dir))
+    return offline_reader.history(wandb_records(run_dir))
 
 
 def test_train_perplexity_falls_and_heldout_beats_half_the_unigram(trained):
@@ -141,7 +141,7 @@ def test_the_layers_are_probed_on_the_dashboard_as_the_run_goes(trained):
     history = wandb_history(run_dir)
     assert {"probe/pos_layer1", "probe/wsd_layer2"} <= {k for row in history for k in row}
     # each probe also as a table (a row per probe, a column per layer) and the probe's chart
-    files = wandb_offline.run_files(Path(run_dir, "wandb"))[0].parent / "files"
+    files = offline_reader.run_files(Path(run_dir, "wandb"))[0].parent / "files"
     # (a probe's row comes in after its step: it joins a later step's row, its x-axis its own tokens)
     logged_probes = {row["probe_tokens"]: row for row in history if "probe/table" in row}
     assert sorted(logged_probes) == [p["tokens"] for p in probes]
@@ -188,13 +188,13 @@ def test_wandb_offline_run_holds_the_logged_perplexities(trained):
 def test_the_dashboard_run_joins_its_group_against_tokens_with_the_best_perplexity_as_summary(trained):
     run_dir, _ = trained
     recs = wandb_records(run_dir)
-    run = wandb_offline.run_record(recs)
+    run = offline_reader.run_record(recs)
     assert run["run_group"] == "kjv-study" and run["job_type"] == "train"
-    curves = wandb_offline.step_metrics(recs)
+    curves = offline_reader.step_metrics(recs)
     assert {curves[g] for g in ("train/*", "eval/*", "checkpoint/*")} == {"tokens"}
     assert curves["probe/*"] == "probe_tokens"
     tokens_per_step = 32 * 20 * 2  # batch x unroll x workers
-    rows = wandb_offline.history(recs)
+    rows = offline_reader.history(recs)
     stepped = [row for row in rows if "tokens" in row]  # all but a probe's row past the last step
     assert len(stepped) >= STEPS // 10 and all(
         row["tokens"] == row["_step"] * tokens_per_step for row in stepped
@@ -202,7 +202,7 @@ def test_the_dashboard_run_joins_its_group_against_tokens_with_the_best_perplexi
     evals = [r for r in read_metrics(os.path.join(run_dir, METRICS_FILE)) if r["kind"] == "eval"]
     best = min(evals, key=lambda r: r["eval/perplexity"])
     assert best["tokens"] == best["step"] * tokens_per_step  # metrics.jsonl carries them too
-    got = wandb_offline.summary(recs)
+    got = offline_reader.summary(recs)
     assert got["best/perplexity"] == pytest.approx(best["eval/perplexity"], rel=1e-9)
     assert got["best/step"] == best["step"] and got["best/tokens"] == best["tokens"]
     ratio = best["eval/perplexity"] / best["eval/unigram_perplexity"]

@@ -1,4 +1,5 @@
-"""Reading wandb's offline run files back, for tests: wandb 0.31 ships no Python reader.
+"""Reading wandb's offline run files back (the tests, ``pipeline/tools/dashboard_picture.py``):
+wandb 0.31 ships no Python reader.
 
 A ``run-<id>.wandb`` file is a LevelDB-style log: a 7-byte header (``:W&B``, 0xBEE1, a version),
 then 32 KiB blocks of records, each with a 7-byte header (crc32 of its type and payload, uint32
@@ -6,9 +7,9 @@ little-endian; its length, uint16; its type, FULL 1 / FIRST 2 / MIDDLE 3 / LAST 
 does not fit a block's end continuing in the next; zeros pad a block's tail. Joined, the pieces are
 wandb's protobuf ``Record`` messages (``wandb.proto.wandb_internal_pb2``).
 
-They are parsed in a child process, so wandb is never imported into the test process, which also
-drives Ray; the child prints each record as JSON (protobuf's own mapping, field names as in the
-``.proto``).
+They are parsed in a child process, so wandb is never imported into the calling process (a test
+process also drives Ray); the child prints each record as JSON (protobuf's own mapping, field names
+as in the ``.proto``).
 """
 
 from __future__ import annotations
