@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,23 @@ class StageLog:
     images: dict[str, bytes] = field(default_factory=dict)
     uses: tuple[OutputArtifact, ...] = ()
     produces: OutputArtifact | None = None
+
+
+_media: tempfile.TemporaryDirectory | None = None
+
+
+def _media_folder() -> None:
+    """wandb first writes a logged table or image into a folder it makes once, when imported
+    (``wandb.sdk.data_types._private.MEDIA_TMP``). Imported inside an embedded Ray session, that
+    folder is in the session's own temporary folder, which goes with the session
+    (``pipeline/runtime/ray_runtime.py``), so a run after it (``elmo pipeline``'s probe) could log
+    no table: such a run gets a folder of its own in the temporary folder of now."""
+    global _media
+    from wandb.sdk.data_types import _private
+
+    if not os.path.isdir(_private.MEDIA_TMP.name):
+        _media = tempfile.TemporaryDirectory("wandb-media")
+        _private.MEDIA_TMP.name = _media.name
 
 
 def run_name(settings: WandbConfig, stage: str) -> str:
@@ -111,6 +129,7 @@ class StageRun:
         import wandb
         from PIL import Image
 
+        _media_folder()
         media: dict[str, Any] = {
             name: wandb.Table(columns=columns, data=rows) for name, (columns, rows) in log.tables.items()
         }

@@ -63,6 +63,21 @@ def test_a_second_run_into_the_output_is_an_attempt_of_its_own(tmp_path):
     assert sorted(os.listdir(tmp_path / "shards" / "wandb")) == ["attempt-001", "attempt-002"]
 
 
+def test_a_run_after_wandbs_media_folder_went_logs_its_table(tmp_path):
+    """wandb makes its media folder once, at import: inside an embedded Ray session that folder goes
+    with the session, and the pipeline's probe runs after it."""
+    import shutil
+
+    from wandb.sdk.data_types import _private
+
+    log_stage_run(WandbConfig(), str(tmp_path / "first"), LOG)  # wandb imported, its folder made
+    shutil.rmtree(_private.MEDIA_TMP.name)
+    assert log_stage_run(WandbConfig(), str(tmp_path / "probe"), LOG)
+    (path,) = offline_reader.run_files(tmp_path / "probe" / "wandb")
+    (row,) = [r for r in offline_reader.history(offline_reader.records(path)) if "probe/table" in r]
+    assert (path.parent / "files" / row["probe/table"]["path"]).is_file()
+
+
 def test_disabled_logs_nothing(tmp_path):
     assert log_stage_run(WandbConfig(mode=WandbMode.disabled), str(tmp_path / "out"), LOG) is None
     assert not (tmp_path / "out").exists()
