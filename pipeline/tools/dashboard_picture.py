@@ -1,6 +1,6 @@
 """A picture of what a pipeline's wandb group shows, drawn from its offline files (no wandb server):
-the lineage of its artifacts, the training curves against tokens, the probe's table and the embed
-run's throughput. The README's picture is this tool's, on ``make demo``'s output.
+the lineage of its artifacts, the training curves against tokens, the probe's table and the runs'
+summaries. The README's picture is this tool's, on ``make demo``'s output.
 
     python -m pipeline.tools.dashboard_picture runs/demo docs/images/dashboard-demo.png
 
@@ -113,12 +113,19 @@ def _draw_lineage(ax, stages: list[StageRecords]) -> None:
 
 def _draw_curves(ax, train: StageRecords) -> None:
     evals = [r for r in train.history if "eval/perplexity" in r and "tokens" in r]
-    trains = [r for r in train.history if "train/perplexity" in r and "tokens" in r]
+    trains = [r for r in train.history if "train/sampled_perplexity" in r and "tokens" in r]
+    guard = [r for r in train.history if "guard/perplexity_fwd" in r and "tokens" in r]
     ax.plot(
         [r["tokens"] for r in trains],
-        [r["train/perplexity"] for r in trains],
-        label="train/perplexity (sampled)",
+        [r["train/sampled_perplexity"] for r in trains],
         color="0.6",
+        label="train/sampled_perplexity",
+    )
+    ax.plot(
+        [r["tokens"] for r in guard],
+        [(r["guard/perplexity_fwd"] + r["guard/perplexity_bwd"]) / 2 for r in guard],
+        color="tab:orange",
+        label="guard/perplexity (held-out sample)",
     )
     ax.plot(
         [r["tokens"] for r in evals], [r["eval/perplexity"] for r in evals], "o-", label="eval/perplexity"
@@ -129,7 +136,7 @@ def _draw_curves(ax, train: StageRecords) -> None:
             ax.axhline(last[key], linestyle=style, color="0.3", label=key.split("/")[1].replace("_", " "))
     ax.set_yscale("log")
     ax.set_xlabel("tokens (the step metric of every curve)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper right")
     best = train.summary.get("best/perplexity")
     ax.set_title(
         f"train: held-out perplexity (summary best/perplexity {best:.1f})" if best else "train", fontsize=9
@@ -151,13 +158,30 @@ def _draw_probe(ax, probe: StageRecords) -> None:
     ax.set_title("probe: probe/table (accuracy per layer)", fontsize=9)
 
 
-def _draw_embed(ax, embed: StageRecords) -> None:
-    rows = sorted((r for r in embed.history if "shards_done" in r), key=lambda r: r["shards_done"])
-    ax.plot([r["shards_done"] for r in rows], [r["run/tokens_per_s"] for r in rows], "o-")
-    ax.set_xlabel("shards done")
-    ax.set_ylabel("tokens/s so far")
-    total = embed.summary.get("output/tokens")
-    ax.set_title(f"embed: run/tokens_per_s ({total:,} tokens)" if total else "embed", fontsize=9)
+SUMMARY_KEYS = {
+    "shard": ("train/tokens", "heldout/tokens", "train/duplicate_sentences", "vocab/size",
+              "baselines/unigram_perplexity", "baselines/kneser_ney_perplexity"),
+    "train": ("best/perplexity", "best/perplexity_to_unigram", "best/perplexity_to_kneser_ney", "best/tokens"),
+    "embed": ("output/tokens", "output/shards", "run/tokens_per_s"),
+    "probe": ("pos/best_layer", "pos/best_accuracy", "control/pos/best_accuracy", "wsd/best_accuracy"),
+}  # fmt: skip
+"""The summary entries the picture shows of each run (a few of those the runs table sorts by)."""
+
+
+def _draw_summaries(ax, stages: list[StageRecords]) -> None:
+    lines = []
+    for stage in stages:
+        lines.append(f"{stage.job_type} run")
+        for key in SUMMARY_KEYS.get(stage.job_type, ()):
+            value = stage.summary.get(key)
+            if isinstance(value, float):
+                lines.append(f"   {key}  {value:.3g}" if value < 10 else f"   {key}  {value:,.1f}")
+            elif value is not None:
+                lines.append(f"   {key}  {value:,}")
+    text = "\n".join(lines)
+    ax.text(0.0, 1.0, text, va="top", ha="left", family="monospace", fontsize=7.5, transform=ax.transAxes)
+    ax.axis("off")
+    ax.set_title("the runs' summaries (what the runs table sorts by)", fontsize=9)
 
 
 def draw(root: Path, out: Path) -> None:
@@ -173,13 +197,14 @@ def draw(root: Path, out: Path) -> None:
     figure = plt.figure(figsize=(13, 7.5))
     grid = figure.add_gridspec(2, 3, height_ratios=[1, 1.2])
     _draw_lineage(figure.add_subplot(grid[0, :]), stages)
-    panels = [("train", _draw_curves), ("probe", _draw_probe), ("embeddings", _draw_embed)]
+    panels = [("train", _draw_curves), ("probe", _draw_probe)]
     for k, (name, draw_panel) in enumerate(panels):
         ax = figure.add_subplot(grid[1, k])
         if found[name] is not None:
             draw_panel(ax, found[name])
         else:
             ax.axis("off")
+    _draw_summaries(figure.add_subplot(grid[1, 2]), stages)
     group = stages[0].group
     figure.suptitle(f"wandb group '{group}': {len(stages)} runs (from the offline files)", fontsize=11)
     figure.tight_layout()
