@@ -165,6 +165,7 @@ def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> StageResul
     # the wandb run's files live in the output folder; a single file's parts folder is no place for them
     tracked = replace(cfg.wandb, mode=WandbMode.disabled) if single else cfg.wandb
     tracking = StageRun(tracked, cfg.output, "embed", to_dict(cfg))
+    tracking.system_stats = True  # the node's charts (a GPU's among them) beside the stage's curves
     job = _EmbedJob(cfg, single, target, source, kind, paths, session or RaySession.joined(), tracking)
     try:
         # the claim is the run's once it wrote run.json (a resumed run's is an earlier run's)
@@ -239,7 +240,6 @@ def _run(job: _EmbedJob, claim: Claim) -> StageResult:
         if todo:
             check_capacity(cfg, 1 if cfg.stateful else cfg.workers, gpus, embedded)
         settings = settings_for(cfg, "cuda" if gpus else "cpu", choose_pass_size(cfg, job.source, gpus))
-        job.tracking.system_stats = bool(gpus)  # the GPU's charts beside the stage's curves
         pool = actor_pool(cfg, gpus) if todo else None
         stream = embed_stream(todo, source, settings, target, pool)
         for result in stream:

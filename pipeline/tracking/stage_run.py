@@ -78,7 +78,8 @@ def run_name(settings: WandbConfig, stage: str) -> str:
 class StageRun:
     """A one-shot stage's wandb run into ``output``'s ``wandb/``, started by its first :meth:`log`
     or by :meth:`finish` (so a rerun with nothing to do, which calls neither, leaves no run).
-    ``system_stats``: wandb's system charts (GPU utilisation, memory, power), for a stage on GPUs."""
+    ``system_stats``: wandb's system charts (GPU utilisation, memory, power; CPU and memory), for a
+    stage that logs as it goes (embed); a run logged once its work is done has nothing to chart."""
 
     def __init__(self, settings: WandbConfig, output: str, job_type: str, config: dict):
         self.settings, self.output, self.job_type, self.config = settings, output, job_type, config

@@ -208,7 +208,7 @@ class RunLog:
         run_dir = RunDir(plan.run_dir)
         self.metrics = MetricsLog(run_dir.metrics, resumed_from, writer.records) if rank == 0 else None
         self.wandb = (
-            WandbRun(cfg.wandb, plan.run_dir, plan.name, config, plan.wandb_id, writer.records, plan.use_gpu)
+            WandbRun(cfg.wandb, plan.run_dir, plan.name, config, plan.wandb_id, writer.records)
             if rank == 0
             else None
         )

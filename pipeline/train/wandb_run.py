@@ -45,7 +45,8 @@ class WandbRun:
 
     ``settings``: the ``WandbConfig``; ``wandb_id``: the run's id from ``run.json``; ``writes``:
     the run's records queue (``run_dir.RunWriter``), which carries the copies to an s3 run directory;
-    ``use_gpu``: wandb's system charts on (GPU utilisation, memory, power), off on CPU.
+    wandb's system charts are on (GPU utilisation, memory and power on GPUs; CPU, memory, disk and
+    network everywhere): their sampling costs no measurable CPU (docs/outputs.md#the-dashboard).
     """
 
     def __init__(
@@ -56,7 +57,6 @@ class WandbRun:
         config: dict,
         wandb_id: str,
         writes: WriteQueue,
-        use_gpu: bool = False,
     ):
         self.run_dir, self.writes = run_dir, writes
         self.run = None
@@ -88,7 +88,7 @@ class WandbRun:
             # offline runs cannot resume (each attempt is a directory of its own, synced with --id)
             resume="allow" if mode is WandbMode.online else None,
             config=config,
-            settings=wandb.Settings(console="off", silent=True, x_disable_stats=not use_gpu),
+            settings=wandb.Settings(console="off", silent=True, x_disable_stats=False),
         )
         for metric in (STEP_METRIC, PROBE_STEP_METRIC):
             self.run.define_metric(metric)
