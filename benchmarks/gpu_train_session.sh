@@ -184,7 +184,9 @@ if in_part reference && [ -n "${REF_CORPUS:-}" ]; then
         model=$work/ref_export
         step ref_export 30 $py -m jobs.cli export "$work/reference" "$model"
     fi
-    step ref_probe 100 $py -m jobs.cli probe --model "$model" --output "$out/reference/probe" --control
+    # (no wandb run: its files would go to OUT, whose files come back 2 folders deep at most)
+    step ref_probe 100 $py -m jobs.cli probe --model "$model" --output "$out/reference/probe" --control \
+        wandb.mode=disabled
     head -n 50000 "$ref_corpus" >"$work/ref_slice.txt"
     step ref_embed 45 $py -m jobs.cli embed --model "$model" --input "$work/ref_slice.txt" \
         --output "$work/ref_embed" --layers top --dtype float16 progress=false
