@@ -174,7 +174,7 @@ def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> StageResul
     except BaseException:
         tracking.abandon()
         raise
-    if result.tokens:  # a rerun that found every shard done logs no run
+    if result.tokens and tracking.enabled:  # a rerun that found every shard done logs no run
         uses = (model_artifact(source.options_file, source.weights_file),)
         if kind == "shards":
             uses += (dataset_artifact(paths[0], read_manifest(paths[0])),)

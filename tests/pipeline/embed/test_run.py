@@ -220,9 +220,13 @@ def test_single_file_has_allennlp_layout(ray_local, tmp_path, model):
     with pytest.raises(EmbedError, match=r"out.hdf5 already exists; pass --overwrite \(overwrite=true\)"):
         run_embed(_config(**args))
     assert out.read_bytes() == b"an older file" and not (tmp_path / "out.hdf5.parts").exists()
-    result = run_embed(_config(**args, overwrite=True))
-    assert result.complete and result.details["shards"] == 3
-    assert not (tmp_path / "out.hdf5.parts").exists()  # parts removed after the merge
+    # wandb offline, as by default: a single file logs no run (no folder of its own for the files)
+    result = run_embed(_config(**args, overwrite=True, **{"wandb.mode": "offline"}))
+    assert result.complete and result.details["shards"] == 3 and "wandb_sync" not in result.details
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "in.txt",
+        "out.hdf5",
+    ]  # parts removed after the merge
     data = read_hdf5(out)
     assert sorted(data) == sorted([str(i) for i in range(len(lines))] + ["sentence_to_index"])
     with h5py.File(out, "r") as f:
