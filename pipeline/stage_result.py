@@ -14,7 +14,8 @@ class StageResult:
     rerun that resumed or found its output complete counts only what it did); ``complete``: False
     when the run stopped early on purpose and a rerun with the same arguments finishes it;
     ``details``: the stage's own facts (shard: ``manifest``; train: the final ``status`` row of
-    metrics.jsonl; embed: shard and sentence counts and the output's ``totals``).
+    metrics.jsonl; embed: shard and sentence counts, the output's ``totals``, and its ``manifest``
+    once complete).
     """
 
     stage: str

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import json
-
 from pipeline.config import to_dict
 from pipeline.embed import manifest
 from pipeline.embed.config import EmbedConfig
@@ -43,6 +41,5 @@ def embed_log(config: EmbedConfig, result: StageResult, uses: tuple[OutputArtifa
     )
     produces = None
     if result.complete:
-        document = json.loads(storage.read_bytes(manifest.manifest_path(config.output)))
-        produces = embeddings_artifact(config.output, document)
+        produces = embeddings_artifact(config.output, result.details["manifest"])
     return StageLog("embed", to_dict(config), summary, uses=uses, produces=produces)

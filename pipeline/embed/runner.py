@@ -270,6 +270,7 @@ def _run(job: _EmbedJob, claim: Claim) -> StageResult:
         raise EmbedError(f"output {target}: shards {missing[:5]} were not written; rerun to finish")
     document = manifest.build_manifest(run, source.to_dict(), entries, to_dict(cfg))
     manifest.write_json(manifest.manifest_path(target), document)
+    result.details["manifest"] = document
     if single:
         merge(
             target,

@@ -88,7 +88,8 @@ def model_artifact(options_file: str, weights_file: str) -> OutputArtifact:
 
 def log_output(run, artifact: OutputArtifact) -> None:
     """Log ``artifact`` as the output of ``run`` (a wandb run)."""
-    run.log_artifact(artifact.build())
+    with _logged(artifact):
+        run.log_artifact(artifact.build())
 
 
 def use_input(run, artifact: OutputArtifact, offline: bool) -> None:
@@ -96,15 +97,16 @@ def use_input(run, artifact: OutputArtifact, offline: bool) -> None:
     ``use_artifact`` offline, so an offline run records what ``use_artifact`` itself sends for an
     artifact it has not seen logged: the artifact, to be used once committed. ``wandb sync`` replays
     it; the producer's version has the same digest, so it becomes that version's use."""
-    built = artifact.build()
-    if offline:
-        run._log_artifact(built, is_user_created=True, use_after_commit=True)
-    else:
-        run.use_artifact(built)
+    with _logged(artifact):
+        built = artifact.build()
+        if offline:
+            run._log_artifact(built, is_user_created=True, use_after_commit=True)
+        else:
+            run.use_artifact(built)
 
 
 @contextmanager
-def artifact_logged(artifact: OutputArtifact) -> Iterator[None]:
+def _logged(artifact: OutputArtifact) -> Iterator[None]:
     """Around logging ``artifact``: where its files cannot be checksummed (an S3 endpoint wandb's
     own client does not reach), one line says so and the run goes on without it."""
     try:

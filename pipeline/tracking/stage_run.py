@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.runtime import storage
-from pipeline.tracking.artifacts import OutputArtifact, artifact_logged, log_output, use_input
+from pipeline.tracking.artifacts import OutputArtifact, log_output, use_input
 from pipeline.tracking.config import WandbConfig, WandbMode
 from pipeline.tracking.offline_files import WANDB_DIR, OfflineCopy, new_wandb_id, next_attempt, sync_command
 
@@ -31,6 +31,66 @@ def check_credentials() -> None:
             "wandb.mode=online needs credentials: set WANDB_API_KEY or run `wandb login`; "
             "or use wandb.mode=offline"
         )
+
+
+def start_run(
+    settings: WandbConfig, folder: str, *, system_stats: bool, **init: Any
+) -> tuple[Any, OfflineCopy]:
+    """A wandb run of ``settings`` (not ``disabled``) whose files go to a new attempt under
+    ``folder`` (an output's ``wandb/``), and that attempt's ``OfflineCopy``. ``init``: the rest of
+    ``wandb.init``'s arguments (name, id, job_type, config ...); ``system_stats``: wandb's system
+    charts (their sampling costs no measurable CPU: ``benchmarks/wandb_stats.py``)."""
+    if settings.mode is WandbMode.online:
+        check_credentials()
+    import wandb
+
+    files = OfflineCopy(next_attempt(folder))
+    # a wandb service inherited through the environment (a driver or a test process that ran wandb
+    # before starting Ray) would hold the streams of every run: a killed run's stream would then
+    # keep the run's id "in use" for the next. Each run's process starts its own.
+    os.environ.pop("WANDB_SERVICE", None)
+    run = wandb.init(
+        mode=settings.mode.value,
+        dir=files.local,
+        project=settings.project,
+        entity=settings.entity or None,
+        group=settings.group or None,
+        settings=wandb.Settings(console="off", silent=True, x_disable_stats=not system_stats),
+        **init,
+    )
+    return run, files
+
+
+def end_run(run, exit_code: int = 0) -> None:
+    """Finish ``run``, then end wandb's process-wide state (its service, the session's login),
+    which would outlive the run: a later run in this process would inherit another's credentials."""
+    import wandb
+
+    try:
+        run.finish(exit_code=exit_code)
+    finally:
+        wandb.teardown()
+
+
+def media(
+    tables: dict[str, tuple[list[str], list[list[Any]]]], images: dict[str, bytes], caption: str = ""
+) -> dict:
+    """``tables`` (name -> (columns, rows)) as ``wandb.Table``s and ``images`` (name -> PNG bytes)
+    as ``wandb.Image``s, for one ``run.log``."""
+    import wandb
+    from PIL import Image
+
+    _media_folder()
+    values: dict[str, Any] = {
+        name: wandb.Table(columns=columns, data=rows) for name, (columns, rows) in tables.items()
+    }
+    values.update(
+        {
+            name: wandb.Image(Image.open(io.BytesIO(png)), caption=caption or None)
+            for name, png in images.items()
+        }
+    )
+    return values
 
 
 @dataclass
@@ -95,24 +155,14 @@ class StageRun:
     def _start(self) -> None:
         if self.run is not None or not self.enabled:
             return
-        if self.settings.mode is WandbMode.online:
-            check_credentials()
-        import wandb
-
-        self._files = OfflineCopy(next_attempt(storage.join(self.output, WANDB_DIR)))
-        # a wandb service inherited through the environment would outlive this run (see train's run)
-        os.environ.pop("WANDB_SERVICE", None)
-        self.run = wandb.init(
-            mode=self.settings.mode.value,
-            dir=self._files.local,
-            project=self.settings.project,
-            entity=self.settings.entity or None,
+        self.run, self._files = start_run(
+            self.settings,
+            storage.join(self.output, WANDB_DIR),
             name=run_name(self.settings, self.job_type),
             id=self._id,
-            group=self.settings.group or None,
             job_type=self.job_type,
             config=self.config,
-            settings=wandb.Settings(console="off", silent=True, x_disable_stats=not self.system_stats),
+            system_stats=self.system_stats,
         )
 
     def log(self, row: dict[str, float | int]) -> None:
@@ -127,23 +177,13 @@ class StageRun:
         if not self.enabled:
             return None
         self._start()
-        import wandb
-        from PIL import Image
-
-        _media_folder()
-        media: dict[str, Any] = {
-            name: wandb.Table(columns=columns, data=rows) for name, (columns, rows) in log.tables.items()
-        }
-        media.update({name: wandb.Image(Image.open(io.BytesIO(png))) for name, png in log.images.items()})
-        if media:
-            self.run.log(media)
+        if log.tables or log.images:
+            self.run.log(media(log.tables, log.images))
         self.run.summary.update(log.summary)
         for artifact in log.uses:
-            with artifact_logged(artifact):
-                use_input(self.run, artifact, offline=self.settings.mode is WandbMode.offline)
+            use_input(self.run, artifact, offline=self.settings.mode is WandbMode.offline)
         if log.produces is not None:
-            with artifact_logged(log.produces):
-                log_output(self.run, log.produces)
+            log_output(self.run, log.produces)
         self._end(0)
         folder = storage.join(self.output, WANDB_DIR)
         offline = self.settings.mode is WandbMode.offline
@@ -157,14 +197,10 @@ class StageRun:
             self._end(1)
 
     def _end(self, exit_code: int) -> None:
-        import wandb
-
         try:
-            self.run.finish(exit_code=exit_code)
+            end_run(self.run, exit_code)
         finally:
             self.run = None
-            # wandb's process-wide state (its service, a login) would outlive the run
-            wandb.teardown()
             self._files.close()
 
 

@@ -16,14 +16,13 @@ checkpoint interval of history.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from pipeline.runtime.background import WriteQueue
-from pipeline.tracking.artifacts import OutputArtifact, artifact_logged, log_output, use_input
+from pipeline.tracking.artifacts import OutputArtifact, log_output, use_input
 from pipeline.tracking.config import WandbMode
-from pipeline.tracking.offline_files import OfflineCopy, next_attempt
-from pipeline.tracking.stage_run import check_credentials
+from pipeline.tracking.offline_files import OfflineCopy
+from pipeline.tracking.stage_run import end_run, media, start_run
 from pipeline.train.run_dir import RunDir
 
 STEP_METRIC = "tokens"
@@ -67,28 +66,16 @@ class WandbRun:
         self.offline = mode is WandbMode.offline
         if mode is WandbMode.disabled:
             return
-        if mode is WandbMode.online:
-            check_credentials()
-        import wandb
-
-        # a wandb service inherited through the environment (a driver or a test process that ran
-        # wandb before starting Ray) would hold the streams of every attempt: a killed attempt's
-        # stream would then keep the run's id "in use" for the next. Each rank 0 starts its own.
-        os.environ.pop("WANDB_SERVICE", None)
-        self.files = OfflineCopy(next_attempt(RunDir(run_dir).wandb))
-        self.run = wandb.init(
-            mode=mode.value,
-            dir=self.files.local,
-            project=settings.project,
-            entity=settings.entity or None,
+        self.run, self.files = start_run(
+            settings,
+            RunDir(run_dir).wandb,
             name=name,
             id=wandb_id,
-            group=settings.group or None,
             job_type="train",
             # offline runs cannot resume (each attempt is a directory of its own, synced with --id)
             resume="allow" if mode is WandbMode.online else None,
             config=config,
-            settings=wandb.Settings(console="off", silent=True, x_disable_stats=False),
+            system_stats=True,
         )
         for metric in (STEP_METRIC, PROBE_STEP_METRIC):
             self.run.define_metric(metric)
@@ -118,14 +105,12 @@ class WandbRun:
     def use(self, artifact: OutputArtifact) -> None:
         """Mark an output the run reads (its shards, a model it continues) as its input."""
         if self.run is not None:
-            with artifact_logged(artifact):
-                use_input(self.run, artifact, self.offline)
+            use_input(self.run, artifact, self.offline)
 
     def produce(self, artifact: OutputArtifact) -> None:
         """Log an output of the run (its export) as a reference artifact."""
         if self.run is not None:
-            with artifact_logged(artifact):
-                log_output(self.run, artifact)
+            log_output(self.run, artifact)
 
     def upload(self) -> None:
         """Queue a copy of the offline files written since the last copy to ``RUN/wandb/attempt-NNN``
@@ -139,13 +124,8 @@ class WandbRun:
         ``RunWriter.close()`` waits for them)."""
         if self.run is None:
             return
-        import wandb
-
-        self.run.finish()
+        end_run(self.run)
         self.run = None
-        # wandb's process-wide state (its service, the session's login) would outlive the run: a
-        # later run in this process would inherit another run's credentials
-        wandb.teardown()
         self.writes.submit(self.files.close)
 
 
@@ -165,17 +145,10 @@ def best_summary(row: dict) -> dict:
 def probe_media(row: dict) -> dict:
     """A dashboard probe's row as wandb reads such results: ``probe/table`` (a ``wandb.Table``: a row
     per probe, its accuracy per layer and its baseline) and ``probe/plot`` (``probe.png``'s chart)."""
-    import io
-
-    import wandb
-    from PIL import Image
-
     from pipeline.probe.dashboard import result_of
     from pipeline.probe.report import plot, table_rows
 
     result = result_of(row)
-    columns, rows = table_rows(result)
-    return {
-        "probe/table": wandb.Table(columns=columns, data=rows),
-        "probe/plot": wandb.Image(Image.open(io.BytesIO(plot(result))), caption=f"step {row['step']}"),
-    }
+    return media(
+        {"probe/table": table_rows(result)}, {"probe/plot": plot(result)}, caption=f"step {row['step']}"
+    )
