@@ -25,10 +25,12 @@
 #      from the disk's speed)
 #   6. the reference model (PART=reference; needs REF_CORPUS=corpus.txt.xz carried in, built by
 #      `benchmarks/debian_corpus.py OUT --leave-out wordnet-base --without-probe-sentences`):
-#      sharded here (with the Kneser-Ney baseline), `small` trained in bf16 for REF_STEPS steps at
-#      REF_BATCH rows (128 at the GPU's sqrt rule, as the batch study chose; REF_EXTRA: more
-#      overrides), its curves and eval rows, `elmo probe --control` of its export, and `elmo embed` of 50,000 lines of the corpus; the figures
-#      come back under OUTDIR/reference, the weights do not
+#      sharded here (with the Kneser-Ney 5-gram), `small` with the preset's GPU recipe (REF_RECIPE:
+#      more overrides) in bf16 for a time budget (REF_BUDGET, 5m) through benchmarks/time_to_target.py:
+#      its curve against tokens and seconds beside the split's Kneser-Ney 3- and 5-gram (and an earlier
+#      curve, REF_PREVIOUS), then `elmo probe --control` of its export and `elmo embed` of 50,000 lines
+#      of the corpus; the figures come back under OUTDIR/reference, the weights do not
+#   7. two recipes at equal minutes (PART=recipe: REC_A and REC_B for REC_BUDGET each)
 # A corpus travels xz-compressed (gzip works too): beside the packages (.whl/site.tar.xz, 31 MB) a
 # gzipped Debian corpus (20-24 MB) would pass the call's 64 MiB carry limit, its xz (14-16 MB) does not.
 set -u
@@ -40,7 +42,7 @@ device=${DEVICE:-cuda}
 steps=${STEPS:-300}            # the dry run uses a few steps
 resume_steps=$((steps + (steps + 2) / 3))
 extra=${EXTRA:-}               # more train overrides (the dry run: a small batch)
-part=${PART:-all}              # bench (1, 2, 5), run (3), io (the CUDA tests and 5), convergence (4), reference (6), or all
+part=${PART:-all}              # bench (1, 2, 5), run (3), io (the CUDA tests and 5), convergence (4), reference (6), recipe (7), or all
 deadline=$((SECONDS + ${BUDGET:-540}))  # every step ends by then, whatever its own limit
 work=$(mktemp -d /tmp/elmo-gpu-XXXXXX)
 logs=$work/logs
@@ -142,54 +144,69 @@ fi
 
 # 4. tokens-to-quality against the batch (issue 25): the Debian corpus (benchmarks/debian_corpus.py,
 # built where a registry is reachable and carried here: CORPUS=path/corpus.txt.xz) sharded here, then
-# small at 128, 512 and 2048 rows with the sqrt rule and 2048 with the linear one, one token budget
+# small at each of CONV_BATCHES rows (the product's rate rule) over one token budget, as recipes of the
+# time-to-target benchmark
 if in_part convergence && [ -n "${CORPUS:-}" ]; then
     corpus=$(plain_corpus "$CORPUS" corpus)
     step corpus_shards 60 $py -m jobs.cli shard --input "$corpus" --output "$work/corpus_shards" \
         heldout_fraction=0.005 progress=false
-    # CONV_BATCHES: the rows per GPU to run (the linear rule at the last); CONV_PREVIOUS: a curves.json
-    # of earlier runs of the same CONV_TOKENS to complete (benchmarks/results/), not rerun
-    if [ "$device" = cuda ]; then conv=(--device cuda --tokens "${CONV_TOKENS:-30000000}" --batches "${CONV_BATCHES:-128,512,2048}")
-    else conv=(--preset tiny --batches "${CONV_BATCHES:-8,32}" --tokens "${CONV_TOKENS:-20000}" --evals 2 --eval-batches 2); fi
+    # CONV_PREVIOUS: a time_to_target.json of earlier runs of the same CONV_TOKENS to complete, not rerun
+    if [ "$device" = cuda ]; then conv=(--device cuda --preset small --workers 1 --tokens "${CONV_TOKENS:-30000000}" --log-every 100)
+    else conv=(--preset tiny --workers 1 --tokens "${CONV_TOKENS:-20000}" --evals 2 --eval-batches 2); fi
+    conv_recipes=()
+    for rows in $(echo "${CONV_BATCHES:-128,512,2048}" | tr , ' '); do conv_recipes+=(--recipe "batch-$rows: batch_size=$rows"); done
     [ -n "${CONV_PREVIOUS:-}" ] && conv+=(--previous "$CONV_PREVIOUS")
-    step convergence 420 $py benchmarks/batch_convergence.py --shards "$work/corpus_shards" \
-        --out "$out/convergence" --log-dir "$logs/convergence" "${conv[@]}"
+    step convergence 420 $py benchmarks/time_to_target.py --shards "$work/corpus_shards" --seeds 0 \
+        --out "$out/convergence" --log-dir "$logs/convergence" "${conv[@]}" "${conv_recipes[@]}" --orders 3
     # the paper's budget from those curves (issue 35 item 5): 10 epochs of the 1B Word Benchmark on 8
     # GPUs; the step table this session measured when it ran PART=bench, else the H100's in the docs
     steps_json=(); [ -f "$logs/train_step.json" ] && steps_json=(--step-json "$logs/train_step.json")
-    step paper_budget 20 $py benchmarks/paper_budget.py --curves "$out/convergence/curves.json" "${steps_json[@]}"
+    step paper_budget 20 $py benchmarks/paper_budget.py --curves "$out/convergence/time_to_target.json" "${steps_json[@]}"
 fi
 
-# 6. the reference model (issue 35): the recipe on the corpus without the probe's sentences, then
-# what its layers know and an embedding run; its time is what the session has left
+# 6. the reference model (issues 35, 52): the preset's recipe (REF_RECIPE: more overrides) on the corpus
+# without the probe's sentences, trained for a time budget (REF_BUDGET, default 5m: the run plans its
+# steps to end on time, exported) through the time-to-target benchmark, its curve beside the previous
+# default's (REF_PREVIOUS, benchmarks/results/) and the split's Kneser-Ney 3- and 5-gram; then what its
+# layers know (the probe with its random control) and an embedding run of 50,000 lines. The shard
+# stage counts the 5-gram; the benchmark counts the 3-gram after the run (no training time spent)
 if in_part reference && [ -n "${REF_CORPUS:-}" ]; then
     mkdir -p "$out/reference"
     ref_corpus=$(plain_corpus "$REF_CORPUS" ref_corpus)
-    step ref_shards 60 $py -m jobs.cli shard --input "$ref_corpus" --output "$work/ref_shards" \
-        heldout_fraction=0.005 progress=false
+    step ref_shards 90 $py -m jobs.cli shard --input "$ref_corpus" --output "$work/ref_shards" \
+        heldout_fraction=0.005 kneser_ney_order=5 progress=false
     if [ "$device" = cuda ]; then
-        ref=(--preset small use_gpu=true "batch_size=${REF_BATCH:-128}") ref_steps=${REF_STEPS:-30000}
+        ref=(--device cuda --preset small --time-budget "${REF_BUDGET:-5m}" --eval-every "${REF_EVAL_EVERY:-600}" --log-every 100)
     else
-        ref=(--preset tiny "use_gpu=false" threads_per_worker=2 batch_size=8) ref_steps=${REF_STEPS:-40}
+        ref=(--preset tiny --time-budget "${REF_BUDGET:-40s}" --eval-every "${REF_EVAL_EVERY:-20}" --eval-batches 5)
     fi
-    # the training gets what the session has left but the 180 s the export, the probe and the embed
-    # run need: stopped at its limit (SIGTERM stops it like Ctrl-C), its last checkpoint is exported
-    step ref_train $((deadline - SECONDS - 180)) $py -m jobs.cli train --shards "$work/ref_shards" \
-        --output "$work/reference" --workers 1 --max-steps "$ref_steps" "${ref[@]}" wandb.mode=disabled \
-        log_every=$((ref_steps / 50 > 0 ? ref_steps / 50 : 1)) eval_every=$((ref_steps / 6 > 0 ? ref_steps / 6 : 1)) \
-        checkpoint_every=$((ref_steps / 20 > 0 ? ref_steps / 20 : 1)) seed=0 ${REF_EXTRA:-}
-    cp "$work/reference/metrics.jsonl" "$work/reference/perplexity.png" "$out/reference/" 2>/dev/null
-    model=$work/reference/export
-    if [ ! -f "$model/options.json" ]; then
-        model=$work/ref_export
-        step ref_export 30 $py -m jobs.cli export "$work/reference" "$model"
-    fi
+    ref_previous=()
+    [ -n "${REF_PREVIOUS:-}" ] && ref_previous=(--previous "$REF_PREVIOUS")
+    step ref_train $((deadline - SECONDS - 200)) $py benchmarks/time_to_target.py --shards "$work/ref_shards" \
+        --out "$out/reference" --keep "$work/ref_runs" --log-dir "$logs/ref_train" --workers 1 --seeds 0 \
+        --orders 3,5 "${ref[@]}" "${ref_previous[@]}" --recipe "candidate: ${REF_RECIPE:-}"
+    run_dir=$work/ref_runs/candidate-seed0
+    cp "$run_dir/metrics.jsonl" "$run_dir/perplexity.png" "$out/reference/" 2>/dev/null
+    model=$run_dir/export
     # (no wandb run: its files would go to OUT, whose files come back 2 folders deep at most)
     step ref_probe 100 $py -m jobs.cli probe --model "$model" --output "$out/reference/probe" --control \
         wandb.mode=disabled
     head -n 50000 "$ref_corpus" >"$work/ref_slice.txt"
     step ref_embed 45 $py -m jobs.cli embed --model "$model" --input "$work/ref_slice.txt" \
         --output "$work/ref_embed" --layers top --dtype float16 progress=false
+fi
+
+# 7. two recipes at equal minutes (PART=recipe; REC_A / REC_B: 'NAME: key=value ...', REC_BUDGET each)
+# on the reference corpus, as time-to-target measures them
+if in_part recipe && [ -n "${REF_CORPUS:-}" ]; then
+    ref_corpus=$(plain_corpus "$REF_CORPUS" ref_corpus)
+    step rec_shards 90 $py -m jobs.cli shard --input "$ref_corpus" --output "$work/rec_shards" \
+        heldout_fraction=0.005 kneser_ney_order=5 progress=false
+    if [ "$device" = cuda ]; then rec=(--device cuda --preset small --time-budget "${REC_BUDGET:-3m}" --eval-every 600 --log-every 100)
+    else rec=(--preset tiny --time-budget "${REC_BUDGET:-30s}" --eval-every 20 --eval-batches 5); fi
+    step recipe $((deadline - SECONDS - 10)) $py benchmarks/time_to_target.py --shards "$work/rec_shards" \
+        --out "$out/recipe" --log-dir "$logs/recipe" --workers 1 --seeds 0 --orders 3,5 "${rec[@]}" \
+        --recipe "${REC_A:-preset:}" --recipe "${REC_B:-bilm-tf: optimizer=bilm_tf}"
 fi
 
 # 2. continued: small

@@ -4,7 +4,7 @@
     python benchmarks/paper_budget.py --curves curves.json --step-json logs/train_step.json --per-gpu 128,256,512
 
 Three measurements meet here:
-- the batch study's curves (``benchmarks/batch_convergence.py``: one GPU, ``small``, each run one
+- the batch study's curves (``benchmarks/time_to_target.py`` with one recipe a batch: one GPU, ``small``, each run one
   global batch): the tokens each batch needs to reach the quality the smallest batch (the recipe's
   arm) reached in the study's budget, as a ratio to the recipe arm's tokens. On 8 GPUs with ``b`` rows
   each the global batch is 8 b; its ratio is interpolated (in log batch) between the study's runs of
@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.exchange_bytes import H100_ORIGINAL_BF16, exchange_row, scaling_efficiency  # noqa: E402
+from benchmarks.time_to_target import crossing  # noqa: E402
 from pipeline.model_config import preset_options  # noqa: E402
 
 BILLION_WORD_TOKENS = 800_000_000
@@ -36,18 +37,9 @@ BILLION_WORD_TOKENS = 800_000_000
 
 
 def tokens_to_reach(evals: list, target: float) -> float | None:
-    """Tokens (per direction) at which a run's held-out perplexity first reaches ``target``, linear in
-    log perplexity between the two evaluations around the crossing; None if it never does.
-    ``evals``: ``[step, tokens, seconds, perplexity]`` rows in step order (curves.json)."""
-    previous = None
-    for _, tokens, _, perplexity in evals:
-        if perplexity <= target:
-            if previous is None or previous[1] <= target:
-                return float(tokens)
-            (t0, p0), (t1, p1) = previous, (tokens, perplexity)
-            return t0 + (t1 - t0) * (math.log(p0) - math.log(target)) / (math.log(p0) - math.log(p1))
-        previous = (tokens, perplexity)
-    return None
+    """Tokens (per direction) at which a run's held-out perplexity first reaches ``target``
+    (``time_to_target.crossing``); None if it never does."""
+    return crossing(evals, target, 1)
 
 
 def recipe_run(runs: list[dict]) -> dict:
@@ -124,7 +116,7 @@ def budget_row(plan: argparse.Namespace, per_gpu: int, ratios: dict, tokens_s: d
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--curves", required=True, help="curves.json of benchmarks/batch_convergence.py")
+    parser.add_argument("--curves", required=True, help="time_to_target.json (or an older curves.json)")
     parser.add_argument(
         "--step-json", default="", help="benchmarks/train_step.py --json (default: the H100 table)"
     )
@@ -143,7 +135,8 @@ def main(argv=None) -> int:
     parser.add_argument("--negatives", type=int, default=8192)
     parser.add_argument("--vocab", type=int, default=793_471)
     plan = parser.parse_args(argv)
-    runs = json.loads(Path(plan.curves).read_text())
+    study = json.loads(Path(plan.curves).read_text())
+    runs = study["runs"] if isinstance(study, dict) else study  # an older curves.json is the list
     recipe = recipe_run(runs)
     target = plan.target or recipe["evals"][-1][3]
     ratios = token_ratios(runs, target, plan.rule)

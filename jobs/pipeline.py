@@ -11,14 +11,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from jobs.stage_args import parse_stage_args, run_main, stage_parser
-from pipeline.config import preset_names, resolve_config
+from jobs.stage_args import parse_stage_args, preset_arg, run_main, stage_parser
+from pipeline.config import resolve_config
 
 
 def build_parser():
     parser = stage_parser("elmo pipeline", "Run the whole pipeline end to end (what `make demo` runs).")
     parser.add_argument(
-        "--preset", choices=preset_names(), default="tiny", help="model size for training (default tiny)"
+        "--preset",
+        type=preset_arg,
+        default="tiny",
+        help="model size for training (default tiny; a recipe may follow: small,bilm-tf)",
     )
     return parser
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from pipeline.config import load_config
+from pipeline.config import load_config, preset_names
 from pipeline.errors import PipelineError, Terminated
 from pipeline.runtime.redaction import redact
 
@@ -27,6 +27,18 @@ def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_config_args(parser)
     return parser
+
+
+def preset_arg(text: str) -> str:
+    """``--preset``'s value: a preset name, or names joined by commas (a size, then a recipe:
+    ``original,bilm-tf``), each one of ``pipeline/presets/``."""
+    known = preset_names()
+    for name in text.split(","):
+        if name.strip() not in known:
+            raise argparse.ArgumentTypeError(
+                f"unknown preset {name.strip()!r}; known presets: {', '.join(known)}"
+            )
+    return text
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:

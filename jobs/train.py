@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jobs.stage_args import parse_stage_args, resolve, run_main, stage_parser
-from pipeline.config import preset_names
+from jobs.stage_args import parse_stage_args, preset_arg, resolve, run_main, stage_parser
 from pipeline.train.progress import baselines_text
 
 FLAGS = {
@@ -34,7 +33,9 @@ def build_parser():
         "--output", metavar="RUN_DIR_OR_S3", help="run directory: metrics, plot, checkpoints, export/"
     )
     parser.add_argument(
-        "--preset", choices=preset_names(), help="model size and recipe from pipeline/presets/"
+        "--preset",
+        type=preset_arg,
+        help="model size and recipe from pipeline/presets/ (a recipe may follow: small,bilm-tf)",
     )
     parser.add_argument("--workers", type=int, metavar="N", help="Ray Train workers (DDP ranks)")
     parser.add_argument(

@@ -88,11 +88,23 @@ def preset_path(name: str) -> Traversable:
     return resource
 
 
+def preset_layers(preset: str) -> list[tuple[str, DictConfig]]:
+    """The preset files a ``--preset`` names, in merge order, as (name, contents): a model size
+    alone (``small``), or a size and a recipe after it (``original,bilm-tf``: the later file's keys
+    win)."""
+    layers = []
+    for name in (part.strip() for part in preset.split(",")):
+        with resources.as_file(preset_path(name)) as path:  # a real file even from a zipped package
+            layers.append((name, _load_yaml(path)))
+    return layers
+
+
 def preset_section(name: str, section: str) -> DictConfig:
-    """One section (``model``, ...) of preset ``name``, as the preset file holds it."""
-    with resources.as_file(preset_path(name)) as path:  # a real file even from a zipped package
-        preset = _load_yaml(path)
-    return preset.get(section) or OmegaConf.create({})
+    """One section (``model``, ...) of preset ``name`` (its files merged), as the files hold it."""
+    merged = OmegaConf.merge(
+        *(layer.get(section) or OmegaConf.create({}) for _, layer in preset_layers(name))
+    )
+    return merged if isinstance(merged, DictConfig) else OmegaConf.create({})
 
 
 def valid_keys(schema: Any, prefix: str = "") -> list[str]:
@@ -268,17 +280,16 @@ def resolve_config(
 ) -> DictConfig:
     """The merged config as an OmegaConf node (for printing, or for a caller that derives keys).
 
-    Merge order: ``schema`` defaults, then ``pipeline/presets/<preset>.yaml``, then ``config_file``, then
+    Merge order: ``schema`` defaults, then ``pipeline/presets/<preset>.yaml`` (each of a
+    comma-separated list, see `preset_layers`), then ``config_file``, then
     ``overrides`` (``["train.workers=2", ...]``). Values are validated against the dataclass
     types and choices. Raises ConfigError, also for a required key left without a value unless
     ``allow_missing``.
     """
     cfg = OmegaConf.structured(schema)
     OmegaConf.set_struct(cfg, True)
-    if preset:
-        with resources.as_file(preset_path(preset)) as path:  # a real file even from a zipped package
-            layer = _select_preset(_load_yaml(path), schema, preset)
-        cfg = _merge(cfg, layer, schema, f"preset {preset!r}")
+    for name, contents in preset_layers(preset) if preset else ():
+        cfg = _merge(cfg, _select_preset(contents, schema, name), schema, f"preset {name!r}")
     if config_file:
         cfg = _merge(cfg, _load_yaml(config_file), schema, str(config_file))
     if overrides:

@@ -27,6 +27,8 @@ class OptimizerName(enum.Enum):
     """bilm-tf's (sparse updates of the softmax rows)."""
     adam = "adam"
     """Adam (dense moments, every softmax row moves)."""
+    adamw = "adamw"
+    """AdamW: Adam with ``weight_decay`` decoupled from the gradient (Loshchilov & Hutter 2019)."""
 
 
 class Schedule(enum.Enum):
@@ -54,7 +56,7 @@ class OptimizerConfig:
     """Optimizer and learning-rate schedule."""
 
     name: OptimizerName = OptimizerName.adagrad
-    """``adagrad`` (bilm-tf; sparse softmax updates) or ``adam``."""
+    """``adagrad`` (bilm-tf; sparse softmax updates), ``adam`` or ``adamw``."""
     lr: float = 0.2
     """Peak learning rate (bilm-tf's Adagrad default 0.2), before ``lr_rule``."""
     lr_rule: LRRule = LRRule.auto
@@ -66,6 +68,9 @@ class OptimizerConfig:
     """Adam's (beta1, beta2)."""
     adam_eps: float = 1e-8
     """Adam's epsilon."""
+    weight_decay: float = 0.0
+    """AdamW's decoupled weight decay (each step multiplies every weight by 1 - lr x weight_decay);
+    ``adam`` and ``adagrad`` take none."""
     schedule: Schedule = Schedule.constant
     """LR schedule after warm-up: ``constant`` (bilm-tf), ``linear`` or ``cosine`` decay."""
     warmup_steps: int = 0
@@ -147,9 +152,20 @@ class TrainConfig:
     """On GPUs, capture the whole training step in a CUDA graph after a few eager steps and replay
     it (one launch per step instead of hundreds); false runs every step eagerly."""
     max_steps: int = 0
-    """Stop after this many steps; 0 = ``n_epochs`` epochs of the manifest's training tokens."""
+    """Stop after this many steps; 0 = ``max_tokens``, else ``n_epochs`` epochs of the manifest's
+    training tokens."""
+    max_tokens: int = 0
+    """Stop after this many training tokens (per direction, all workers together: the ``tokens`` of
+    metrics.jsonl), rounded up to whole steps; 0 = ``n_epochs``. Not with ``max_steps``."""
     n_epochs: int = 10
-    """Epochs that set the run length when ``max_steps`` is 0 (bilm-tf: 10)."""
+    """Epochs that set the run length when ``max_steps`` and ``max_tokens`` are 0 (bilm-tf: 10)."""
+    time_budget: str = ""
+    """Wall time for the whole run, from the command to the exported model: ``90s``, ``45m``,
+    ``2h``, ``1h30m`` or a number of seconds; empty = no budget. The run measures its pace after its
+    first steps and plans its last step so that it ends on time with its final evaluation and
+    export done; the learning-rate schedule decays over the planned steps. The steps of
+    ``max_steps`` / ``max_tokens`` / ``n_epochs`` stay the most it runs. A resumed run finishes the
+    steps first planned (docs/training.md#a-run-planned-to-its-budget)."""
     batch_size: int = 128
     """Rows per worker (bilm-tf: 128 per GPU)."""
     unroll_steps: int = 20
@@ -208,7 +224,15 @@ class TrainConfig:
         check_rules(
             [
                 *((key, getattr(self, key), getattr(self, key) >= 1, ">= 1") for key in _AT_LEAST_ONE),
-                ("max_steps", self.max_steps, self.max_steps >= 0, ">= 0 (0: n_epochs epochs)"),
+                ("max_steps", self.max_steps, self.max_steps >= 0, ">= 0 (0: max_tokens or n_epochs)"),
+                ("max_tokens", self.max_tokens, self.max_tokens >= 0, ">= 0 (0: n_epochs epochs)"),
+                (
+                    "max_tokens",
+                    self.max_tokens,
+                    not (self.max_tokens and self.max_steps),
+                    "0 when max_steps is set (one of the two sets the run's length)",
+                ),
+                ("time_budget", self.time_budget, budget_seconds(self.time_budget) is not None, BUDGET_RULE),
                 ("probe_every", self.probe_every, self.probe_every >= 0, ">= 0 (0: never)"),
                 ("eval_max_batches", self.eval_max_batches, self.eval_max_batches >= 0, ">= 0 (0: all)"),
                 (
@@ -237,6 +261,14 @@ class TrainConfig:
                     self.optimizer.initial_accumulator,
                     _finite(self.optimizer.initial_accumulator) and self.optimizer.initial_accumulator > 0,
                     "a number > 0",
+                ),
+                (
+                    "optimizer.weight_decay",
+                    self.optimizer.weight_decay,
+                    _finite(self.optimizer.weight_decay)
+                    and self.optimizer.weight_decay >= 0
+                    and (self.optimizer.weight_decay == 0 or self.optimizer.name is OptimizerName.adamw),
+                    "a number >= 0, and 0 unless optimizer.name=adamw",
                 ),
                 (
                     "optimizer.adam_eps",
@@ -282,6 +314,26 @@ class TrainConfig:
                 ),
             ]
         )
+
+
+BUDGET_RULE = "a duration such as 90s, 45m, 2h or 1h30m, or a number of seconds, above 0 (empty: none)"
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+
+
+def budget_seconds(text: str) -> float | None:
+    """``time_budget`` in seconds: 0.0 when empty, None when it is no duration (``BUDGET_RULE``)."""
+    text = str(text).strip()
+    if not text:
+        return 0.0
+    try:
+        seconds = float(text)
+    except ValueError:
+        match = _DURATION.fullmatch(text)
+        if match is None or not any(match.groups()):
+            return None
+        hours, minutes, secs = (float(g) if g else 0.0 for g in match.groups())
+        seconds = 3600 * hours + 60 * minutes + secs
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
 
 
 def _finite(value: float) -> bool:

@@ -81,6 +81,13 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def broadcast_from_rank0(tensor: torch.Tensor) -> torch.Tensor:
+    """Rank 0's ``tensor`` on every rank, in place (NCCL sends only CUDA tensors); returns it."""
+    if _initialized():
+        dist.broadcast(tensor, src=0)
+    return tensor
+
+
 def barrier() -> None:
     if _initialized():
         dist.barrier()

@@ -159,6 +159,18 @@ def eval_batches(cfg: Any, final: bool) -> int:
     return min((n for n in limits if n > 0), default=0)
 
 
+def final_eval_batches(cfg: Any, manifest: dict, world: int) -> int:
+    """Held-out batches each of ``world`` ranks scores in the end-of-run evaluation: its share of
+    ``eval_max_batches``, or of the whole split (a batch scores one target a row: every held-out
+    token and each sentence's boundary)."""
+    limit = eval_batches(cfg, final=True)
+    if limit:
+        return -(-limit // world)
+    heldout = manifest["totals"]["heldout"]
+    targets = int(heldout["tokens"]) + int(heldout["sentences"])
+    return -(-targets // (cfg.eval_batch_size * EVAL_UNROLL_STEPS * world))
+
+
 def heldout_perplexities(
     lm: TrainingLM,
     softmax: SharedSoftmax,

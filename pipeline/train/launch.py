@@ -36,7 +36,7 @@ from pipeline.stage_result import StageResult
 from pipeline.tracking.config import WandbMode
 from pipeline.tracking.offline_files import sync_command
 from pipeline.train import export as export_mod
-from pipeline.train.config import NAME_RULE, TrainConfig, run_name_ok
+from pipeline.train.config import NAME_RULE, TrainConfig, budget_seconds, run_name_ok
 from pipeline.train.data import steps_per_epoch
 from pipeline.train.errors import TrainError
 from pipeline.train.evaluate import check_heldout_split
@@ -129,7 +129,8 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
     baselines = _baselines(shards, manifest)
     workers, batch, unroll = cfg.workers, cfg.batch_size, cfg.unroll_steps
     per_epoch = steps_per_epoch(manifest, batch, unroll, workers)
-    total = cfg.max_steps or cfg.n_epochs * per_epoch
+    total = cfg.max_steps or -(-cfg.max_tokens // cfg.tokens_per_step(workers)) or cfg.n_epochs * per_epoch
+    budget = budget_seconds(cfg.time_budget)
     if total <= 0:
         raise TrainError(
             f"{manifest['totals']['train']['tokens']} training tokens are less than one global batch "
@@ -161,6 +162,7 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
         init_from=storage.absolute(cfg.init_from),
         storage_endpoint=cfg.storage_endpoint,
         wandb_id=wandb_id,
+        deadline=time.time() + budget if budget else 0.0,
     )
 
 

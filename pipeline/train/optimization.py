@@ -47,11 +47,13 @@ def build_optimizer(cfg, params: Iterable[nn.Parameter], device: torch.device) -
             fused=True,
         )
     else:
-        optimizer = Adam(
+        adamw = cfg.name is OptimizerName.adamw
+        optimizer = (AdamW if adamw else Adam)(
             params,
             lr=cfg.lr,
             betas=tuple(cfg.adam_betas),
             eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay if adamw else 0.0,
             fused=True,
             capturable=device.type == "cuda",
         )
@@ -93,6 +95,10 @@ class DeviceLR:
 
 class Adam(DeviceLR, torch.optim.Adam):
     """torch's fused Adam with its learning rate on the device (`DeviceLR`)."""
+
+
+class AdamW(DeviceLR, torch.optim.AdamW):
+    """torch's fused AdamW with its learning rate on the device (`DeviceLR`)."""
 
 
 class Adagrad(DeviceLR, torch.optim.Adagrad):
@@ -140,12 +146,13 @@ def takes_sparse_gradients(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def lr_factor(
-    step: int, total_steps: int, schedule: Schedule, warmup_steps: int, final_fraction: float
+    step: int, total_steps: int | None, schedule: Schedule, warmup_steps: int, final_fraction: float
 ) -> float:
-    """Multiplier of the peak lr for the optimizer step numbered ``step`` (0-based) of ``total_steps``."""
+    """Multiplier of the peak lr for the optimizer step numbered ``step`` (0-based) of ``total_steps``
+    (None: not yet known, as before a time budget's first plan: the peak after warm-up)."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
-    if schedule is Schedule.constant:
+    if schedule is Schedule.constant or total_steps is None:
         return 1.0
     span = max(total_steps - warmup_steps, 1)
     progress = min(max(step - warmup_steps, 0) / span, 1.0)

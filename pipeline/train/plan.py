@@ -28,6 +28,9 @@ class RunPlan:
     init_from: str
     storage_endpoint: str
     wandb_id: str
+    deadline: float = 0.0
+    """The ``time.time()`` by which a run with a ``time_budget`` must have ended (0: no budget;
+    ``run_length.RunLength`` plans the steps that fit)."""
     use_gpu: bool = False
     lease_owner: str = ""
     """The owner token of the driver's lease on ``run_dir``, set once it holds it: every write of the

@@ -80,7 +80,21 @@ class ProgressLines:
             return [f"guard step {row['step']}/{self.total_steps}: {row['message']} [{row['action']}]"]
         if row.get("kind") == "probe":
             return [self._probe(row)]
+        if row.get("kind") == "plan":
+            return self._plan(row)
         return []
+
+    def _plan(self, row: dict) -> list[str]:
+        """A time budget's plan: the new last step; a line for the first plan only (the later ones
+        adjust it as the pace becomes better known: in metrics.jsonl)."""
+        self.total_steps = int(row["plan/total_steps"])
+        if not row.get("plan/first"):
+            return []
+        return [
+            f"plan  step {row['step']}: the time budget fits {self.total_steps:,} steps (ends in "
+            f"{_duration(max(0.0, row['plan/deadline_in_s']))}, {row['plan/end_s']:.0f} s of it kept for the final "
+            "evaluation and export); the learning rate's schedule decays over them"
+        ]
 
     def _probe(self, row: dict) -> str:
         def layers(name: str) -> str:

@@ -224,8 +224,9 @@ class StepRunner:
         return int(self.nonfinite.item())
 
     # -- one step ------------------------------------------------------------------------------
-    def train_step(self, batch: LMBatch, total_steps: int) -> StepResult:
-        """Forward, backward, softmax gradient exchange, clipping and the update for one batch.
+    def train_step(self, batch: LMBatch, total_steps: int | None) -> StepResult:
+        """Forward, backward, softmax gradient exchange, clipping and the update for one batch;
+        the learning rate's schedule decays over ``total_steps`` (None: not yet planned).
 
         Returns without waiting for the device; a non-finite step changes nothing and counts in
         ``nonfinite``.

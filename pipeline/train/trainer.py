@@ -34,12 +34,16 @@ from pipeline.train.data import open_lm_batches
 from pipeline.train.distributed import barrier
 from pipeline.train.divergence import DivergenceGuard, GuardReading
 from pipeline.train.errors import TrainError
-from pipeline.train.evaluate import EVAL_UNROLL_STEPS, Evaluator, perplexity
+from pipeline.train.evaluate import EVAL_UNROLL_STEPS, Evaluator, final_eval_batches, perplexity
 from pipeline.train.metrics import RunLog, measure_matmul_peak, plot_perplexity
 from pipeline.train.plan import RunPlan
 from pipeline.train.run_dir import RunDir, RunWriter
+from pipeline.train.run_length import RunLength
 from pipeline.train.sentence_source import ReadAhead
 from pipeline.train.step import StepResult, StepRunner
+
+EXPORT_BYTES_PER_S = 50e6
+"""A cautious write speed of the export's files, for the time a budgeted run keeps for its end."""
 
 
 class Trainer:
@@ -63,13 +67,20 @@ class Trainer:
         self.batches = self._batches("train", cfg.batch_size, cfg.unroll_steps, seed=cfg.seed)
         self.guard = DivergenceGuard(cfg.guard, self._guard_sample()) if cfg.guard.enabled else None
         guarded = {"guard": self.guard} if self.guard is not None else {}
+        self.length = RunLength(plan.total_steps, plan.deadline, cfg.log_every)
         self.checkpointer = Checkpointer(
             plan.run_dir,
             self.rank,
             self.world,
             every=cfg.checkpoint_every,
             keep=cfg.keep_checkpoints,
-            shared={"bilm": runner.bilm, "softmax": runner.softmax, "optimizer": runner.optimizer, **guarded},
+            shared={
+                "bilm": runner.bilm,
+                "softmax": runner.softmax,
+                "optimizer": runner.optimizer,
+                "length": self.length,
+                **guarded,
+            },
             own={"data": self.batches, "lstm": runner.state, "rng": RNGStates(runner.generator)},
             meta={"options": plan.options, "config": to_dict(cfg), "vocab": self.vocab_bytes},
             writes=self.writer.checkpoints,
@@ -129,7 +140,8 @@ class Trainer:
 
     def evaluate(self, final: bool = True) -> dict:
         runner = self.runner
-        return self.evaluator.run(runner.lm, runner.softmax, self.device, runner.autocast_dtype, final)
+        result = self.evaluator.run(runner.lm, runner.softmax, self.device, runner.autocast_dtype, final)
+        return {**result, "train_s": self.length.train_s}
 
     # -- the run, top to bottom ----------------------------------------------------------------
     def run(self) -> dict:
@@ -173,23 +185,30 @@ class Trainer:
     def _steps(self) -> dict:
         """The step loop: steps until the run's last step, a non-finite step or a divergence that
         stops the run; returns the run's status row."""
-        plan, runner, log = self.plan, self.runner, self.log
+        runner, log = self.runner, self.log
         status = {"kind": "status", "step": self.step, "status": "done"}
         # The step never waits for the device; the loop does, only where a component is due (a log
         # line, an evaluation, a checkpoint), so the host prepares the next batches meanwhile.
+        length = self.length
+        components = (log, self.evaluator, self.checkpointer, self.probe)
         compute, steps_timed, start = 0.0, 0, time.perf_counter()
         window = start
-        while self.step < plan.total_steps:
-            out = runner.train_step(next(self.batches), plan.total_steps)
+        while self.step < length.total_steps:
+            out = runner.train_step(next(self.batches), length.schedule_steps)
             steps_timed += 1
-            last = self.step == plan.total_steps
-            due = [c.due(self.step, last) for c in (log, self.evaluator, self.checkpointer, self.probe)]
-            if not any(due):
+            replan = length.due(self.step)
+            last = self.step == length.total_steps
+            due = [c.due(self.step, last) for c in components]
+            if not (replan or any(due)):
                 continue
             skipped = runner.nonfinite_steps()  # waits for the device
             compute += time.perf_counter() - window
+            length.add_training(time.perf_counter() - window)
             if skipped:
                 return self._stopped_on_nonfinite(skipped)
+            if replan and self._replan():  # the time budget ends the run at this step
+                last = True
+                due = [c.due(self.step, last) for c in components]
             # the guard reads before every log line and every checkpoint: a checkpoint is saved only
             # after a reading, so a rollback finds the state of before a divergence
             reading = self._read_guard() if due[0] or due[2] else None
@@ -216,6 +235,39 @@ class Trainer:
                 log.save_tracking()  # the wandb history reaches an s3 run directory with each checkpoint
             window = time.perf_counter()  # evaluation and checkpoints are not training time
         return status
+
+    def _replan(self) -> bool:
+        """Fit the run's last step to its time budget (`RunLength`); the first time, an evaluation
+        prices the end of the run (its evaluation and export). Returns whether this step is now the
+        last."""
+        length = self.length
+        if not length.end_s:
+            row = {"kind": "eval", "step": self.step, **self.evaluate(final=False)}
+            self.log.emit(row)
+            length.note_end_cost(self._end_cost(row))
+        before, was_planned = length.total_steps, length.planned
+        total = length.replan(self.step, self.device)
+        if total != before or (length.planned and not was_planned):
+            self.log.emit(
+                {
+                    "kind": "plan",
+                    "step": self.step,
+                    "plan/total_steps": total,
+                    "plan/first": int(not was_planned),
+                    "plan/end_s": length.end_s,
+                    "plan/deadline_in_s": self.plan.deadline - time.time(),
+                }
+            )
+        return self.step >= total
+
+    def _end_cost(self, eval_row: dict) -> float:
+        """Seconds the end of the run should take, from an evaluation during it (``eval_row``): the
+        final evaluation's batches at that evaluation's pace, and the export's write."""
+        per_rank = max(1, -(-int(eval_row["eval/batches"]) // self.world))
+        final = final_eval_batches(self.cfg, self.plan.manifest, self.world)
+        export_bytes = 4 * sum(p.numel() for p in self.runner.bilm.parameters())
+        export_bytes += 4 * self.runner.softmax.weight.numel()
+        return float(eval_row["eval/seconds"]) * final / per_rank + 2.0 + export_bytes / EXPORT_BYTES_PER_S
 
     def _read_guard(self) -> GuardReading | None:
         if self.guard is None:
@@ -287,6 +339,7 @@ class Trainer:
             "train/softmax_dense_bytes": out.dense_bytes,
             **self.checkpointer.take_metrics(),
             "time": elapsed,
+            "train_s": self.length.train_s,
         }
 
 

@@ -19,7 +19,14 @@ BASE = ["shards=s", "output=o"]
         ("batch_size=0", "config key 'batch_size' must be >= 1, got 0"),
         ("unroll_steps=0", "config key 'unroll_steps' must be >= 1"),
         ("keep_checkpoints=0", "config key 'keep_checkpoints' must be >= 1"),
-        ("max_steps=-1", "config key 'max_steps' must be >= 0 (0: n_epochs epochs)"),
+        ("max_steps=-1", "config key 'max_steps' must be >= 0 (0: max_tokens or n_epochs)"),
+        ("max_tokens=-1", "config key 'max_tokens' must be >= 0 (0: n_epochs epochs)"),
+        ("time_budget=2 hours", "config key 'time_budget' must be a duration such as 90s, 45m, 2h"),
+        ("time_budget=0", "config key 'time_budget' must be a duration"),
+        (
+            "optimizer.weight_decay=0.1",
+            "config key 'optimizer.weight_decay' must be a number >= 0, and 0 unless",
+        ),
         ("eval_max_batches=-1", "config key 'eval_max_batches' must be >= 0 (0: all)"),
         ("seed=-1", "config key 'seed' must be in [0, 2**63 - 1]"),
         ("dropout=1.0", "config key 'dropout' must be in [0, 1)"),
@@ -62,3 +69,18 @@ def test_config_prints_only_what_the_stage_accepts(capsys):
 def test_every_preset_passes_the_rules(preset):
     cfg = load_config(TrainConfig, overrides=BASE, preset=preset)
     assert cfg.batch_size >= 1 and cfg.optimizer.lr > 0
+
+
+def test_a_recipe_preset_after_a_size_is_bilm_tfs_recipe_on_that_model():
+    size = load_config(TrainConfig, overrides=BASE, preset="original")
+    cfg = load_config(TrainConfig, overrides=BASE, preset="original,bilm-tf")
+    assert cfg.model == size.model and cfg.optimizer.name.value == "adagrad" and cfg.optimizer.lr == 0.2
+    assert cfg.optimizer.lr_rule.value == "as_given" and cfg.softmax.offset_penalty == 0.0
+    assert cfg.softmax.negatives == 8192 and cfg.optimizer.schedule.value == "constant"
+    # a key=value still wins over both files
+    assert (
+        load_config(TrainConfig, overrides=[*BASE, "optimizer.lr=0.1"], preset="small,bilm-tf").optimizer.lr
+        == 0.1
+    )
+    with pytest.raises(ConfigError, match="unknown preset 'nope'"):
+        load_config(TrainConfig, overrides=BASE, preset="small,nope")

@@ -1,0 +1,123 @@
+"""A run planned to its budget (pipeline/train/run_length.py): the steps a time budget fits, the
+token budget's steps, the schedule that decays over the planned steps, and a resume that keeps the
+plan."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+from shard_builder import sample_sentences, write_sample_shards
+
+from pipeline.config import ConfigError, load_config
+from pipeline.train.config import Schedule, TrainConfig, budget_seconds
+from pipeline.train.launch import prepare_run
+from pipeline.train.metrics import read_metrics
+from pipeline.train.optimization import lr_factor
+from pipeline.train.run_dir import RunDir
+from pipeline.train.run_length import END_SLACK_S, RunLength
+from pipeline.train.trainer import Trainer
+
+CPU = torch.device("cpu")
+
+
+def test_durations_in_every_spelling():
+    assert budget_seconds("") == 0.0
+    assert budget_seconds("90") == 90.0 and budget_seconds("90s") == 90.0
+    assert budget_seconds("45m") == 2700.0 and budget_seconds("2h") == 7200.0
+    assert budget_seconds("1h30m") == 5400.0 and budget_seconds("1.5m") == 90.0
+    for bad in ("0", "-5", "2 hours", "h", "1m2h", "nan", "inf"):
+        assert budget_seconds(bad) is None, bad
+
+
+def test_a_time_budget_plans_the_steps_that_end_the_run_on_time():
+    length = RunLength(ceiling=10_000, deadline=1000.0, log_every=50)
+    length.note_end_cost(10.0)
+    assert length.schedule_steps is None  # the rate holds its peak until the first plan
+    assert length.due(16) and length.due(32) and length.due(50) and not length.due(17)
+    assert not length.due(8)  # before the first check: a CUDA graph's eager steps are no pace
+    assert length.replan(16, CPU, now=0.0) == 10_000 and not length.planned  # the pace's origin
+    # 1 s a step from step 16 to 32: 1000 - 16 s - the end's 10 s - the slack leave this many steps
+    expected = 32 + math.floor(1000 - 16 - 10 - END_SLACK_S)
+    assert length.replan(32, CPU, now=16.0) == expected and length.planned
+    assert length.schedule_steps == expected
+    # a reading that moves the plan by less than 1% keeps it (the schedule does not jitter)
+    assert length.replan(50, CPU, now=34.1) == expected
+    # a slower pace takes steps away; a deadline passed ends the run at this step
+    assert length.replan(64, CPU, now=90.0) < expected
+    assert length.replan(100, CPU, now=1001.0) == 100
+
+
+def test_the_ceiling_bounds_a_generous_budget():
+    length = RunLength(ceiling=40, deadline=10_000.0, log_every=10)
+    length.replan(16, CPU, now=0.0)
+    assert length.replan(20, CPU, now=0.1) == 40 and length.planned
+
+
+def test_a_resumed_run_keeps_its_plan_and_its_clock():
+    first = RunLength(ceiling=10_000, deadline=100.0, log_every=10)
+    first.replan(16, CPU, now=0.0)
+    planned = first.replan(20, CPU, now=2.0)
+    first.add_training(12.5)
+    resumed = RunLength(ceiling=10_000, deadline=5_000.0, log_every=10)  # a new invocation, more time
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.total_steps == planned and resumed.schedule_steps == planned
+    assert resumed.train_s == 12.5 and not resumed.due(20)  # no new plan: the same schedule
+    unplanned = RunLength(ceiling=300)
+    unplanned.load_state_dict(RunLength(ceiling=300).state_dict())
+    assert unplanned.total_steps == 300 and unplanned.schedule_steps == 300
+
+
+def test_before_its_plan_the_schedule_holds_the_peak_after_warm_up():
+    assert lr_factor(3, None, Schedule.cosine, 10, 0.1) == pytest.approx(0.4)
+    assert lr_factor(50, None, Schedule.cosine, 10, 0.1) == 1.0
+    assert lr_factor(99, 100, Schedule.cosine, 10, 0.1) == pytest.approx(0.1, abs=1e-3)
+
+
+def _config(tmp_path, *overrides: str) -> TrainConfig:
+    sentences = sample_sentences(600)
+    shards = str(tmp_path / "shards")
+    write_sample_shards(shards, sentences[:-100], sentences[-100:])
+    keys = [f"shards={shards}", f"output={tmp_path / 'run'}", "workers=1", "guard.enabled=false"]
+    keys += ["wandb.mode=disabled", "eval_max_batches=2", "checkpoint_every=1000", "log_every=5"]
+    return load_config(TrainConfig, preset="tiny", overrides=[*keys, *overrides])
+
+
+def test_a_token_budget_is_whole_steps_of_its_tokens(tmp_path):
+    cfg = _config(tmp_path, "max_tokens=6500")  # tiny: 32 rows x 20 = 640 tokens a step
+    assert prepare_run(cfg).total_steps == 11
+    with pytest.raises(ConfigError, match="max_tokens"):
+        _config(tmp_path, "max_tokens=6500", "max_steps=5")
+    with pytest.raises(ConfigError, match="time_budget"):
+        _config(tmp_path, "time_budget=soon")
+
+
+def test_a_run_with_a_time_budget_ends_on_time_with_its_schedule_finished(tmp_path):
+    budget = 25.0
+    cfg = _config(
+        tmp_path,
+        f"time_budget={budget:g}s",
+        "optimizer.schedule=cosine",
+        "optimizer.warmup_steps=4",
+        "optimizer.final_lr_fraction=0.1",
+        "log_every=2",
+    )
+    started = time.time()
+    plan = prepare_run(cfg)
+    status = Trainer(cfg, plan, CPU).run()
+    ended = time.time()
+    rows = read_metrics(RunDir(plan.run_dir).metrics)
+    plans = [r for r in rows if r["kind"] == "plan"]
+    assert plans and plans[0]["plan/first"] == 1 and status["status"] == "done"
+    assert status["step"] == plans[-1]["plan/total_steps"] < plan.total_steps  # the budget, not the epochs
+    trains = [r for r in rows if r["kind"] == "train"]
+    peak = cfg.optimizer.lr
+    # the last step's rate is the schedule's end: the decay ran over the planned steps
+    assert trains[-1]["step"] == status["step"]
+    assert trains[-1]["train/lr"] == pytest.approx(0.1 * peak, rel=0.05)
+    assert RunDir(plan.run_dir).export and (tmp_path / "run" / "export" / "weights.hdf5").exists()
+    assert ended - started < budget + END_SLACK_S, "the run ended after its deadline"
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert evals[0]["step"] == 16 and evals[-1]["train_s"] > 0  # the pricing evaluation, the clock
