@@ -39,6 +39,8 @@ BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
 SPECIALS = (BOS, EOS, UNK)
 BOS_ID, EOS_ID, UNK_ID = range(len(SPECIALS))
 """Vocabulary ids of ``<S>``, ``</S>``, ``<UNK>``: every vocabulary starts with the three specials."""
+RESERVED_WORDS = frozenset({*SPECIALS, *(s.lower() for s in SPECIALS)})
+"""Words no corpus may hold: the specials, and the names KenLM's ARPA files give them."""
 """The first three vocabulary lines, in this order (bilm-tf's vocabulary format)."""
 
 SPLITS = ("train", "heldout")

@@ -67,7 +67,7 @@ from pipeline.shard.duplicates import (
     find_duplicates,
     hash_ranges,
 )
-from pipeline.shard.errors import ShardError
+from pipeline.shard.errors import ReservedWordError, ShardError
 from pipeline.shard.layout import SplitLayout, layout_split
 from pipeline.shard.manifest import (
     OWN_FILES,
@@ -332,11 +332,14 @@ def _count(run: _ShardRun, progress: Progress) -> tuple[list[ChunkSummary], Toke
     counted = _Counted(progress)
     keys: list = []
     window = TaskWindow(run.window, counted.absorb)
-    for chunk in iter_chunks(run.paths, run.config.chunk_bytes, run.config.max_line_bytes):
-        result_ref, sentences_ref, keys_ref = _count_task.remote(chunk, run.settings)
-        keys.append(keys_ref)
-        window.add(result_ref, tag=sentences_ref)
-    window.drain()
+    try:
+        for chunk in iter_chunks(run.paths, run.config.chunk_bytes, run.config.max_line_bytes):
+            result_ref, sentences_ref, keys_ref = _count_task.remote(chunk, run.settings)
+            keys.append(keys_ref)
+            window.add(result_ref, tag=sentences_ref)
+        window.drain()
+    except ReservedWordError as err:  # the task knew the chunk's input by its number
+        raise err.in_file(run.paths[err.source]) from None
     return counted.chunks(), counted.counts, counted.kept, keys if run.settings.dedup else []
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeline.formats.shard_format import SPLITS
 from pipeline.shard.duplicates import ChunkKeys, chunk_keys, remove_sentences
-from pipeline.shard.errors import ShardError
+from pipeline.shard.errors import ReservedWordError, ShardError
 from pipeline.shard.layout import ChunkTokens
 from pipeline.shard.reader import Chunk
 from pipeline.shard.sentences import LineStats, Sentences, tokenize_lines
@@ -79,15 +79,18 @@ class ChunkSummary:
 def chunk_sentences(chunk: Chunk, settings: LineSettings, keep_hashes: bool = False) -> Sentences:
     """The tokenized, split sentences of a chunk (with their hashes when ``keep_hashes``)."""
     tokenize = make_tokenizer(settings.tokenizer, settings.moses_lang, settings.lowercase)
-    return tokenize_lines(
-        chunk.data,
-        tokenize,
-        settings.max_line_bytes,
-        heldout_threshold(settings.heldout_fraction),
-        all_heldout=chunk.source >= settings.main_sources,
-        dropped_overlong=chunk.overlong,
-        keep_hashes=keep_hashes,
-    )
+    try:
+        return tokenize_lines(
+            chunk.data,
+            tokenize,
+            settings.max_line_bytes,
+            heldout_threshold(settings.heldout_fraction),
+            all_heldout=chunk.source >= settings.main_sources,
+            dropped_overlong=chunk.overlong,
+            keep_hashes=keep_hashes,
+        )
+    except ReservedWordError as err:
+        raise ReservedWordError(err.word, err.line, chunk.source) from None
 
 
 def summarize(index: int, source: int, sentences: Sentences) -> ChunkSummary:

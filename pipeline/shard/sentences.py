@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.formats.control_chars import may_hold_control_chars, replace_control_chars
+from pipeline.formats.shard_format import RESERVED_WORDS
+from pipeline.shard.errors import ReservedWordError
 from pipeline.shard.split import everything, heldout_rule
 from pipeline.shard.tokenizer import Tokenizer
 from pipeline.shard.vocabulary import local_counts, local_vocabulary
@@ -238,6 +240,11 @@ def tokenize_lines(
         lengths.append(len(tokens))
         digests.append(digest)
     vocab, ids = local_vocabulary(train[1] + heldout[1])
+    reserved = RESERVED_WORDS.intersection(vocab)  # per distinct word of the chunk, not per sentence
+    if reserved:
+        word = min(reserved, key=vocab.index)
+        line = next(text for text in lines if text is not None and word in tokenize(text))
+        raise ReservedWordError(word, line)
     cut = len(train[1])
     stats = LineStats(
         lines=len(lines) + dropped_overlong,

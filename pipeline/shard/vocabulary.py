@@ -7,8 +7,8 @@ point order, so sorting by ``(-count, token)`` is exactly that order, on any mac
 Counts come from the training split only, so held-out perplexity measures real generalisation
 (a held-out-only word is ``<UNK>``). The specials' counts in ``vocab_counts.tsv`` are:
 ``<S>`` and ``</S>``: training sentences (each has one of each); ``<UNK>``: training tokens that
-map to ``<UNK>`` (below ``min_count``, beyond ``max_size``). A corpus token spelled like a special
-is counted into that special and maps to its id.
+map to ``<UNK>`` (below ``min_count``, beyond ``max_size``). No corpus token is spelled like a
+special: the counting pass refuses such a line (``errors.ReservedWordError``).
 """
 
 from __future__ import annotations

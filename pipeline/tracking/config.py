@@ -58,8 +58,5 @@ def name_ok(name: str) -> bool:
     """A wandb project or group name: at most 128 printable characters without ``/ \\ # ? % :``,
     and no spaces at its ends."""
     return (
-        len(name) <= 128
-        and name.isprintable()
-        and not _FORBIDDEN.intersection(name)
-        and name.strip() == name
+        len(name) <= 128 and name.isprintable() and not _FORBIDDEN.intersection(name) and name.strip() == name
     )

@@ -586,3 +586,21 @@ def test_s3_errors_are_one_line(ray_local, corpus, s3_prefix, capsys):
     assert (
         code == 2 and err.startswith("error: s3://no-such-bucket-for-shards/out") and "does not exist" in err
     )
+
+
+def test_a_reserved_word_fails_the_stage_in_one_line_before_any_output(ray_local, tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"sentence number {i} of the corpus\n" for i in range(300)) + "held <S> out\n")
+    out = tmp_path / "out"
+    assert (
+        shard_main(["--input", str(corpus), "--output", str(out), "progress=false", "wandb.mode=disabled"])
+        != 0
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"error: {corpus}: the line 'held <S> out' holds '<S>', a word the shard stage reserves (it adds "
+        "<S> and </S> to every sentence itself, and writes <UNK> for words outside the vocabulary; KenLM "
+        "spells them <s>, </s>, <unk>): remove or rewrite them in the corpus and run again"
+    )
+    assert not any("Traceback" in line or "RayTaskError" in line for line in err)
+    assert not out.exists()

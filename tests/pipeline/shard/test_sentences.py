@@ -103,3 +103,16 @@ def test_stats_add_up():
     )
     a.add(b)
     assert (a.lines, a.empty, a.overlong, a.max_sentence_tokens) == (5, 1, 1, 9)
+
+
+def test_a_reserved_word_is_refused_naming_its_line():
+    import pytest
+
+    from pipeline.shard.errors import ReservedWordError
+
+    for word in ("<S>", "</S>", "<UNK>", "<s>", "</s>", "<unk>"):
+        with pytest.raises(ReservedWordError) as err:
+            _run(b"a fine line\nthe word " + word.encode() + b" is here\nmore", fraction=0.5)
+        assert err.value.word == word and err.value.line == f"the word {word} is here"
+    # a word that only looks like one is an ordinary word
+    assert _run(b"<S2> and <unknown> and S\n").tokens("train") == [["<S2>", "and", "<unknown>", "and", "S"]]
