@@ -106,11 +106,11 @@ def run_main(body: Callable[[], int | None]) -> int:
     except PipelineError as err:
         print(f"error: {redact(str(err))}", file=sys.stderr)
         return 2
-    except Terminated:
-        print("terminated", file=sys.stderr)
+    except Terminated as stop:  # its message, when there is one, says what a rerun continues from
+        print(f"terminated: {stop}" if str(stop) else "terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as stop:
+        print(f"interrupted: {stop}" if str(stop) else "interrupted", file=sys.stderr)
         return 130
 
 

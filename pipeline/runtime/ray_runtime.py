@@ -70,8 +70,48 @@ def _dashboard_installed() -> bool:
     return False
 
 
+@contextmanager
+def ray_processes_in_own_session() -> Iterator[None]:
+    """While an embedded cluster starts: every process Ray starts (its GCS, raylet, dashboard; the
+    raylet then starts the workers and agents as its own children) leads a session of its own,
+    outside the driver's process group. A scheduler stops a job by signalling its whole group
+    (Slurm's scancel, systemd, a container's init, a terminal's Ctrl-C, coreutils ``timeout``):
+    the signal then reaches the driver alone, which stops the stage and then the cluster, instead
+    of the cluster dying under a driver that waits 60 s for its GCS (docs/reliability.md#stopping).
+    Ray still ties each of them to the driver's life (Linux's parent-death signal), and the watchdog
+    stops the cluster when the driver is gone. A Ray without ``ConsolePopen`` starts them as before."""
+    from ray._private import services
+
+    original = getattr(services, "ConsolePopen", None)
+    if original is None or sys.platform == "win32":
+        yield
+        return
+
+    class OwnSession(original):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnSession
+    try:
+        yield
+    finally:
+        services.ConsolePopen = original
+
+
 def _raise_terminated(signum, frame) -> None:
-    raise Terminated(f"signal {signum}")
+    raise Terminated()
+
+
+def _init_or_terminated(**kwargs):
+    """``ray.init``, whose own SIGTERM handler (in place once its processes start) exits the process
+    from inside it: that exit is a `Terminated` like any other SIGTERM."""
+    try:
+        return ray.init(**kwargs)
+    except SystemExit as exit_:
+        if exit_.code in (signal.SIGTERM, 128 + signal.SIGTERM):
+            raise Terminated() from None
+        raise
 
 
 def _raise_on_sigterm():
@@ -168,11 +208,14 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
     kwargs = {"logging_level": logging.WARNING}
-    watchdog = previous_sigterm = saved_env = None
+    watchdog = saved_env = None
     previous = os.environ.get("RAY_ADDRESS")
+    # from the first moment: a SIGTERM while Ray starts stops it like one later (the cluster stopped,
+    # "terminated", 143), not Python's default death that leaves Ray's agents behind
+    previous_sigterm = _raise_on_sigterm()
     try:
         if address:
-            context = ray.init(address=address, **kwargs)
+            context = _init_or_terminated(address=address, **kwargs)
         else:
             # short: Ray's unix socket paths live under it and must stay within ~107 characters
             watchdog = Watchdog(tempfile.mkdtemp(prefix="elmo-ray-", dir="/tmp"))
@@ -180,8 +223,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
             dashboard, dashboard_port = _dashboard_installed(), _free_port()
             saved_env = _embedded_environment(watchdog.temp_dir, dashboard_port if dashboard else None)
             try:
-                with logger_level(TOKEN_AUTH_LOGGER, logging.ERROR):
-                    context = ray.init(
+                with logger_level(TOKEN_AUTH_LOGGER, logging.ERROR), ray_processes_in_own_session():
+                    context = _init_or_terminated(
                         num_cpus=num_cpus,
                         # Ray Train's placement-group cleaner asks the State API (served by the
                         # dashboard) whether the controller lives; without it, it warns every second
@@ -199,7 +242,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
         _embedded = watchdog is not None
         _say_dashboard(context.dashboard_url, embedded=watchdog is not None)
-        previous_sigterm = _raise_on_sigterm()
+        _raise_on_sigterm()  # again: ray.init put its own in place
         yield
     finally:
         _embedded = False

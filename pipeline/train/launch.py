@@ -230,10 +230,10 @@ def run_training(
                 plan = dataclasses.replace(plan, lease_owner=lease.owner)  # every write checks it
                 steps_before = _logged_steps(plan.run_dir)
                 with RelayFollower(relay, plan.total_steps, from_step=steps_before) as follower:
-                    _fit_with_restarts(cfg, plan, relay)
+                    stopped_by = _fit_with_restarts(cfg, plan, relay)
         finally:
             ray.kill(relay)
-    final = final_status(follower.status)
+    final = final_status(follower.status, stopped_by)
     if cfg.wandb.mode is WandbMode.offline:
         final["wandb_sync"] = sync_command(
             RunDir(plan.run_dir).wandb, plan.wandb_id, cfg.wandb.project, cfg.wandb.entity
@@ -243,15 +243,15 @@ def run_training(
     return StageResult("train", plan.run_dir, time.perf_counter() - started, tokens, details=final)
 
 
-def _fit_with_restarts(cfg: TrainConfig, plan: RunPlan, relay) -> None:
+def _fit_with_restarts(cfg: TrainConfig, plan: RunPlan, relay) -> int | None:
     """Attempts until one succeeds: a lost worker restarts the run (up to ``max_failures`` times,
-    each resuming from the latest checkpoint); an error about the input ends it at once."""
+    each resuming from the latest checkpoint); an error about the input ends it at once. Returns
+    the signal that asked the run to stop (`GracefulStop`), None when none did."""
     from ray.train import TrainingFailedError
 
     for attempt in range(cfg.max_failures + 1):
         try:
-            _fit(cfg, plan, relay)
-            return
+            return _fit(cfg, plan, relay)
         except TrainingFailedError as err:  # surface the worker's own last line, not Ray's traceback
             message = _failure_message(err)
             if not _worth_retrying(err):
@@ -267,13 +267,74 @@ def _fit_with_restarts(cfg: TrainConfig, plan: RunPlan, relay) -> None:
             )
 
 
-def _fit(cfg: TrainConfig, plan: RunPlan, relay) -> None:
-    """One attempt: a ``TorchTrainer`` that Ray itself never restarts (``run_training`` decides)."""
+GRACE_S = 25.0
+"""How long a run asked to stop gets to reach a step boundary and write its checkpoint before it
+is aborted: within Kubernetes' default 30 s grace period, with time left to stop the cluster."""
+
+
+class GracefulStop:
+    """The driver's signals while a run trains: the first SIGTERM or SIGINT asks the run to stop
+    after its current step, that step's checkpoint written (``pipeline.train.stop``), and gives it
+    ``GRACE_S``; a second signal, or the grace period passed, aborts it as Ray Train's own Ctrl-C
+    does (the latest complete checkpoint stays). ``received``: the first signal, None before one."""
+
+    def __init__(self, relay):
+        self.relay, self.received, self._abort = relay, None, None
+
+    def install(self, abort=None) -> None:
+        """Handle SIGINT and SIGTERM (main thread only); ``abort``: Ray Train's SIGINT handler,
+        which aborts the run (None before Ray Train put it in place)."""
+        if abort is not None:
+            self._abort = abort
+        signal.signal(signal.SIGINT, self.handle)
+        signal.signal(signal.SIGTERM, self.handle)
+
+    def handle(self, signum, frame) -> None:
+        if self.received is None:
+            self.received = signum
+            self.relay.request_stop.remote()
+            print(
+                f"{signal.Signals(signum).name}: stopping after the current step, whose checkpoint is "
+                f"written (at most {GRACE_S:.0f} s; a second signal stops at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+            timer = threading.Timer(GRACE_S, os.kill, (os.getpid(), signal.SIGINT))
+            timer.daemon = True
+            timer.start()
+            return
+        if self._abort is None:
+            raise self.error()
+        self._abort(signal.SIGINT, frame)
+
+    def error(self, message: str = "") -> KeyboardInterrupt:
+        """What the entry point reports: ``terminated`` (143) or ``interrupted`` (130)."""
+        kind = Terminated if self.received == signal.SIGTERM else KeyboardInterrupt
+        return kind(message) if message else kind()
+
+
+def _stoppable_trainer(graceful: GracefulStop):
+    """Ray Train's ``TorchTrainer``, whose Ctrl-C handler (put in place as the run starts) becomes
+    `GracefulStop`'s second signal."""
+    from ray.train.torch import TorchTrainer
+
+    class StoppableTrainer(TorchTrainer):
+        def _register_sigint_handler(self, controller):
+            super()._register_sigint_handler(controller)
+            graceful.install(abort=signal.getsignal(signal.SIGINT))
+
+    return StoppableTrainer
+
+
+def _fit(cfg: TrainConfig, plan: RunPlan, relay) -> int | None:
+    """One attempt: a ``TorchTrainer`` that Ray itself never restarts (``run_training`` decides).
+    Returns the signal that asked it to stop, None when none did."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
 
     ray_storage = tempfile.mkdtemp(prefix="elmo-ray-train-")
-    trainer = TorchTrainer(
+    graceful = GracefulStop(relay)
+    trainer = _stoppable_trainer(graceful)(
         train_loop_per_worker,
         train_loop_config={"config": cfg, "plan": plan, "relay": relay},
         torch_config=TorchConfig(backend="nccl" if plan.use_gpu else "gloo"),
@@ -289,28 +350,23 @@ def _fit(cfg: TrainConfig, plan: RunPlan, relay) -> None:
             **_quiet_train_logging(),
         ),
     )
-    previous_sigint = signal.getsignal(signal.SIGINT)
-    terminated = []
-
-    def sigterm_as_sigint(signum, frame) -> None:
-        # the same graceful stop as Ctrl-C, through Ray Train's SIGINT handler (below)
-        terminated.append(signum)
-        os.kill(os.getpid(), signal.SIGINT)
-
+    previous_sigint, previous_sigterm = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     main_thread = threading.current_thread() is threading.main_thread()  # where signals can be set
-    previous_sigterm = signal.signal(signal.SIGTERM, sigterm_as_sigint) if main_thread else None
+    if main_thread:
+        graceful.install()
     try:
         trainer.fit()
     except SystemExit:
-        # Ray Train's own SIGINT handler aborts the run (its workers stop; the latest complete
+        # Ray Train's own SIGINT handler aborted the run (its workers stop; the latest complete
         # checkpoint stays as it was) and then exits the process; here that is a Ctrl-C (or a
         # SIGTERM) like any other, which the entry point reports with exit status 130 (or 143).
-        raise (Terminated() if terminated else KeyboardInterrupt()) from None
+        raise graceful.error() from None
     finally:
         if main_thread:
             signal.signal(signal.SIGINT, previous_sigint)  # Ray leaves its handler installed
             signal.signal(signal.SIGTERM, previous_sigterm)
         shutil.rmtree(ray_storage, ignore_errors=True)
+    return graceful.received
 
 
 def _quiet_train_logging() -> dict:
@@ -378,10 +434,16 @@ def _logged_steps(run_dir: str) -> int:
     )
 
 
-def final_status(status: dict | None) -> dict:
+def final_status(status: dict | None, stopped_by: int | None = None) -> dict:
     """The run's final status row, as rank 0 handed it to the driver; a TrainError unless it says
-    ``done``. (Not Ray Train's ``Result.metrics``: Ray Train V2 keeps only metrics reported with
-    a checkpoint, and its checkpoint storage would need a path every node shares.)"""
+    ``done``, and for a run stopped by signal ``stopped_by`` the `Terminated` (SIGTERM) or
+    KeyboardInterrupt that says where it stopped. (Not Ray Train's ``Result.metrics``: Ray Train
+    V2 keeps only metrics reported with a checkpoint, and its checkpoint storage would need a path
+    every node shares.)"""
+    if stopped_by is not None and (not status or status.get("status") != "done"):
+        kind = Terminated if stopped_by == signal.SIGTERM else KeyboardInterrupt
+        message = status.get("message", "") if status and status.get("status") == "stopped" else ""
+        raise kind(message) if message else kind()
     if not status or "status" not in status:
         raise TrainError("training ended without a final status")
     if status["status"] != "done":

@@ -161,6 +161,15 @@ class ProgressRelay:
         self._next = 0  # the number of the current stream's next row to hand on
         self._early: dict[int, dict] = {}
         self._added = asyncio.Condition()
+        self._stop = False
+
+    async def request_stop(self) -> None:
+        """The driver was asked to stop: the ranks stop after the step at which they learn it
+        (``pipeline.train.stop``)."""
+        self._stop = True
+
+    async def stop_requested(self) -> bool:
+        return self._stop
 
     async def open(self) -> int:
         """A new stream, numbered from 0: the id its sender puts with."""

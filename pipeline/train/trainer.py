@@ -41,6 +41,7 @@ from pipeline.train.run_dir import RunDir, RunWriter
 from pipeline.train.run_length import RunLength
 from pipeline.train.sentence_source import ReadAhead
 from pipeline.train.step import StepResult, StepRunner
+from pipeline.train.stop import StopCheck
 
 EXPORT_BYTES_PER_S = 50e6
 """A cautious write speed of the export's files, for the time a budgeted run keeps for its end."""
@@ -103,6 +104,7 @@ class Trainer:
         )
         self.log = RunLog(cfg, plan, self.rank, self.resumed_from, self.writer, relay, self.world)
         self.probe = DashboardProbe(cfg.probe_every if self.rank == 0 else 0)  # rank 0 probes alone
+        self.stop = StopCheck(relay, self.rank, device)
         self.flops_per_step = runner.flops_per_step(cfg.batch_size, cfg.unroll_steps)
         self.peak_flops = measure_matmul_peak(device, runner.autocast_dtype or torch.float32)
 
@@ -178,6 +180,9 @@ class Trainer:
         except BaseException:
             self.probe.abandon()
             raise
+        if status["status"] == "stopped":  # the grace period is short: no waiting for a probe
+            self.probe.abandon()
+            return status
         for row in self.probe.finish():
             self.log.emit(row)
         return status
@@ -196,16 +201,18 @@ class Trainer:
         while self.step < length.total_steps:
             out = runner.train_step(next(self.batches), length.schedule_steps)
             steps_timed += 1
-            replan = length.due(self.step)
+            replan, stopping = length.due(self.step), self.stop.due(self.step)
             last = self.step == length.total_steps
             due = [c.due(self.step, last) for c in components]
-            if not (replan or any(due)):
+            if not (replan or stopping or any(due)):
                 continue
             skipped = runner.nonfinite_steps()  # waits for the device
             compute += time.perf_counter() - window
             length.add_training(time.perf_counter() - window)
             if skipped:
                 return self._stopped_on_nonfinite(skipped)
+            if stopping and self.stop.check(self.step):
+                return self._stopped_on_request()
             if replan and self._replan():  # the time budget ends the run at this step
                 last = True
                 due = [c.due(self.step, last) for c in components]
@@ -305,6 +312,18 @@ class Trainer:
             "status": "diverged",
             "message": f"{decision.message}; stopped (guard.on_divergence={self.cfg.guard.on_divergence.value}), "
             f"the last checkpoint is {latest_checkpoint(self.plan.run_dir) or 'none'}",
+        }
+
+    def _stopped_on_request(self) -> dict:
+        """The driver was asked to stop (`StopCheck`): this step's checkpoint, complete before the
+        run ends, is where a rerun continues."""
+        self.checkpointer.save(self.step, last_step=True)
+        return {
+            "kind": "status",
+            "step": self.step,
+            "status": "stopped",
+            "message": f"stopped at step {self.step}; checkpoint {latest_checkpoint(self.plan.run_dir)}; "
+            "rerun the same command to continue",
         }
 
     def _stopped_on_nonfinite(self, skipped: int) -> dict:

@@ -93,6 +93,8 @@ def test_every_entry_point_reports_errors_interrupts_and_sigterm_by_one_policy(c
         (PipelineError("shards: no such directory /x"), 2, "error: shards: no such directory /x"),
         (KeyboardInterrupt(), 130, "interrupted"),
         (Terminated(), 143, "terminated"),
+        (Terminated("stopped at step 7; checkpoint C"), 143, "terminated: stopped at step 7; checkpoint C"),
+        (KeyboardInterrupt("stopped at step 3"), 130, "interrupted: stopped at step 3"),
     ]
     for error, status, line in endings:
         assert run_main(_raise(error)) == status

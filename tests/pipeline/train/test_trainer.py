@@ -48,6 +48,9 @@ class HeldRelay:
     async def release(self):
         self.released.set()
 
+    async def stop_requested(self) -> bool:  # the stop check's question (pipeline/train/stop.py)
+        return False
+
     async def count(self):
         return self.taken
 

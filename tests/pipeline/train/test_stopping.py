@@ -1,0 +1,156 @@
+"""The stop contract of ``elmo train`` (docs/reliability.md#stopping): a signal to the driver or to
+its whole process group (what Slurm, systemd, a container's init, coreutils ``timeout`` and a
+terminal's Ctrl-C send), at start-up or mid-run, ends the run within 30 s with ``terminated`` and
+143 (SIGTERM) or ``interrupted`` and 130 (SIGINT); mid-run it stops after a step, that step's
+checkpoint written, and says so; nothing of the embedded cluster is left running, and no Ray fatal
+line or traceback is printed."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from shard_builder import sample_sentences, write_sample_shards
+
+from pipeline.runtime.cluster_watchdog import MARKER_VAR
+from pipeline.train import checkpoint as ckpt
+from pipeline.train.metrics import read_metrics
+from pipeline.train.run_dir import METRICS_FILE
+
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(300)]
+
+GRACE_S = 30.0
+"""Kubernetes' default grace period: every stop must be over by then."""
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    sentences = sample_sentences(3000)
+    out = str(tmp_path_factory.mktemp("shards"))
+    write_sample_shards(out, sentences[:-200], sentences[-200:])
+    return out
+
+
+def _start(shards: str, run_dir: str) -> subprocess.Popen:
+    """``elmo train`` on an embedded cluster (no RAY_ADDRESS), leading a process group of its own as
+    a job under a scheduler does; a run far longer than the test."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    command = [
+        sys.executable,
+        "-m",
+        "jobs.train",
+        "--shards",
+        shards,
+        "--output",
+        run_dir,
+        "--preset",
+        "tiny",
+    ]
+    settings = [
+        "workers=2",
+        "max_steps=100000",
+        "log_every=5",
+        "checkpoint_every=1000",
+        "wandb.mode=disabled",
+    ]
+    return subprocess.Popen(
+        [*command, *settings],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _cluster_pids(driver: int) -> list[int]:
+    """The processes of the embedded cluster a driver started (their environment carries its
+    marker, which begins with the driver's pid)."""
+    needle = f"{MARKER_VAR}={driver}-".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if any(item.startswith(needle) for item in f.read().split(b"\0")):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def _wait_for(condition, proc: subprocess.Popen, what: str, timeout: float = 180.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None and not condition():
+        time.sleep(0.1)
+    assert proc.poll() is None and condition(), f"no {what} before the deadline"
+
+
+def _stop(proc: subprocess.Popen, sig: int, group: bool) -> tuple[float, str]:
+    """Send ``sig`` to the driver or its group; seconds until it exited, and its stderr."""
+    sent = time.time()
+    (os.killpg if group else os.kill)(proc.pid, sig)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return time.time() - sent, err
+
+
+def _nothing_left(driver: int) -> list[int]:
+    """The cluster's processes still there a little after the driver exited (the watchdog and
+    ``ray.shutdown`` take a moment)."""
+    deadline = time.time() + 15
+    while (left := _cluster_pids(driver)) and time.time() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def _trained_steps(run_dir: str) -> bool:
+    path = os.path.join(run_dir, METRICS_FILE)
+    return os.path.exists(path) and any(r["kind"] == "train" for r in read_metrics(path))
+
+
+@pytest.mark.parametrize(
+    ("sig", "group", "status", "word"),
+    [
+        (signal.SIGTERM, True, 143, "terminated"),
+        (signal.SIGINT, True, 130, "interrupted"),
+        (signal.SIGTERM, False, 143, "terminated"),
+    ],
+    ids=["sigterm-to-the-group", "sigint-to-the-group", "sigterm-to-the-driver"],
+)
+def test_a_signal_mid_run_stops_after_a_step_with_its_checkpoint(shards, tmp_path, sig, group, status, word):
+    run_dir = str(tmp_path / "run")
+    proc = _start(shards, run_dir)
+    _wait_for(lambda: _trained_steps(run_dir), proc, "train row")
+    took, err = _stop(proc, sig, group)
+    assert proc.returncode == status, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    match = re.fullmatch(
+        rf"{word}: stopped at step (\d+); checkpoint (\S+); rerun the same command to continue", last
+    )
+    assert match, err[-3000:]
+    step, path = int(match.group(1)), match.group(2)
+    assert path == ckpt.latest_checkpoint(run_dir) and ckpt.load_model(path)["step"] == step
+    assert took < GRACE_S, f"{took:.1f} s"
+    assert "Traceback" not in err and "Failed to connect to GCS" not in err and "core_worker" not in err
+    assert _nothing_left(proc.pid) == []
+
+
+def test_a_sigterm_to_the_group_while_ray_starts_stops_everything_it_started(shards, tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = _start(shards, run_dir)
+    _wait_for(lambda: _cluster_pids(proc.pid), proc, "Ray process")  # Ray is starting its processes
+    took, err = _stop(proc, signal.SIGTERM, group=True)
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "terminated", err[-3000:]
+    assert took < GRACE_S and "Traceback" not in err
+    assert _nothing_left(proc.pid) == []
