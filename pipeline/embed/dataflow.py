@@ -26,7 +26,7 @@ import json
 import logging
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,11 +124,14 @@ def embed_stream(
     if not todo:
         return
     with _data_context(preserve_order=settings.stateful):
-        for row in build_dataset(todo, source, settings, output, pool).iter_rows():
-            entry = json.loads(row["entry"])
-            if "error" in entry:
-                raise EmbedError(entry["error"])
-            yield {"entry": entry, "written": bool(row["written"])}
+        # closed with this generator: its end shuts Ray Data's executor down (a generator left
+        # open by an exception would keep its threads, which call ray.init() again after Ray stops)
+        with closing(iter(build_dataset(todo, source, settings, output, pool).iter_rows())) as rows:
+            for row in rows:
+                entry = json.loads(row["entry"])
+                if "error" in entry:
+                    raise EmbedError(entry["error"])
+                yield {"entry": entry, "written": bool(row["written"])}
 
 
 def build_dataset(

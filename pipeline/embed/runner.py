@@ -8,6 +8,7 @@ only when every shard is complete.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -241,22 +242,25 @@ def _run(job: _EmbedJob, claim: Claim) -> StageResult:
             check_capacity(cfg, 1 if cfg.stateful else cfg.workers, gpus, embedded)
         settings = settings_for(cfg, "cuda" if gpus else "cpu", choose_pass_size(cfg, job.source, gpus))
         pool = actor_pool(cfg, gpus) if todo else None
-        stream = embed_stream(todo, source, settings, target, pool)
-        for result in stream:
-            if not result["written"]:
-                continue
-            entry = result["entry"]
-            done[entry["index"]] = entry
-            new_shards += 1
-            new_tokens += entry["tokens"]
-            bar.update(entry["sentences"])
-            rate = new_tokens / max(time.monotonic() - start, 1e-9)
-            bar.set_postfix_str(f"{rate:,.0f} tok/s")
-            job.tracking.log({"shards_done": len(done), "run/tokens": new_tokens, "run/tokens_per_s": rate})
-            if cfg.stop_after_shards and new_shards >= cfg.stop_after_shards and len(done) < len(specs):
-                stopped = True
-                stream.close()
-                break
+        # closed however the loop ends (a stop asked, an error, Ctrl-C or SIGTERM raised in the body):
+        # Ray Data's executor threads stop before Ray does (docs/reliability.md#stopping)
+        with contextlib.closing(embed_stream(todo, source, settings, target, pool)) as stream:
+            for result in stream:
+                if not result["written"]:
+                    continue
+                entry = result["entry"]
+                done[entry["index"]] = entry
+                new_shards += 1
+                new_tokens += entry["tokens"]
+                bar.update(entry["sentences"])
+                rate = new_tokens / max(time.monotonic() - start, 1e-9)
+                bar.set_postfix_str(f"{rate:,.0f} tok/s")
+                job.tracking.log(
+                    {"shards_done": len(done), "run/tokens": new_tokens, "run/tokens_per_s": rate}
+                )
+                if cfg.stop_after_shards and new_shards >= cfg.stop_after_shards and len(done) < len(specs):
+                    stopped = True
+                    break
     seconds = time.monotonic() - start
 
     entries = [done[i] for i in sorted(done)]

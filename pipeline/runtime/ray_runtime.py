@@ -248,14 +248,16 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         _embedded = False
         if previous_sigterm is not None:
             signal.signal(signal.SIGTERM, previous_sigterm)
-        ray.shutdown()
-        if watchdog is not None:
-            watchdog.stop()
-            _restore_environment(saved_env)
+        # no thread still running (a library's) may find this cluster's address and ray.init() again
+        # into it while it stops, or after
         if previous is None:
             os.environ.pop("RAY_ADDRESS", None)
         else:
             os.environ["RAY_ADDRESS"] = previous
+        ray.shutdown()
+        if watchdog is not None:
+            watchdog.stop()
+            _restore_environment(saved_env)
 
 
 class RaySession:

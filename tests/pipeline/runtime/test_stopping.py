@@ -1,9 +1,9 @@
-"""The stop contract of ``elmo train`` (docs/reliability.md#stopping): a signal to the driver or to
-its whole process group (what Slurm, systemd, a container's init, coreutils ``timeout`` and a
-terminal's Ctrl-C send), at start-up or mid-run, ends the run within 30 s with ``terminated`` and
-143 (SIGTERM) or ``interrupted`` and 130 (SIGINT); mid-run it stops after a step, that step's
-checkpoint written, and says so; nothing of the embedded cluster is left running, and no Ray fatal
-line or traceback is printed."""
+"""The stop contract (docs/reliability.md#stopping): a signal to a stage's driver or to its whole
+process group (what Slurm, systemd, a container's init, coreutils ``timeout`` and a terminal's
+Ctrl-C send), at start-up or mid-run, ends the run within 30 s with ``terminated`` and 143 (SIGTERM)
+or ``interrupted`` and 130 (SIGINT); nothing of the embedded cluster is left running, and no Ray
+fatal line or traceback is printed. Training stops after a step, that step's checkpoint written,
+and says so; embedding stops with its committed shards whole."""
 
 from __future__ import annotations
 
@@ -13,16 +13,21 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from shard_builder import sample_sentences, write_sample_shards
 
+from pipeline.embed import manifest as embed_manifest
 from pipeline.runtime.cluster_watchdog import MARKER_VAR
 from pipeline.train import checkpoint as ckpt
 from pipeline.train.metrics import read_metrics
 from pipeline.train.run_dir import METRICS_FILE
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "train"))  # the train tests' shard builder
+from shard_builder import sample_sentences, write_sample_shards  # noqa: E402
+
 pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(300)]
+REFERENCE = Path(__file__).parents[3] / "tests" / "data" / "reference" / "allennlp"
 
 GRACE_S = 30.0
 """Kubernetes' default grace period: every stop must be over by then."""
@@ -37,20 +42,8 @@ def shards(tmp_path_factory):
 
 
 def _start(shards: str, run_dir: str) -> subprocess.Popen:
-    """``elmo train`` on an embedded cluster (no RAY_ADDRESS), leading a process group of its own as
-    a job under a scheduler does; a run far longer than the test."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    command = [
-        sys.executable,
-        "-m",
-        "jobs.train",
-        "--shards",
-        shards,
-        "--output",
-        run_dir,
-        "--preset",
-        "tiny",
-    ]
+    """``elmo train``, a run far longer than the test (`_run`)."""
+    command = ["jobs.train", "--shards", shards, "--output", run_dir, "--preset", "tiny"]
     settings = [
         "workers=2",
         "max_steps=100000",
@@ -58,8 +51,15 @@ def _start(shards: str, run_dir: str) -> subprocess.Popen:
         "checkpoint_every=1000",
         "wandb.mode=disabled",
     ]
+    return _run([*command, *settings])
+
+
+def _run(args: list[str]) -> subprocess.Popen:
+    """``python -m ARGS`` on an embedded cluster (no RAY_ADDRESS), leading a process group of its
+    own as a job under a scheduler does."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     return subprocess.Popen(
-        [*command, *settings],
+        [sys.executable, "-m", *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -154,3 +154,27 @@ def test_a_sigterm_to_the_group_while_ray_starts_stops_everything_it_started(sha
     assert proc.returncode == 143 and err.strip().splitlines()[-1] == "terminated", err[-3000:]
     assert took < GRACE_S and "Traceback" not in err
     assert _nothing_left(proc.pid) == []
+
+
+@pytest.mark.parametrize(
+    ("sig", "status", "word"), [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")]
+)
+def test_a_signal_to_an_embeds_group_after_a_commit_stops_it_cleanly(tmp_path, sig, status, word):
+    """Before, Ray Data's executor threads outlived ``ray.shutdown()`` and called ray.init() again:
+    `RuntimeError: Ray is not initialized` tracebacks, a 60-line core_worker crash report, or a
+    process still running 150 s after `terminated`."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(" ".join(s) + "\n" for s in sample_sentences(20000)))
+    out = tmp_path / "out"
+    model = [f"options_file={REFERENCE / 'options.json'}", f"weights_file={REFERENCE / 'lm_weights.hdf5'}"]
+    settings = ["lines_per_shard=200", "workers=1", "progress=false", "wandb.mode=disabled"]
+    proc = _run(["jobs.embed", "--input", str(corpus), "--output", str(out), *model, *settings])
+    progress = out / "_progress"
+    committed = lambda: progress.is_dir() and len(list(progress.glob("*.json"))) >= 2  # noqa: E731 (run.json and a shard)
+    _wait_for(committed, proc, "committed shard")
+    took, err = _stop(proc, sig, group=True)
+    assert proc.returncode == status and err.strip().splitlines()[-1] == word, err[-3000:]
+    assert took < GRACE_S, f"{took:.1f} s"
+    assert "Traceback" not in err and "core_worker" not in err and "not initialized" not in err, err[-3000:]
+    assert _nothing_left(proc.pid) == []
+    assert not (out / embed_manifest.MANIFEST_FILE).exists()  # unfinished: a rerun completes it
