@@ -319,9 +319,35 @@ def plot(runs: list[dict], recipes: list[str], targets: dict[str, float], path: 
 # ---- the study ------------------------------------------------------------------------------------
 
 
+def previous_study(path: Path) -> dict:
+    """An earlier study's JSON; the batch study's curves.json (a list of runs, one a batch, from
+    before this benchmark) read as one recipe a batch, seed 0."""
+    data = json.loads(path.read_text())
+    if isinstance(data, dict):
+        return data
+    runs = []
+    for r in data:
+        timed = [e for e in r["evals"] if e[2] is not None]
+        runs.append(
+            {
+                **r,
+                "recipe": f"batch-{r['batch']}-{r['rule']}",
+                "seed": 0,
+                "final": r["evals"][-1][3],
+                "evals": timed or r["evals"],
+                "train_s": timed[-1][2] if timed else float("nan"),
+                "startup_s": None,
+                "tokens_per_s": None,
+            }
+        )
+    return {"runs": runs}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shards", required=True, help="a shard directory (elmo shard)")
+    parser.add_argument(
+        "--shards", default="", help="a shard directory (elmo shard); its baselines are the targets"
+    )
     parser.add_argument(
         "--out", type=Path, required=True, help="folder for the runs, the JSON and the picture"
     )
@@ -341,6 +367,11 @@ def main(argv=None) -> int:
         "--eval-batches", type=int, default=100, help="held-out batches each evaluation during a run scores"
     )
     parser.add_argument("--orders", default="3,5", help="the Kneser-Ney orders that are targets")
+    parser.add_argument(
+        "--targets",
+        default="",
+        help="NAME=PERPLEXITY,... instead of the shards' baselines (e.g. for --previous runs)",
+    )
     parser.add_argument("--log-every", type=int, default=20)
     parser.add_argument("--checkpoint-every", type=int, default=100_000)
     parser.add_argument("--run-timeout-s", type=int, default=1800)
@@ -355,13 +386,15 @@ def main(argv=None) -> int:
         "--previous", type=Path, default=None, help="a time_to_target.json whose runs are kept, not rerun"
     )
     args = parser.parse_args(argv)
+    if not args.shards and not (args.previous and args.targets):
+        parser.error("--shards is needed (or --previous and --targets to read earlier runs alone)")
     if args.time_budget and args.eval_every < 1:
         parser.error("--time-budget needs --eval-every N (the run's length is planned by the run)")
-    recipes = [Recipe.parse(text) for text in args.recipe] or [Recipe("preset", ())]
+    recipes = [Recipe.parse(text) for text in args.recipe] or ([] if args.previous else [Recipe("preset", ())])
     seeds = [int(s) for s in args.seeds.split(",")]
     orders = [int(n) for n in args.orders.split(",") if n]
     args.out.mkdir(parents=True, exist_ok=True)
-    study = json.loads(args.previous.read_text()) if args.previous else {"runs": []}
+    study = previous_study(args.previous) if args.previous else {"runs": []}
     runs = study["runs"]
     done = {(r["recipe"], r["seed"]) for r in runs}
     names = list(dict.fromkeys([*(r["recipe"] for r in runs), *(r.name for r in recipes)]))
@@ -382,8 +415,11 @@ def main(argv=None) -> int:
                 study = {"preset": args.preset, "shards": args.shards, "runs": runs}
                 result_path.write_text(json.dumps(study, indent=1))
     # the targets after the runs: a baseline counted here costs no training time on a leased GPU
-    known = baselines(args.shards, orders, args.out / "baselines.json")
-    targets = {name: known[name] for name in target_names(known, orders)}
+    if args.targets:
+        targets = {name: float(value) for name, value in (t.split("=") for t in args.targets.split(","))}
+    else:
+        known = baselines(args.shards, orders, args.out / "baselines.json")
+        targets = {name: known[name] for name in target_names(known, orders)}
     study = {"preset": args.preset, "shards": args.shards, "targets": targets, "runs": runs}
     result_path.write_text(json.dumps(study, indent=1))
     plot(runs, names, targets, args.out / "time_to_target.png")

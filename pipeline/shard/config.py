@@ -106,6 +106,12 @@ class ShardConfig:
                     self.kneser_ney_order == 0 or 2 <= self.kneser_ney_order <= MAX_ORDER,
                     f"0 (off) or 2..{MAX_ORDER}",
                 ),
+                (
+                    "kneser_ney_arpa",
+                    self.kneser_ney_arpa,
+                    not (self.kneser_ney_arpa and self.kneser_ney_order == 0),
+                    "false when kneser_ney_order=0 (no model is counted to write)",
+                ),
                 ("max_line_bytes", self.max_line_bytes, self.max_line_bytes >= 0, ">= 0"),
                 ("chunk_bytes", self.chunk_bytes, self.chunk_bytes >= 1, ">= 1"),
                 ("workers", self.workers, self.workers >= 0, ">= 0"),

@@ -46,3 +46,15 @@ def test_a_language_the_moses_rules_do_not_know_is_refused_not_silently_ignored(
     ):
         load_config(ShardConfig, overrides=[*BASE, "tokenizer=moses", "moses_lang=zz"])
     load_config(ShardConfig, overrides=[*BASE, "moses_lang=zz"])  # whitespace tokenizer: not used
+
+
+def test_an_arpa_file_without_a_model_to_write_is_refused():
+    from pipeline.config import ConfigError, resolve_config
+    from pipeline.shard.config import ShardConfig
+
+    with pytest.raises(
+        ConfigError, match="config key 'kneser_ney_arpa' must be false when kneser_ney_order=0"
+    ):
+        resolve_config(
+            ShardConfig, overrides=["kneser_ney_order=0", "kneser_ney_arpa=true"], allow_missing=True
+        )
