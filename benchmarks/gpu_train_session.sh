@@ -180,8 +180,8 @@ if in_part reference && [ -n "${REF_CORPUS:-}" ]; then
     else
         ref=(--preset tiny --time-budget "${REF_BUDGET:-40s}" --eval-every "${REF_EVAL_EVERY:-20}" --eval-batches 5)
     fi
-    ref_previous=()
-    [ -n "${REF_PREVIOUS:-}" ] && ref_previous=(--previous "$REF_PREVIOUS")
+    # the default of before the recipe study (issue 52's H200 measurement), drawn beside the candidate
+    ref_previous=(--previous "${REF_PREVIOUS:-benchmarks/results/reference-default-h200-2026-11-28.json}")
     step ref_train $((deadline - SECONDS - 200)) $py benchmarks/time_to_target.py --shards "$work/ref_shards" \
         --out "$out/reference" --keep "$work/ref_runs" --log-dir "$logs/ref_train" --workers 1 --seeds 0 \
         --orders 3,5 "${ref[@]}" "${ref_previous[@]}" --recipe "candidate: ${REF_RECIPE:-}"
@@ -206,7 +206,7 @@ if in_part recipe && [ -n "${REF_CORPUS:-}" ]; then
     else rec=(--preset tiny --time-budget "${REC_BUDGET:-30s}" --eval-every 20 --eval-batches 5); fi
     step recipe $((deadline - SECONDS - 10)) $py benchmarks/time_to_target.py --shards "$work/rec_shards" \
         --out "$out/recipe" --log-dir "$logs/recipe" --workers 1 --seeds 0 --orders 3,5 "${rec[@]}" \
-        --recipe "${REC_A:-preset:}" --recipe "${REC_B:-bilm-tf: optimizer=bilm_tf}"
+        --recipe "${REC_A:-preset:}" --recipe "${REC_B:-bilm-tf@small,bilm-tf: optimizer.lr_rule=sqrt}"
 fi
 
 # 2. continued: small

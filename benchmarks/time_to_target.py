@@ -54,18 +54,22 @@ from pipeline.train.run_dir import RunDir  # noqa: E402
 
 @dataclass(frozen=True)
 class Recipe:
-    """A named set of train overrides (``key=value``) on top of the study's preset."""
+    """A named set of train overrides (``key=value``) on top of the study's preset, or of a preset of
+    its own (``preset``: e.g. ``small,bilm-tf``)."""
 
     name: str
     overrides: tuple[str, ...]
+    preset: str = ""
 
     @classmethod
     def parse(cls, text: str) -> Recipe:
-        """``NAME: key=value key=value`` (``NAME:`` alone: the preset as it is)."""
-        name, sep, rest = text.partition(":")
+        """``NAME: key=value key=value`` (``NAME:`` alone: the preset as it is); ``NAME@PRESET: ...``
+        names the recipe's own preset."""
+        head, sep, rest = text.partition(":")
+        name, _, preset = head.partition("@")
         if not sep or not name.strip():
-            raise SystemExit(f"--recipe {text!r}: expected 'NAME: key=value ...'")
-        return cls(name.strip(), tuple(shlex.split(rest)))
+            raise SystemExit(f"--recipe {text!r}: expected 'NAME[@PRESET]: key=value ...'")
+        return cls(name.strip(), tuple(shlex.split(rest)), preset.strip())
 
 
 # ---- the targets --------------------------------------------------------------------------------
@@ -153,11 +157,12 @@ def run(args, recipe: Recipe, seed: int, out: Path) -> dict:
     """One training run of ``recipe``; its evaluations as (step, tokens, train seconds, perplexity)."""
     common = [f"workers={args.workers}", *recipe.overrides]
     device = ["use_gpu=true", "bf16=true"] if args.device == "cuda" else ["use_gpu=false"]
-    cfg = load_config(TrainConfig, preset=args.preset, overrides=["shards=x", "output=x", *common])
+    preset = recipe.preset or args.preset
+    cfg = load_config(TrainConfig, preset=preset, overrides=["shards=x", "output=x", *common])
     run_dir = out / f"{recipe.name}-seed{seed}"
     cmd = [
         sys.executable, "-m", "jobs.train", "--shards", args.shards, "--output", str(run_dir),
-        "--preset", args.preset, *common, *device, *run_length_keys(args, cfg), f"seed={seed}",
+        "--preset", preset, *common, *device, *run_length_keys(args, cfg), f"seed={seed}",
         f"eval_interval_batches={args.eval_batches}", f"checkpoint_every={args.checkpoint_every}",
         f"log_every={args.log_every}", "wandb.mode=disabled",
     ]  # fmt: skip
@@ -390,7 +395,9 @@ def main(argv=None) -> int:
         parser.error("--shards is needed (or --previous and --targets to read earlier runs alone)")
     if args.time_budget and args.eval_every < 1:
         parser.error("--time-budget needs --eval-every N (the run's length is planned by the run)")
-    recipes = [Recipe.parse(text) for text in args.recipe] or ([] if args.previous else [Recipe("preset", ())])
+    recipes = [Recipe.parse(text) for text in args.recipe] or (
+        [] if args.previous else [Recipe("preset", ())]
+    )
     seeds = [int(s) for s in args.seeds.split(",")]
     orders = [int(n) for n in args.orders.split(",") if n]
     args.out.mkdir(parents=True, exist_ok=True)

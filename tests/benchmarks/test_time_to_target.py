@@ -30,7 +30,8 @@ def test_a_recipe_is_a_name_and_its_overrides():
         "cos", ("optimizer.schedule=cosine", "dropout=0")
     )
     assert Recipe.parse("preset:") == Recipe("preset", ())
-    with pytest.raises(SystemExit, match="NAME: key=value"):
+    assert Recipe.parse("exact@small,bilm-tf: seed=1") == Recipe("exact", ("seed=1",), "small,bilm-tf")
+    with pytest.raises(SystemExit, match=r"NAME\[@PRESET\]: key=value"):
         Recipe.parse("dropout=0")
 
 
