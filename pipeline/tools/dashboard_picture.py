@@ -54,12 +54,18 @@ def read_stage(folder: Path) -> StageRecords | None:
     stage = None
     for path in files:
         recs = offline_reader.records(path)
-        run = offline_reader.run_record(recs)
+        try:
+            run = offline_reader.run_record(recs)
+            history, summary = offline_reader.history(recs), offline_reader.summary(recs)
+        except offline_reader.OfflineFileError as err:
+            raise offline_reader.OfflineFileError(f"wandb run file {path}: {err}") from None
         if stage is None:
             stage = StageRecords(run.get("job_type", "?"), run.get("run_group", ""))
-        stage.history += offline_reader.history(recs)
-        stage.summary.update(offline_reader.summary(recs))
-        stage.artifacts += [a for a in offline_reader.artifacts(recs) if a["artifact_type"] != "run_table"]
+        stage.history += history
+        stage.summary.update(summary)
+        stage.artifacts += [
+            a for a in offline_reader.artifacts(recs) if a.get("artifact_type") != "run_table"
+        ]
         stage.media.append(path.parent / "files")
     return stage
 
@@ -218,7 +224,11 @@ def main(argv=None) -> int:
     parser.add_argument("root", type=Path, help="an elmo pipeline run's folder (local)")
     parser.add_argument("out", type=Path, help="the PNG to write")
     args = parser.parse_args(argv)
-    draw(args.root, args.out)
+    try:
+        draw(args.root, args.out)
+    except offline_reader.OfflineFileError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"wrote {args.out}")
     return 0
 

@@ -10,45 +10,82 @@ wandb's protobuf ``Record`` messages (``wandb.proto.wandb_internal_pb2``).
 They are parsed in a child process, so wandb is never imported into the calling process (a test
 process also drives Ray); the child prints each record as JSON (protobuf's own mapping, field names
 as in the ``.proto``).
+
+A run file is untrusted input (a tool reads whatever folder it is given): it must be a regular file
+of at most ``MAX_BYTES``, read block by block; a run killed mid-write leaves a torn last record,
+which is left out (the records before it are whole); anything else that is not what wandb writes (no
+header, a bad crc, a record protobuf cannot parse, a value nested deeper than JSON's parser goes) is
+an `OfflineFileError`: one line naming the file.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
+
+from pipeline.errors import PipelineError
+
+MAX_BYTES = 4 << 30
+"""The largest run file read (a training run's history of a million rows is a few hundred MB)."""
+
+
+class OfflineFileError(PipelineError):
+    """A wandb offline file that cannot be read: one line naming it and what is wrong."""
+
 
 _READER = r"""
 import json, struct, sys, zlib
 from google.protobuf.json_format import MessageToDict
 from wandb.proto import wandb_internal_pb2
 
-data = open(sys.argv[1], "rb").read()
-assert data[:4] == b":W&B", "not a wandb run file"
-pos, block, payload, out = 7, 32 * 1024, b"", []
-while pos + 7 <= len(data):
-    room = block - (pos % block)
-    if room < 7:
-        pos += room
-        continue
-    crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-    if length == 0 and kind == 0:
-        pos += room
-        continue
-    piece = data[pos + 7 : pos + 7 + length]
-    assert zlib.crc32(bytes([kind]) + piece) & 0xFFFFFFFF == crc, f"bad crc at byte {pos}"
-    payload += piece
-    pos += 7 + length
-    if kind in (1, 4):  # FULL or LAST: a whole record
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(payload)
-        payload = b""
-        kind_name = record.WhichOneof("record_type")
-        body = MessageToDict(getattr(record, kind_name), preserving_proto_field_name=True)
-        if "type" in body:  # an artifact record's own type (dataset, model ...)
-            body[kind_name + "_type"] = body.pop("type")
-        out.append({"type": kind_name, **body})
+def fail(text):
+    sys.stderr.write(text)
+    raise SystemExit(3)
+
+BLOCK = 32 * 1024
+out, payload, pos = [], b"", 7
+with open(sys.argv[1], "rb") as f:
+    if f.read(7)[:4] != b":W&B":
+        fail("not a wandb run file (no :W&B header)")
+    block = f.read(BLOCK - 7)  # the first block, after the file's header
+    base = 7
+    while block:
+        at = 0
+        while at + 7 <= len(block):
+            crc, length, kind = struct.unpack("<IHB", block[at : at + 7])
+            if length == 0 and kind == 0:  # the block's zero tail
+                break
+            room = BLOCK - (base + at) % BLOCK - 7  # a piece never crosses its block's end
+            if kind not in (1, 2, 3, 4) or length > room:
+                fail(f"a damaged record at byte {base + at} (its kind or length is not wandb's)")
+            piece = block[at + 7 : at + 7 + length]
+            if len(piece) < length:  # torn: the run was killed while writing this record
+                block = b""
+                break
+            if zlib.crc32(bytes([kind]) + piece) & 0xFFFFFFFF != crc:
+                fail(f"a damaged record at byte {base + at} (its crc is not its bytes')")
+            payload += piece
+            at += 7 + length
+            if kind in (1, 4):  # FULL or LAST: a whole record
+                record = wandb_internal_pb2.Record()
+                try:
+                    record.ParseFromString(payload)
+                except Exception as err:
+                    fail(f"a record at byte {base + at} is not a wandb record ({type(err).__name__})")
+                payload = b""
+                kind_name = record.WhichOneof("record_type")
+                if kind_name is None:
+                    continue
+                body = MessageToDict(getattr(record, kind_name), preserving_proto_field_name=True)
+                if "type" in body:  # an artifact record's own type (dataset, model ...)
+                    body[kind_name + "_type"] = body.pop("type")
+                out.append({"type": kind_name, **body})
+        base += len(block) if block else 0
+        block = f.read(BLOCK) if block else b""
 print(json.dumps(out))
 """
 
@@ -62,9 +99,20 @@ def records(path: str | Path) -> list[dict]:
     """The records of one run file, in order: ``{"type": "history" | "run" | "metric" | "summary"
     | "artifact" | ..., **fields}`` (a record's own ``type`` field as ``<record type>_type``:
     an artifact's ``artifact_type``)."""
-    out = subprocess.run(
-        [sys.executable, "-c", _READER, str(path)], capture_output=True, text=True, check=True
-    )
+    try:
+        info = os.stat(path)
+    except OSError as err:
+        raise OfflineFileError(f"wandb run file {path}: {err.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise OfflineFileError(f"wandb run file {path}: not a regular file")
+    if info.st_size > MAX_BYTES:
+        raise OfflineFileError(f"wandb run file {path}: {info.st_size:,} bytes, more than {MAX_BYTES:,}")
+    out = subprocess.run([sys.executable, "-c", _READER, str(path)], capture_output=True, text=True)
+    if out.returncode == 3:
+        raise OfflineFileError(f"wandb run file {path}: {out.stderr.strip()}")
+    if out.returncode != 0:  # the reader itself failed (wandb missing ...): its last line
+        lines = out.stderr.strip().splitlines() or [f"exit status {out.returncode}"]
+        raise OfflineFileError(f"wandb run file {path}: cannot be read ({lines[-1]})")
     return json.loads(out.stdout)
 
 
@@ -74,7 +122,18 @@ def _put(out: dict, item: dict) -> None:
     keys = [item["key"]] if item.get("key") else item["nested_key"]
     for key in keys[:-1]:
         out = out.setdefault(key, {})
-    out[keys[-1]] = json.loads(item["value_json"])
+    out[keys[-1]] = value(item["value_json"], keys[-1])
+
+
+def value(text: str, key: str) -> object:
+    """A logged value's JSON; an `OfflineFileError` for one no reader should take (nested past
+    Python's recursion limit, or not JSON)."""
+    try:
+        return json.loads(text)
+    except (RecursionError, ValueError) as err:
+        raise OfflineFileError(
+            f"logged value {key!r} is not JSON a reader takes ({type(err).__name__})"
+        ) from None
 
 
 def history(recs: list[dict]) -> list[dict]:
@@ -100,13 +159,16 @@ def summary(recs: list[dict]) -> dict:
 
 def run_record(recs: list[dict]) -> dict:
     """The ``run`` record: ``run_id``, ``run_group``, ``job_type``, ``display_name`` ..."""
-    return next(r for r in recs if r["type"] == "run")
+    found = next((r for r in recs if r["type"] == "run"), None)
+    if found is None:
+        raise OfflineFileError("no run record (a run killed before wandb wrote one, or not a run file)")
+    return found
 
 
 def config(recs: list[dict]) -> dict:
     """The run's config, as its ``run`` record holds it (wandb's own ``_wandb`` entry left out)."""
     items = run_record(recs).get("config", {}).get("update", [])
-    return {i["key"]: json.loads(i["value_json"]) for i in items if i["key"] != "_wandb"}
+    return {i["key"]: value(i["value_json"], i["key"]) for i in items if i["key"] != "_wandb"}
 
 
 def artifacts(recs: list[dict]) -> list[dict]:
