@@ -22,7 +22,7 @@ from benchmarks.time_to_target import (
 from pipeline.formats import kneser_ney, shard_format
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "pipeline" / "train"))  # the train tests' shard builder
-from shard_builder import sample_sentences, write_sample_shards  # noqa: E402
+from shard_builder import sample_shard_dir  # noqa: E402
 
 
 def test_a_recipe_is_a_name_and_its_overrides():
@@ -76,9 +76,7 @@ def test_a_difference_is_claimed_only_when_every_seed_holds_it():
 
 
 def test_the_targets_are_the_manifests_model_and_the_orders_counted_here(tmp_path):
-    sentences = sample_sentences(700)
-    shards = str(tmp_path / "shards")
-    write_sample_shards(shards, sentences[:-100], sentences[-100:])
+    shards = sample_shard_dir(str(tmp_path / "shards"), 700, heldout=100)
     manifest = shard_format.read_manifest(shards)
     train, heldout = split_ids(shards, "train", manifest), split_ids(shards, "heldout", manifest)
     assert train[0].shape[0] == int(train[1].sum()) == manifest["totals"]["train"]["tokens"]

@@ -24,7 +24,7 @@ from pipeline.train.metrics import read_metrics
 from pipeline.train.run_dir import METRICS_FILE
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "train"))  # the train tests' shard builder
-from shard_builder import sample_sentences, write_sample_shards  # noqa: E402
+from shard_builder import sample_sentences, sample_shard_dir  # noqa: E402
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(300)]
 REFERENCE = Path(__file__).parents[3] / "tests" / "data" / "reference" / "allennlp"
@@ -35,10 +35,7 @@ GRACE_S = 30.0
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    sentences = sample_sentences(3000)
-    out = str(tmp_path_factory.mktemp("shards"))
-    write_sample_shards(out, sentences[:-200], sentences[-200:])
-    return out
+    return sample_shard_dir(str(tmp_path_factory.mktemp("shards")), 3000)
 
 
 def _start(shards: str, run_dir: str) -> subprocess.Popen:

@@ -56,3 +56,11 @@ def write_sample_shards(
         "heldout": [blocks(heldout)],
     }
     return write_shard_dir(out, splits, vocab)
+
+
+def sample_shard_dir(out: str, count: int, heldout: int = 200) -> str:
+    """Shards of the sample corpus's first ``count`` sentences under ``out``, the last ``heldout`` of
+    them held out; returns ``out``."""
+    sentences = sample_sentences(count)
+    write_sample_shards(out, sentences[:-heldout], sentences[-heldout:])
+    return out

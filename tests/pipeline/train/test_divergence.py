@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from shard_builder import sample_sentences, write_sample_shards
+from shard_builder import sample_shard_dir
 
 from pipeline.config import load_config
 from pipeline.train import checkpoint as ckpt
@@ -39,10 +39,7 @@ def test_a_direction_diverges_once_per_episode_and_recovers():
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    sentences = sample_sentences(2000)
-    out = str(tmp_path_factory.mktemp("shards"))
-    write_sample_shards(out, sentences[:-200], sentences[-200:])
-    return out
+    return sample_shard_dir(str(tmp_path_factory.mktemp("shards")), 2000)
 
 
 def _config(shards: str, run_dir: str, *overrides: str):

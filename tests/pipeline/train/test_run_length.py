@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from shard_builder import sample_sentences, write_sample_shards
+from shard_builder import sample_shard_dir
 
 from pipeline.config import ConfigError, load_config
 from pipeline.train.config import Schedule, TrainConfig, budget_seconds
@@ -77,9 +77,7 @@ def test_before_its_plan_the_schedule_holds_the_peak_after_warm_up():
 
 
 def _config(tmp_path, *overrides: str) -> TrainConfig:
-    sentences = sample_sentences(600)
-    shards = str(tmp_path / "shards")
-    write_sample_shards(shards, sentences[:-100], sentences[-100:])
+    shards = sample_shard_dir(str(tmp_path / "shards"), 600, heldout=100)
     keys = [f"shards={shards}", f"output={tmp_path / 'run'}", "workers=1", "guard.enabled=false"]
     keys += ["wandb.mode=disabled", "eval_max_batches=2", "checkpoint_every=1000", "log_every=5"]
     return load_config(TrainConfig, preset="tiny", overrides=[*keys, *overrides])
