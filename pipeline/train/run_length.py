@@ -59,6 +59,8 @@ class RunLength:
         self._origin: tuple[int, float] | None = None
         self.end_s = 0.0
         """What the end of the run costs (its evaluation and export), as `note_end_cost` last set it."""
+        self.clock = time.time
+        """The wall clock the deadline is on (a test gives it one of its own)."""
 
     # -- the schedule's view ------------------------------------------------------------------------
     @property
@@ -91,7 +93,7 @@ class RunLength:
         """Read the clock after ``step`` and plan the last step from the pace since the first
         reading; every rank calls it at the same step and gets rank 0's plan (sent on ``device``,
         the ranks' collective device). Returns the last step."""
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         if self._origin is None or step <= self._origin[0]:
             self._origin = (step, now)
             planned = self.total_steps if self.planned else 0
