@@ -122,3 +122,21 @@ def test_a_run_with_a_time_budget_ends_on_time_with_its_schedule_finished(tmp_pa
     assert trains[-1]["train/lr"] == pytest.approx(0.1 * peak, rel=0.05)
     assert (tmp_path / "run" / "export" / "weights.hdf5").exists()
     assert [r for r in rows if r["kind"] == "eval"][-1]["train_s"] > 0  # the training clock
+
+
+def test_a_run_with_a_token_budget_ends_there_with_its_schedule_finished(tmp_path):
+    cfg = _config(
+        tmp_path,
+        "max_tokens=12000",  # 640 tokens a step: 19 steps
+        "optimizer.schedule=linear",
+        "optimizer.warmup_steps=2",
+        "optimizer.final_lr_fraction=0.2",
+        "log_every=1",
+    )
+    plan = prepare_run(cfg)
+    status = Trainer(cfg, plan, CPU).run()
+    trains = [r for r in read_metrics(RunDir(plan.run_dir).metrics) if r["kind"] == "train"]
+    assert status["status"] == "done" and status["step"] == plan.total_steps == 19
+    assert trains[-1]["tokens"] == 19 * 640 >= 12000 > 18 * 640
+    # the linear decay's last step: 0.2 + 0.8 x (1 - 16/17) of the peak
+    assert trains[-1]["train/lr"] == pytest.approx(cfg.optimizer.lr * (0.2 + 0.8 / 17), rel=1e-6)
