@@ -213,7 +213,7 @@ def test_manifest_counts_that_disagree_with_a_shard_fail_the_run_with_one_line(
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("optimizer.name=sgd", "'optimizer.name' must be one of adagrad, adam, got 'sgd'"),
+        ("optimizer.name=sgd", "'optimizer.name' must be one of adagrad, adam, adamw, got 'sgd'"),
         ("optimizer.schedule=step", "'optimizer.schedule' must be one of constant, linear, cosine"),
         ("wandb.mode=cloud", "'wandb.mode' must be one of offline, online, disabled"),
         ("use_gpu=maybe", "'use_gpu' must be one of auto, true, false"),

@@ -56,6 +56,12 @@ def _config(shards: str, run_dir: str, *overrides: str):
             "keep_checkpoints=4",
             "eval_max_batches=2",
             "wandb.mode=disabled",
+            # the recipe these runs were measured with: a constant rate, so a rollback's lower rate is
+            # the only change of rate (tiny's own recipe warms up and decays)
+            "optimizer.lr=0.004",
+            "optimizer.schedule=constant",
+            "optimizer.warmup_steps=0",
+            "dropout=0.1",
             *overrides,
         ],
     )

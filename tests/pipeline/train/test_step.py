@@ -47,6 +47,10 @@ def _config(*overrides: str):
             f"unroll_steps={U}",
             f"softmax.negatives={S}",
             "dropout=0.0",
+            # the step's arithmetic against a plain reference at a constant rate (tiny's own recipe
+            # warms up and decays: tests/pipeline/train/test_run_length.py)
+            "optimizer.schedule=constant",
+            "optimizer.warmup_steps=0",
             *overrides,
         ],
     )
@@ -192,7 +196,10 @@ def test_a_background_checkpoint_holds_its_step_while_graph_replays_go_on(tmp_pa
 def test_full_softmax_and_adam_run_and_learn():
     cache = _cache()
     batch = _batches(cache, 1)[0]
-    for overrides in (["softmax.sampled=false"], ["optimizer.name=adam", "optimizer.lr=0.01"]):
+    for overrides in (
+        ["softmax.sampled=false", "optimizer.lr=0.004"],
+        ["optimizer.name=adam", "optimizer.lr=0.01"],
+    ):
         cfg = _config(*overrides)
         runner = StepRunner(cfg, to_options(cfg.model), VOCAB, torch.device("cpu"))
         first = runner.train_step(batch, 100).losses.mean().item()
