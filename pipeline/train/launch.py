@@ -279,7 +279,7 @@ class GracefulStop:
     does (the latest complete checkpoint stays). ``received``: the first signal, None before one."""
 
     def __init__(self, relay):
-        self.relay, self.received, self._abort = relay, None, None
+        self.relay, self.received, self._abort, self._timer = relay, None, None, None
 
     def install(self, abort=None) -> None:
         """Handle SIGINT and SIGTERM (main thread only); ``abort``: Ray Train's SIGINT handler,
@@ -299,18 +299,25 @@ class GracefulStop:
                 file=sys.stderr,
                 flush=True,
             )
-            timer = threading.Timer(GRACE_S, os.kill, (os.getpid(), signal.SIGINT))
-            timer.daemon = True
-            timer.start()
+            self._timer = threading.Timer(GRACE_S, os.kill, (os.getpid(), signal.SIGINT))
+            self._timer.daemon = True
+            self._timer.start()
             return
         if self._abort is None:
-            raise self.error()
+            raise stop_error(self.received)
         self._abort(signal.SIGINT, frame)
 
-    def error(self, message: str = "") -> KeyboardInterrupt:
-        """What the entry point reports: ``terminated`` (143) or ``interrupted`` (130)."""
-        kind = Terminated if self.received == signal.SIGTERM else KeyboardInterrupt
-        return kind(message) if message else kind()
+    def done(self) -> None:
+        """The run ended: no grace period left to run out."""
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+def stop_error(signum: int | None, message: str = "") -> KeyboardInterrupt:
+    """What the entry point reports for a run stopped by ``signum``: `Terminated` (``terminated``,
+    143) for SIGTERM, else KeyboardInterrupt (``interrupted``, 130), with ``message`` after it."""
+    kind = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    return kind(message) if message else kind()
 
 
 def _stoppable_trainer(graceful: GracefulStop):
@@ -360,8 +367,13 @@ def _fit(cfg: TrainConfig, plan: RunPlan, relay) -> int | None:
         # Ray Train's own SIGINT handler aborted the run (its workers stop; the latest complete
         # checkpoint stays as it was) and then exits the process; here that is a Ctrl-C (or a
         # SIGTERM) like any other, which the entry point reports with exit status 130 (or 143).
-        raise graceful.error() from None
+        raise stop_error(graceful.received) from None
+    except Exception:
+        if graceful.received is not None:  # the run failed while stopping: stopped, not restarted
+            raise stop_error(graceful.received) from None
+        raise
     finally:
+        graceful.done()
         if main_thread:
             signal.signal(signal.SIGINT, previous_sigint)  # Ray leaves its handler installed
             signal.signal(signal.SIGTERM, previous_sigterm)
@@ -441,9 +453,8 @@ def final_status(status: dict | None, stopped_by: int | None = None) -> dict:
     V2 keeps only metrics reported with a checkpoint, and its checkpoint storage would need a path
     every node shares.)"""
     if stopped_by is not None and (not status or status.get("status") != "done"):
-        kind = Terminated if stopped_by == signal.SIGTERM else KeyboardInterrupt
-        message = status.get("message", "") if status and status.get("status") == "stopped" else ""
-        raise kind(message) if message else kind()
+        stopped = status is not None and status.get("status") == "stopped"
+        raise stop_error(stopped_by, status["message"] if stopped else "")
     if not status or "status" not in status:
         raise TrainError("training ended without a final status")
     if status["status"] != "done":

@@ -207,8 +207,9 @@ class Trainer:
             if not (replan or stopping or any(due)):
                 continue
             skipped = runner.nonfinite_steps()  # waits for the device
-            compute += time.perf_counter() - window
-            length.add_training(time.perf_counter() - window)
+            trained = time.perf_counter() - window
+            compute += trained
+            length.add_training(trained)
             if skipped:
                 return self._stopped_on_nonfinite(skipped)
             if stopping and self.stop.check(self.step):
