@@ -57,6 +57,7 @@ class RunLength:
         self.train_s = 0.0
         """Seconds of training steps so far (all attempts)."""
         self._origin: tuple[int, float] | None = None
+        self._resumed_plan = False  # a resume's plan is kept: no clock is read again
         self.end_s = 0.0
         """What the end of the run costs (its evaluation and export), as `note_end_cost` last set it."""
         self.clock = time.time
@@ -86,8 +87,6 @@ class RunLength:
         if not self.deadline or self._resumed_plan:
             return False
         return step in FIRST_CHECKS or (step > FIRST_CHECKS[0] and step % self.log_every == 0)
-
-    _resumed_plan = False
 
     def replan(self, step: int, device: torch.device, now: float | None = None) -> int:
         """Read the clock after ``step`` and plan the last step from the pace since the first
