@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
-from omegaconf import DictConfig, EnumNode, ListConfig, OmegaConf, StringNode, grammar_parser
+from omegaconf import BooleanNode, DictConfig, EnumNode, ListConfig, OmegaConf, StringNode, grammar_parser
 from omegaconf.errors import ConfigKeyError, GrammarParseError, OmegaConfBaseException, ValidationError
 from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser
 
@@ -345,9 +345,11 @@ def to_object(cfg: DictConfig) -> Any:
     return OmegaConf.to_object(cfg)
 
 
-def _spell_booleans_as_typed(base: DictConfig, layer: Any) -> None:
+def _spell_booleans_as_typed(base: DictConfig, layer: Any, prefix: str = "") -> None:
     """YAML (files and ``key=value``) reads ``use_gpu=true`` as a boolean, which a string or choice
-    field cannot hold; such fields get the lowercase spelling the user typed."""
+    field cannot hold; such fields get the lowercase spelling the user typed. The other way round,
+    OmegaConf takes any number for a boolean (``dedup=2`` is true); a boolean field takes ``true``,
+    ``false``, ``0`` or ``1`` and a ConfigError names any other number."""
     if not isinstance(layer, DictConfig):
         return
     for key in list(layer.keys()):
@@ -356,13 +358,18 @@ def _spell_booleans_as_typed(base: DictConfig, layer: Any) -> None:
         target = base._get_node(key)
         value = layer._get_node(key)
         if isinstance(target, DictConfig):
-            _spell_booleans_as_typed(target, value)
-        elif (
-            isinstance(target, StringNode | EnumNode)
-            and not OmegaConf.is_interpolation(layer, key)
-            and isinstance(layer[key], bool)
-        ):
+            _spell_booleans_as_typed(target, value, f"{prefix}{key}.")
+        elif OmegaConf.is_interpolation(layer, key):
+            continue
+        elif isinstance(target, StringNode | EnumNode) and isinstance(layer[key], bool):
             layer[key] = str(layer[key]).lower()
+        elif (
+            isinstance(target, BooleanNode)
+            and isinstance(layer[key], int | float)
+            and not isinstance(layer[key], bool)
+            and layer[key] not in (0, 1)
+        ):
+            raise ConfigError(f"config key '{prefix}{key}' is true or false, got {layer[key]!r}")
 
 
 def check_complete(cfg: DictConfig) -> None:

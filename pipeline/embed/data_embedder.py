@@ -217,21 +217,50 @@ def _as_table(batch: Any) -> pa.Table:
 
 def _first_bad_cell(values: list) -> tuple[int, str] | None:
     """(row, what is wrong) of the first cell of a column that Arrow cannot hold: a string that is
-    not text (a lone surrogate), or a value of another type than the column's first."""
-    first = next((type(v) for v in values if v is not None), None)
-    for row, value in enumerate(values):
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as err:
-                return row, f"holds {value[err.start]!r} (a lone surrogate), which is not text"
-        if value is not None and not isinstance(value, first):
-            return row, f"is {type(value).__name__}, not {first.__name__} as the rows before it"
-        if isinstance(value, list | np.ndarray):
-            inner = _first_bad_cell([v.item() if isinstance(v, np.generic) else v for v in value])
-            if inner is not None:
-                return row, f"item {inner[0]} {inner[1]}"
-    return None
+    not text (a lone surrogate), or a value that does not fit the column the rows before it make
+    (Arrow takes ints and floats together, or str and bytes, so the first cell of another Python
+    type is not always the one it refuses). The row is found by halving: a column Arrow refuses
+    has a shortest refused prefix, and its last cell is the culprit."""
+    if _holds(values):
+        return None
+    lo, hi = 0, len(values)  # values[:lo] is held, values[:hi] is not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if _holds(values[:mid]) else (lo, mid)
+    row, value = hi - 1, values[hi - 1]
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            return row, f"holds {value[err.start]!r} (a lone surrogate), which is not text"
+    if isinstance(value, list | np.ndarray):
+        inner = _first_bad_cell([v.item() if isinstance(v, np.generic) else v for v in value])
+        if inner is not None:
+            return row, f"item {inner[0]} {inner[1]}"
+    before = sorted({type(v).__name__ for v in values[:row] if v is not None})
+    if before and type(value).__name__ not in before:
+        return row, f"is {type(value).__name__}, not {' or '.join(before)} as the rows before it"
+    if row == 0:
+        return row, f"is {type(value).__name__}, which Arrow cannot hold"
+    held = _column(_objects(values[:row])).type
+    return row, f"is {type(value).__name__} and does not fit the {held} the rows before it hold"
+
+
+def _holds(values: list) -> bool:
+    """Whether Arrow makes one column of ``values``."""
+    try:
+        _column(_objects(values))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeEncodeError):
+        return False
+    return True
+
+
+def _objects(values: list) -> np.ndarray:
+    """``values`` as a 1-d object array, as Ray Data gives a column (lists stay cells)."""
+    array = np.empty(len(values), dtype=object)
+    for row, value in enumerate(values):  # an error's path only: assigning a slice would broadcast lists
+        array[row] = value
+    return array
 
 
 def _column(values: Any) -> pa.Array:

@@ -227,15 +227,14 @@ class _EncodeJob:
     def read_again(self, chunk) -> Sentences:
         """The chunk tokenized again, without the duplicates the run removed from it."""
         removed = self.expected.train_duplicates + self.expected.heldout_duplicates
-        drops = None
+        drops, name = None, drops_name(self.index)
         if removed:
-            name = drops_name(self.index)
             try:
                 data = storage.read_bytes(storage.join(self.out.output, name))
             except storage.StorageError as err:
                 raise ShardError(f"cannot read {name}, the duplicates of chunk {self.index}: {err}") from None
             drops = decode_drops(data, removed, name)
-        return retokenize(chunk, self.settings, self.expected, drops)
+        return retokenize(chunk, self.settings, self.expected, drops, name)
 
 
 @ray.remote

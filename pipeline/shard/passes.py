@@ -133,19 +133,42 @@ def deduplicate_chunk(
 
 
 def retokenize(
-    chunk: Chunk, settings: LineSettings, expected: LineStats, drops: np.ndarray | None = None
+    chunk: Chunk,
+    settings: LineSettings,
+    expected: LineStats,
+    drops: np.ndarray | None = None,
+    drops_file: str = "",
 ) -> Sentences:
     """The sentences of a chunk whose counting-pass result is gone, made again from the input,
-    without those at ``drops`` (a deduplicating run's, given after the duplicates are found);
-    ``expected``: the summary it had then, to catch an input that changed since."""
+    without those at ``drops`` (a deduplicating run's, read from ``drops_file``, given after the
+    duplicates are found); ``expected``: the summary it had then, to catch an input that changed
+    since, told apart from a duplicates file that names other sentences than the run removed."""
     sentences = chunk_sentences(chunk, settings)
+    if _before_removal(sentences.stats) != _before_removal(expected):
+        raise ShardError(
+            f"input {chunk.source} changed between the counting and writing passes (chunk {chunk.index})"
+        )
     if drops is not None:
         sentences = remove_sentences(sentences, drops)
     if sentences.stats != expected:
         raise ShardError(
-            f"input {chunk.source} changed between the counting and writing passes (chunk {chunk.index})"
+            f"{drops_file} does not hold the sentences the run removed from chunk {chunk.index} of "
+            f"{chunk.source} (it keeps {sentences.stats.train_tokens + sentences.stats.heldout_tokens} "
+            f"tokens, the run kept {expected.train_tokens + expected.heldout_tokens}); delete the output and rerun"
         )
     return sentences
+
+
+def _before_removal(stats: LineStats) -> tuple[int, ...]:
+    """What a chunk's stats say of its input before any duplicate went: its lines and, per split,
+    its sentences and tokens."""
+    return (
+        stats.lines,
+        stats.train_sentences + stats.train_duplicates,
+        stats.train_tokens + stats.train_duplicate_tokens,
+        stats.heldout_sentences + stats.heldout_duplicates,
+        stats.heldout_tokens + stats.heldout_duplicate_tokens,
+    )
 
 
 def encode_chunk(

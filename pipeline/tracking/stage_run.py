@@ -10,6 +10,7 @@ work logs no run. The offline files go to ``OUTPUT/wandb/attempt-NNN/``
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tempfile
@@ -49,16 +50,37 @@ def start_run(
     # before starting Ray) would hold the streams of every run: a killed run's stream would then
     # keep the run's id "in use" for the next. Each run's process starts its own.
     os.environ.pop("WANDB_SERVICE", None)
-    run = wandb.init(
-        mode=settings.mode.value,
-        dir=files.local,
-        project=settings.project,
-        entity=settings.entity or None,
-        group=settings.group or None,
-        settings=wandb.Settings(console="off", silent=True, x_disable_stats=not system_stats),
-        **init,
-    )
+    with _service_logs_in(files.local):
+        run = wandb.init(
+            mode=settings.mode.value,
+            dir=files.local,
+            project=settings.project,
+            entity=settings.entity or None,
+            group=settings.group or None,
+            settings=wandb.Settings(console="off", silent=True, x_disable_stats=not system_stats),
+            **init,
+        )
     return run, files
+
+
+SERVICE_LOGS = "service"
+"""Where in an attempt's folder wandb's service writes its own logs (``wandb/logs/core-debug-*.log``)."""
+
+
+@contextlib.contextmanager
+def _service_logs_in(folder: str):
+    """wandb's service (``wandb-core``, started by ``wandb.init``) writes a debug log per start
+    under ``WANDB_CACHE_DIR`` (``~/.cache``) that nothing removes, and the run's ``debug-core.log``
+    links to it. Unless the user chose a cache folder, the service starts with its cache in the
+    run's own folder, so its log is one of the run's files, kept and removed with them."""
+    if "WANDB_CACHE_DIR" in os.environ:
+        yield
+        return
+    os.environ["WANDB_CACHE_DIR"] = os.path.join(folder, SERVICE_LOGS)
+    try:
+        yield
+    finally:
+        os.environ.pop("WANDB_CACHE_DIR", None)
 
 
 def end_run(run, exit_code: int = 0) -> None:

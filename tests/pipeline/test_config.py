@@ -277,3 +277,22 @@ def test_a_yaml_type_no_config_holds_is_one_line(tmp_path, text, key, kind):
         f"config file {cfg_file}: key {key!r} holds a YAML {kind}, which a config cannot hold (numbers, "
         "strings, booleans, lists and mappings only)"
     )
+
+
+def test_a_number_is_not_a_boolean(tmp_path):
+    """OmegaConf alone reads `dedup=2` as true; a boolean key takes true/false or 0/1, nothing else,
+    in a file, an override or a nested section."""
+    from pipeline.end_to_end.config import PipelineConfig
+    from pipeline.shard.config import ShardConfig
+
+    required = ["input=[x]", "output=y"]
+    assert load_config(ShardConfig, overrides=[*required, "dedup=0"]).dedup is False
+    assert load_config(ShardConfig, overrides=[*required, "dedup=1"]).dedup is True
+    assert load_config(ShardConfig, overrides=[*required, "dedup=off"]).dedup is False
+    for value in ("2", "-1", "0.5"):
+        with pytest.raises(ConfigError, match=rf"config key 'dedup' is true or false, got {value}$"):
+            load_config(ShardConfig, overrides=[*required, f"dedup={value}"])
+    path = tmp_path / "c.yaml"
+    path.write_text("shard:\n  lowercase: 7\n")
+    with pytest.raises(ConfigError, match=r"config key 'shard.lowercase' is true or false, got 7$"):
+        resolve_config(PipelineConfig, config_file=path, allow_missing=True)

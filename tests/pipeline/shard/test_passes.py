@@ -67,3 +67,21 @@ def test_deduplicating_a_chunk_takes_off_the_counts_of_what_went_and_only_that()
     assert kept.train.hashes is None and after.stats == kept.stats
     nothing = deduplicate_chunk(sentences, 0, 0, np.zeros(0, dtype=np.int64))
     assert nothing[1] is None and nothing[2].stats.train_sentences == summary.stats.train_sentences
+
+
+def test_retokenize_blames_a_duplicates_file_that_names_other_sentences():
+    """The same number of positions, but not the ones the run removed: the file is named, not the
+    input (which is unchanged)."""
+    settings = dataclasses.replace(SETTINGS, dedup=True, heldout_fraction=0.0)
+    data = DATA + b"".join(DATA.splitlines(keepends=True)[:7])
+    summary, _, sentences, keys = count_chunk(Chunk(0, 0, data), settings)
+    found = [find_duplicates([keys], lo, hi) for lo, hi in hash_ranges(summary.stats.train_sentences, 3)]
+    drops = chunk_drops(found, 0)
+    after, _, kept = deduplicate_chunk(sentences, 0, 0, drops)
+    again = retokenize(Chunk(0, 0, data), settings, after.stats, drops, "duplicates/00000.bin")
+    assert np.array_equal(again.train.ids, kept.train.ids)
+    others = drops - 30  # other sentences, of other lengths, as many
+    with pytest.raises(ShardError, match=r"^duplicates/00000.bin does not hold the sentences the run removed from chunk 0 of 0 .*delete the output and rerun$"):
+        retokenize(Chunk(0, 0, data), settings, after.stats, others, "duplicates/00000.bin")
+    with pytest.raises(ShardError, match="input 0 changed"):
+        retokenize(Chunk(0, 0, data + b"one more\n"), settings, after.stats, drops, "duplicates/00000.bin")

@@ -91,3 +91,20 @@ def test_an_s3_output_gets_the_run_files(s3_prefix):
     assert any(p.endswith(".wandb") for p in uploaded), uploaded
     assert all("/wandb/attempt-001/wandb/offline-run-" in p for p in uploaded), uploaded
     assert sync.startswith(f"aws s3 cp --recursive {output}/wandb ")
+
+
+def test_wandbs_service_log_stays_with_the_run(tmp_path, monkeypatch):
+    """wandb-core's debug log goes into the attempt's folder, not into the user's cache, where
+    nothing would ever remove it; a cache folder the user chose is kept."""
+    monkeypatch.delenv("WANDB_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    log_stage_run(WandbConfig(), str(tmp_path / "out"), LOG)
+    attempt = tmp_path / "out" / "wandb" / "attempt-001"
+    assert list(attempt.glob("service/**/core-debug-*.log"))
+    assert not list(tmp_path.glob("home*/**/core-debug-*.log")) and "WANDB_CACHE_DIR" not in os.environ
+    (link,) = attempt.glob("wandb/offline-run-*/logs/debug-core.log")
+    assert link.resolve().is_relative_to(attempt)
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "chosen"))
+    log_stage_run(WandbConfig(), str(tmp_path / "out"), LOG)
+    assert list((tmp_path / "chosen").glob("**/core-debug-*.log"))
