@@ -56,9 +56,21 @@ def _check_shards(shards: str, manifest: dict) -> None:
     for split in shard_format.SPLITS:
         if not manifest["shards"][split] or manifest["totals"][split]["tokens"] <= 0:
             raise TrainError(
-                f"shard directory {shards}: the manifest lists no {split} data; rerun the shard stage"
+                f"shard directory {shards}: the manifest lists no {split} data; {_no_split_advice(split, manifest)}"
             )
     shard_format.check_listed_shards(shards, manifest)
+
+
+def _no_split_advice(split: str, manifest: dict) -> str:
+    """What makes a split that a shard output lacks: a rerun into the same output would give the
+    same shards, so the advice names the settings that change them."""
+    config = manifest.get("config") or {}
+    if split == "heldout":
+        return (
+            f"it was sharded with heldout_fraction={config.get('heldout_fraction', '?')} and no "
+            "heldout_input; shard the corpus into a new output with heldout_fraction=0.01 or a heldout_input"
+        )
+    return "the shard stage kept no training sentence from its input; check its inputs and their line accounting in manifest.json"
 
 
 def _model_options(cfg: TrainConfig) -> dict:

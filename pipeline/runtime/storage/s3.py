@@ -56,8 +56,14 @@ READ_TIMEOUT_S = 10
 accepts connections and never answers fails in about DEFAULT_MAX_ATTEMPTS x this (and the
 first wait is said on stderr), while a transfer that keeps moving is never cut."""
 DEFAULT_MAX_ATTEMPTS = 4
-"""Total tries per request (AWS_MAX_ATTEMPTS overrides): bounded so an unreachable endpoint fails within
-seconds (a refused connection: ~0.5 s here), while throttling still gets three jittered backoffs."""
+"""Total tries per request to an endpoint that has not yet answered this process (AWS_MAX_ATTEMPTS
+overrides): bounded so a wrong or unreachable endpoint fails within seconds (a refused connection:
+~0.5 s here), while throttling still gets three jittered backoffs."""
+OUTAGE_ATTEMPTS = 12
+"""Total tries per request to an endpoint that has answered this process (AWS_MAX_ATTEMPTS
+overrides): a long run rides out a pause or restart of its object store of a minute or two (up to
+12 x READ_TIMEOUT_S, plus botocore's backoff of up to 20 s a try), where 4 tries gave out after
+about 30 s, mid-run, with the work done so far left to a resume."""
 UNANSWERED_HOLD_S = 60.0
 """An endpoint that has never answered this process and let every attempt of a request time out is
 not waited for again for this long: the stage's next request (its error path's, another input's)
@@ -69,7 +75,7 @@ request's full attempts, so runs ride out an outage as before."""
 # ---------------------------------------------------------------- s3 backend
 
 _endpoint_override: str | None = None
-_clients: dict[tuple[int, str | None], object] = {}
+_clients: dict[tuple[int, str | None, bool], object] = {}
 _clients_lock = threading.Lock()
 
 
@@ -98,17 +104,21 @@ def endpoint_url() -> str | None:
     return _endpoint_override or os.environ.get("AWS_ENDPOINT_URL") or None
 
 
-def _retry_config() -> dict:
-    raw = os.environ.get("AWS_MAX_ATTEMPTS", str(DEFAULT_MAX_ATTEMPTS))
+def _retry_config(answered: bool | None = None) -> dict:
+    """botocore's retries for a request to the current endpoint; ``answered``: whether it has
+    answered this process (None: look it up)."""
+    if answered is None:
+        answered = _endpoint_label() in _answered
+    raw = os.environ.get("AWS_MAX_ATTEMPTS", str(OUTAGE_ATTEMPTS if answered else DEFAULT_MAX_ATTEMPTS))
     if not raw.isdigit() or int(raw) < 1:
         raise StorageError(f"AWS_MAX_ATTEMPTS={raw!r}: not a positive integer")
     # total_max_attempts counts the first try, like AWS_MAX_ATTEMPTS (botocore's max_attempts does not)
     return {"mode": os.environ.get("AWS_RETRY_MODE", "standard"), "total_max_attempts": int(raw)}
 
 
-def _new_client(endpoint: str | None):
+def _new_client(endpoint: str | None, answered: bool):
     config = Config(
-        retries=_retry_config(),
+        retries=_retry_config(answered),
         connect_timeout=CONNECT_TIMEOUT_S,
         read_timeout=READ_TIMEOUT_S,
         # custom endpoints (SeaweedFS, MinIO, an IP) rarely resolve bucket subdomains
@@ -169,12 +179,13 @@ def _say_waiting(attempts: int = 0, caught_exception: BaseException | None = Non
 
 
 def s3_client():
-    """The boto3 S3 client of this process for the current endpoint (cached, keyed by pid)."""
-    key = (os.getpid(), endpoint_url())
+    """The boto3 S3 client of this process for the current endpoint (cached, keyed by pid), with
+    the retries of an endpoint that has answered this process or not (``OUTAGE_ATTEMPTS``)."""
+    key = (os.getpid(), endpoint_url(), _endpoint_label() in _answered)
     client = _clients.get(key)
     if client is None:
         with _clients_lock:
-            client = _clients.get(key) or _new_client(key[1])
+            client = _clients.get(key) or _new_client(key[1], key[2])
             _clients[key] = client
     return client
 

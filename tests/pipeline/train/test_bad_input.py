@@ -115,7 +115,10 @@ def test_empty_split(shards, tmp_path):
     manifest = json.loads(storage.read_bytes(path))
     manifest["shards"]["heldout"] = []
     storage.write_bytes(path, json.dumps(manifest).encode())
-    with pytest.raises(TrainError, match="lists no heldout data"):
+    with pytest.raises(
+        TrainError,
+        match=r"lists no heldout data; it was sharded with heldout_fraction=\S+ and no heldout_input; shard the corpus into a new output with heldout_fraction=0.01 or a heldout_input$",
+    ):
         prepare_run(cfg_for(shards, str(tmp_path / "run")))
 
 
