@@ -70,6 +70,16 @@ def _dashboard_installed() -> bool:
     return False
 
 
+def state_api_available() -> bool:
+    """Whether the connected cluster serves Ray's State API, which its dashboard serves: a cluster
+    started without one (a minimal Ray lacks the packages) fails every State API call, and a
+    caller that asks in a loop warns in a loop."""
+    try:
+        return bool(ray._private.worker.get_dashboard_url())
+    except (AttributeError, ray.exceptions.RaySystemError):  # the helper moved, or no Ray: assume so
+        return True
+
+
 @contextmanager
 def ray_processes_in_own_session() -> Iterator[None]:
     """While an embedded cluster starts: every process Ray starts (its GCS, raylet, dashboard; the

@@ -556,3 +556,19 @@ def test_evaluations_during_the_run_score_a_fixed_sample_and_the_last_one_all(
     assert evals[0]["eval/batches"] == 2  # the first two batches of the split, whatever its size
     assert evals[1]["eval/batches"] > 10  # the end of the run: all of HELDOUT=300 sentences
     assert all(r["eval/seconds"] > 0 for r in evals)
+
+
+def test_no_placement_group_cleaner_where_no_state_api_answers(monkeypatch):
+    """Ray Train's placement-group cleaner asks the State API (the dashboard's) every second; on a
+    cluster without a dashboard each ask warned (253 lines in a five-minute H200 run), so a run
+    there goes without it, and keeps it where the dashboard runs."""
+    from pipeline.runtime import ray_runtime
+    from pipeline.train.launch import GracefulStop, _stoppable_trainer
+
+    trainer = _stoppable_trainer(GracefulStop(None))(lambda _: None, train_loop_config={})
+    names = lambda: [type(c).__name__ for c in trainer._create_default_callbacks()]  # noqa: E731
+    monkeypatch.setattr(ray_runtime, "state_api_available", lambda: True)
+    assert "PlacementGroupCleanerCallback" in names()
+    monkeypatch.setattr(ray_runtime, "state_api_available", lambda: False)
+    got = names()
+    assert "PlacementGroupCleanerCallback" not in got and "BackendSetupCallback" in got
