@@ -106,10 +106,13 @@ def run_main(body: Callable[[], int | None]) -> int:
     except PipelineError as err:
         print(f"error: {redact(str(err))}", file=sys.stderr)
         return 2
-    except Terminated as stop:  # its message, when there is one, says what a rerun continues from
-        print(f"terminated: {stop}" if str(stop) else "terminated", file=sys.stderr)
-        return 128 + signal.SIGTERM
-    except KeyboardInterrupt as stop:
+    except KeyboardInterrupt as caught:  # its message, when there is one, says what a rerun continues from
+        from pipeline.runtime import ray_runtime  # only here: `elmo --help` need not import Ray
+
+        stop = ray_runtime.as_heard(caught)
+        if isinstance(stop, Terminated):
+            print(f"terminated: {stop}" if str(stop) else "terminated", file=sys.stderr)
+            return 128 + signal.SIGTERM
         print(f"interrupted: {stop}" if str(stop) else "interrupted", file=sys.stderr)
         return 130
 

@@ -109,8 +109,24 @@ def ray_processes_in_own_session() -> Iterator[None]:
         services.ConsolePopen = original
 
 
+_heard_sigterm = False
+"""Whether this process's SIGTERM handler ran since the last `ray_session` began."""
+
+
 def _raise_terminated(signum, frame) -> None:
+    global _heard_sigterm
+    _heard_sigterm = True
     raise Terminated()
+
+
+def as_heard(stop: KeyboardInterrupt) -> KeyboardInterrupt:
+    """``stop`` as the signal that caused it. Ray's blocking calls (``ray.get``, ``ray.wait``) catch
+    what a signal handler raises and raise a KeyboardInterrupt of their own, so a SIGTERM heard
+    while the driver waits on a task (the shard stage writing its ARPA file, say) comes out as an
+    interrupt (130) instead of a termination (143): here it is a `Terminated` again."""
+    if _heard_sigterm and not isinstance(stop, Terminated):
+        return Terminated(*stop.args)
+    return stop
 
 
 def _init_or_terminated(**kwargs):
@@ -212,10 +228,11 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     gets a temp dir of its own and a watchdog (``pipeline.runtime.cluster_watchdog``) that stops it and
     removes that dir when the driver exits, however it exits.
     """
-    global _embedded
+    global _embedded, _heard_sigterm
     if ray.is_initialized():
         yield
         return
+    _heard_sigterm = False
     address = address or os.environ.get("RAY_ADDRESS") or None
     kwargs = {"logging_level": logging.WARNING}
     watchdog = saved_env = None

@@ -40,7 +40,7 @@ def shards(tmp_path_factory):
 
 def _start(shards: str, run_dir: str) -> subprocess.Popen:
     """``elmo train``, a run far longer than the test (`_run`)."""
-    command = ["jobs.train", "--shards", shards, "--output", run_dir, "--preset", "tiny"]
+    command = ["-m", "jobs.train", "--shards", shards, "--output", run_dir, "--preset", "tiny"]
     settings = [
         "workers=2",
         "max_steps=100000",
@@ -52,11 +52,11 @@ def _start(shards: str, run_dir: str) -> subprocess.Popen:
 
 
 def _run(args: list[str]) -> subprocess.Popen:
-    """``python -m ARGS`` on an embedded cluster (no RAY_ADDRESS), leading a process group of its
+    """``python ARGS`` (``-m MODULE ...``, ``-c CODE``) on an embedded cluster (no RAY_ADDRESS), leading a process group of its
     own as a job under a scheduler does."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     return subprocess.Popen(
-        [sys.executable, "-m", *args],
+        [sys.executable, *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -139,6 +139,39 @@ def test_a_signal_mid_run_stops_after_a_step_with_its_checkpoint(shards, tmp_pat
     assert _nothing_left(proc.pid) == []
 
 
+WAITING_DRIVER = """
+import sys, time, ray
+from jobs.stage_args import run_main
+from pipeline.runtime.ray_runtime import ray_session
+
+@ray.remote
+def slow():
+    time.sleep(600)
+
+def body():
+    with ray_session(num_cpus=1):
+        ref = slow.remote()
+        print("waiting", file=sys.stderr, flush=True)
+        ray.get(ref)
+
+sys.exit(run_main(body))
+"""
+
+
+def test_a_sigterm_while_the_driver_waits_on_ray_is_a_termination(tmp_path):
+    """Ray's ``ray.get`` turns what the SIGTERM handler raises into a KeyboardInterrupt of its own:
+    the shard stage stopped while writing its ARPA file said ``interrupted`` and exited 130."""
+    proc = _run(["-c", WAITING_DRIVER])
+    lines: list[str] = []
+    waiting = lambda: "waiting" in lines or bool(lines.append(proc.stderr.readline().strip()))  # noqa: E731
+    _wait_for(waiting, proc, "waiting line")
+    time.sleep(0.5)  # into ray.get (nothing says when the driver enters it; either way it must hold)
+    took, err = _stop(proc, signal.SIGTERM, group=True)
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "terminated", err[-3000:]
+    assert took < GRACE_S and "Traceback" not in err
+    assert _nothing_left(proc.pid) == []
+
+
 def test_a_sigterm_to_the_group_while_ray_starts_stops_everything_it_started(shards, tmp_path):
     run_dir = str(tmp_path / "run")
     proc = _start(shards, run_dir)
@@ -159,7 +192,7 @@ def test_a_signal_to_an_embeds_group_after_a_commit_stops_it_cleanly(tmp_path, s
     out = tmp_path / "out"
     model = [f"options_file={REFERENCE / 'options.json'}", f"weights_file={REFERENCE / 'lm_weights.hdf5'}"]
     settings = ["lines_per_shard=200", "workers=1", "progress=false", "wandb.mode=disabled"]
-    proc = _run(["jobs.embed", "--input", str(corpus), "--output", str(out), *model, *settings])
+    proc = _run(["-m", "jobs.embed", "--input", str(corpus), "--output", str(out), *model, *settings])
     progress = out / "_progress"
     committed = lambda: progress.is_dir() and len(list(progress.glob("*.json"))) >= 2  # noqa: E731 (run.json and a shard)
     _wait_for(committed, proc, "committed shard")
