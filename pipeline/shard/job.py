@@ -1,23 +1,32 @@
-"""The shard stage's Ray shell: read, count, plan, write, record. The work itself is in the pure
-modules next to this one; this module only moves chunks and results between them and Ray.
+"""The shard stage's Ray shell: read, count, deduplicate, plan, write, score, record. The work
+itself is in the pure modules next to this one, and the Ray tasks that call them in
+:mod:`pipeline.shard.tasks`; this module only moves chunks and results between them.
 
 Flow (every step deterministic, so 1 or N workers give the same bytes):
 
-1. Inputs are resolved; an existing output is inspected (see :mod:`pipeline.shard.manifest`).
+1. Inputs are resolved; an existing output is inspected (:mod:`pipeline.shard.resume`). A run that
+   finds its own plan and vocabulary (an interrupted run of the same identity) skips to step 5.
 2. Counting pass: the driver streams the inputs as chunks (:mod:`reader`); Ray tasks tokenize and
-   count them (:func:`passes.count_chunk`); the driver sums the counts and builds the vocabulary,
-   writes ``vocab.txt`` / ``vocab_counts.tsv`` and the plan. Each task's tokenized chunk (compact:
-   local vocabulary, int32 local ids, UTF-8 lines) stays in Ray's object store for the writing
-   pass; the driver holds only its ObjectRef.
-3. Layout (:mod:`layout`): which chunks feed which shard.
-4. Writing pass: Ray tasks map each kept chunk to vocabulary ids and cut it into per-shard pieces
+   count them (:func:`passes.count_chunk`), refusing a reserved word, and (``dedup``) hash each
+   sentence. Each task's tokenized chunk (compact: local vocabulary, int32 local ids, UTF-8 lines)
+   stays in Ray's object store for the next pass; the driver holds only its ObjectRef.
+3. Deduplicating pass (``dedup``, :mod:`duplicates`): one task per hash range finds the later
+   copies, then one task per chunk that has any removes them, writes their positions under
+   ``duplicates/`` (for a pass that reads the chunk again) and says which counts to take off.
+4. The driver sums the counts and builds the vocabulary, writes ``vocab.txt`` /
+   ``vocab_counts.tsv`` and the plan (``shard_plan.json``).
+5. Layout (:mod:`layout`): which chunks feed which shard. Shards an interrupted run wrote are
+   read back and kept.
+6. Writing pass: Ray tasks map each chunk to vocabulary ids and cut it into per-shard pieces
    (:func:`passes.encode_chunk`), without reading or tokenizing the input again. A shard that
    lies inside one chunk is written by that task at once; the pieces of a shard that spans chunks
    stay in the object store until its last chunk is submitted, and then a writer task takes them,
    shuffles, blocks and writes the tar. Chunks that were not kept (a rerun that reuses the plan,
-   or a chunk under :data:`KEEP_MIN_BYTES`) are read and tokenized again, and checked against the
-   counting pass's summary.
-5. ``manifest.json`` is written last; it marks the output complete. The plan stays beside it, so
+   or a chunk under :data:`tasks.KEEP_MIN_BYTES`) are read and tokenized again, and checked
+   against the counting pass's summary.
+7. Baselines (:mod:`baseline`): the held-out split's Kneser-Ney model of ``kneser_ney_order``,
+   counted on the training shards (and, with ``kneser_ney_arpa``, written as an ARPA file).
+8. ``manifest.json`` is written last; it marks the output complete. The plan stays beside it, so
    that a rerun after losing the manifest or a shard still knows the shards are its own; it is
    the one file whose bytes depend on ``chunk_bytes``.
 
@@ -36,7 +45,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import ray
@@ -49,7 +58,6 @@ from pipeline.formats.shard_format import (
     SPLITS,
     UNK_ID,
     VOCAB_FILE,
-    FormatError,
     shard_name,
 )
 from pipeline.formats.unigram import training_target_counts, unigram_log_probs
@@ -60,11 +68,6 @@ from pipeline.shard.baseline import BaselinePlan, kneser_ney_baseline
 from pipeline.shard.config import ShardConfig
 from pipeline.shard.dashboard import shard_log
 from pipeline.shard.duplicates import (
-    chunk_drops,
-    decode_drops,
-    drops_name,
-    encode_drops,
-    find_duplicates,
     hash_ranges,
 )
 from pipeline.shard.errors import ReservedWordError, ShardError
@@ -81,10 +84,6 @@ from pipeline.shard.manifest import (
 from pipeline.shard.passes import (
     ChunkSummary,
     LineSettings,
-    count_chunk,
-    deduplicate_chunk,
-    encode_chunk,
-    retokenize,
 )
 from pipeline.shard.progress import BaselineBars, Progress, summary
 from pipeline.shard.reader import iter_chunks, resolve_inputs
@@ -96,175 +95,23 @@ from pipeline.shard.resume import (
     output_prefix,
     read_vocabulary,
 )
-from pipeline.shard.sentences import LineStats, Sentences
+from pipeline.shard.sentences import LineStats
 from pipeline.shard.task_window import TaskWindow, get
+from pipeline.shard.tasks import (
+    DedupJob,
+    EncodeJob,
+    ShardOutput,
+    count_task,
+    dedup_task,
+    describe_task,
+    encode_task,
+    find_task,
+    write_task,
+)
 from pipeline.shard.vocabulary import TokenCounts, Vocabulary, build_vocabulary
-from pipeline.shard.writer import ShardRecord, build_shard, describe_shard
+from pipeline.shard.writer import ShardRecord
 from pipeline.stage_result import StageResult
 from pipeline.tracking.stage_run import log_stage_run
-
-KEEP_MIN_BYTES = 100 * 1024
-"""A counting task's tokenized chunk is kept for the writing pass only from this size on. Ray
-returns smaller objects (under its ``max_direct_call_object_size``, 100 KiB by default) into the
-driver's own memory rather than the object store, where nothing would spill them: small chunks
-(a small ``chunk_bytes``, or chunks of mostly skipped lines) are tokenized again instead."""
-
-
-class _VocabularyIndex:
-    """A Ray worker process's token -> id index of the run's vocabulary, built on its first
-    writing-pass task and reused by the next ones (one vocabulary at a time).
-
-    Ray tasks have no other per-process state: without it every task would fetch and index the
-    whole vocabulary again, about 0.35 s for the original 793k words on this project's machine,
-    against some 0.5 s of work per default 4 MiB chunk."""
-
-    def __init__(self) -> None:
-        self.sha, self.index = "", {}
-
-    def get(self, sha: str, vocab_box: list) -> dict[str, int]:
-        if sha != self.sha:
-            self.sha, self.index = sha, {t: i for i, t in enumerate(ray.get(vocab_box[0]))}
-        return self.index
-
-
-_VOCABULARY_INDEX = _VocabularyIndex()
-
-
-@ray.remote(num_returns=3)
-def _count_task(chunk, settings):
-    """-> ``(summary, counts, kept)`` for the driver, the tokenized chunk when ``kept`` (else
-    None), which stays in the object store until the next pass takes it, and, in a deduplicating
-    run, the chunk's keys (else None)."""
-    summary_, counts, sentences, keys = count_chunk(chunk, settings)
-    keep = sentences.nbytes >= KEEP_MIN_BYTES
-    return (summary_, counts, keep), sentences if keep else None, keys
-
-
-@ray.remote(num_returns=2)
-def _find_task(keys_box, lo, hi):
-    """The later copies among the sentences hashed into ``[lo, hi)`` (duplicates.find_duplicates),
-    and the chunks they are in (for the driver: a chunk without any is left as it is);
-    ``keys_box``: every chunk's keys' ObjectRef, in chunk order, boxed so that Ray passes the refs."""
-    found = find_duplicates(ray.get(keys_box[0]), lo, hi)
-    return found, np.unique(found >> np.uint64(32)).astype(np.int64)
-
-
-@dataclass(frozen=True)
-class _DedupJob:
-    """What one chunk's deduplicating task needs: the line ``settings`` (to read it again), the
-    run's ``output`` (where its removed positions are kept), ``found_box`` (every hash range's
-    find_duplicates result, boxed), and the chunk's ``index``, ``source`` and counting ``expected``."""
-
-    settings: LineSettings
-    output: str
-    found_box: list
-    index: int
-    source: int
-    expected: LineStats
-
-
-@ray.remote(num_returns=2)
-def _dedup_task(source, job: _DedupJob):
-    """-> ``(summary, counts, kept)`` as the counting task's, of the chunk without its duplicates,
-    and that chunk when ``kept``. Its removed positions are written down first
-    (duplicates.drops_name), for a writing pass or rerun that reads the chunk again."""
-    sentences = source if isinstance(source, Sentences) else retokenize(source, job.settings, job.expected)
-    drops = chunk_drops(ray.get(job.found_box[0]), job.index)
-    if len(drops):
-        storage.write_bytes(storage.join(job.output, drops_name(job.index)), encode_drops(drops))
-    summary_, counts, sentences = deduplicate_chunk(sentences, job.index, job.source, drops)
-    keep = sentences.nbytes >= KEEP_MIN_BYTES
-    return (summary_, counts, keep), sentences if keep else None
-
-
-@dataclass(frozen=True)
-class _ShardOutput:
-    """Where and how this run writes its shards (the same for every shard). ``unigram_box``: the
-    ObjectRef of the training unigram's log-probabilities (boxed: only held-out writers fetch it),
-    which score each held-out shard for the manifest (pipeline.formats.unigram)."""
-
-    output: str
-    seed: int
-    block_tokens: int
-    unk_id: int
-    unigram_box: list
-
-    def write(self, key: tuple[str, int], pieces) -> dict[tuple[str, int], ShardRecord]:
-        split, shard = key
-        name = shard_name(split, shard)
-        path = storage.join(self.output, name)
-        log_probs = ray.get(self.unigram_box[0]) if split == "heldout" else None
-        return {
-            key: build_shard(
-                path, name, pieces, split, shard, self.seed, self.block_tokens, self.unk_id, log_probs
-            )
-        }
-
-
-@dataclass(frozen=True)
-class _EncodeJob:
-    """What one writing-pass task needs besides its chunk.
-
-    Run-wide: ``settings`` (line handling, to read a chunk again), ``vocab_box`` (the vocabulary's
-    tokens, boxed so that a task fetches them only when its process has no index of them yet) and
-    its ``vocab_sha``, ``shard_tokens``, ``out``. This chunk's: ``offsets`` / ``shards`` (per split,
-    from the layout), ``expected`` (its counting-pass stats), and the shards it writes itself
-    (``own``: fed by this chunk alone) or cuts pieces of for their writer tasks (``shared``).
-    """
-
-    settings: LineSettings
-    vocab_box: list
-    vocab_sha: str
-    shard_tokens: int
-    out: _ShardOutput
-    index: int
-    offsets: dict[str, int]
-    shards: dict[str, range]
-    expected: LineStats
-    own: list[tuple[str, int]]
-    shared: list[tuple[str, int]]
-
-    def read_again(self, chunk) -> Sentences:
-        """The chunk tokenized again, without the duplicates the run removed from it."""
-        removed = self.expected.train_duplicates + self.expected.heldout_duplicates
-        drops, name = None, drops_name(self.index)
-        if removed:
-            try:
-                data = storage.read_bytes(storage.join(self.out.output, name))
-            except storage.StorageError as err:
-                raise ShardError(f"cannot read {name}, the duplicates of chunk {self.index}: {err}") from None
-            drops = decode_drops(data, removed, name)
-        return retokenize(chunk, self.settings, self.expected, drops, name)
-
-
-@ray.remote
-def _encode_task(source, job: _EncodeJob):
-    """``source``: the counting pass's Sentences (Ray resolves the ref), or the Chunk read again.
-
-    Writes the shards in ``job.own`` itself, and returns their records, then the pieces of the
-    ``job.shared`` shards for their writer tasks: a shard inside one chunk costs no writer task and
-    no piece objects (with the default chunk size, most shards)."""
-    index = _VOCABULARY_INDEX.get(job.vocab_sha, job.vocab_box)
-    sentences = source if isinstance(source, Sentences) else job.read_again(source)
-    pieces = encode_chunk(sentences, index, job.offsets, job.shards, job.shard_tokens)
-    records = {}
-    for key in job.own:
-        records.update(job.out.write(key, [pieces[key]]))
-    return (records, *(pieces[key] for key in job.shared)) if job.shared else records
-
-
-@ray.remote
-def _write_task(out, key, *pieces):
-    return out.write(key, pieces)
-
-
-@ray.remote
-def _describe_task(path, name, unk_id, unigram_box):
-    log_probs = ray.get(unigram_box[0]) if name.startswith("heldout") else None
-    try:
-        return describe_shard(path, name, unk_id, log_probs)
-    except FormatError:
-        return None  # not a readable shard: rewrite it
 
 
 @dataclass(frozen=True)
@@ -333,7 +180,7 @@ def _count(run: _ShardRun, progress: Progress) -> tuple[list[ChunkSummary], Toke
     window = TaskWindow(run.window, counted.absorb)
     try:
         for chunk in iter_chunks(run.paths, run.config.chunk_bytes, run.config.max_line_bytes):
-            result_ref, sentences_ref, keys_ref = _count_task.remote(chunk, run.settings)
+            result_ref, sentences_ref, keys_ref = count_task.remote(chunk, run.settings)
             keys.append(keys_ref)
             window.add(result_ref, tag=sentences_ref)
         window.drain()
@@ -355,7 +202,7 @@ def _deduplicate(
     -> what :func:`_count` returns, of the kept sentences."""
     total = sum(c.stats.train_sentences + c.stats.heldout_sentences for c in chunks)
     ranges = hash_ranges(total, _cluster_workers(run.config.workers))
-    found, touched = zip(*(_find_task.remote([list(keys)], lo, hi) for lo, hi in ranges), strict=True)
+    found, touched = zip(*(find_task.remote([list(keys)], lo, hi) for lo, hi in ranges), strict=True)
     keys.clear()  # the find tasks hold the refs now: the keys are freed as they finish
     touched = {int(i) for part in get(list(touched)) for i in part}  # at most one int per chunk
     counted = _Counted(progress, counts)
@@ -366,8 +213,8 @@ def _deduplicate(
     found = list(found)
     for index, source in chunk_sources(run.paths, run.config, chunks, touched, kept):
         chunk = chunks[index]
-        job = _DedupJob(run.settings, run.output, [found], index, chunk.source, chunk.stats)
-        result_ref, sentences_ref = _dedup_task.remote(source, job)
+        job = DedupJob(run.settings, run.output, [found], index, chunk.source, chunk.stats)
+        result_ref, sentences_ref = dedup_task.remote(source, job)
         del source
         window.add(result_ref, tag=sentences_ref)
     window.drain()
@@ -394,7 +241,7 @@ def _shard_keys(layouts: dict[str, SplitLayout], chunk_index: int) -> list[tuple
 
 
 def _reusable_shards(
-    run: _ShardRun, layouts, manifest, out: _ShardOutput
+    run: _ShardRun, layouts, manifest, out: ShardOutput
 ) -> dict[tuple[str, int], ShardRecord]:
     """Shards an interrupted run with this identity already wrote (read back and described).
 
@@ -419,14 +266,15 @@ def _reusable_shards(
             name = shard_name(split, shard)
             path = storage.join(run.output, name)
             if path in present:
-                window.add(_describe_task.remote(path, name, out.unk_id, out.unigram_box), tag=(split, shard))
+                window.add(describe_task.remote(path, name, out.unk_id, out.unigram_box), tag=(split, shard))
     window.drain()
     return found
 
 
-def _write(run: _ShardRun, out: _ShardOutput, chunks, vocab, layouts, done, kept, progress: Progress):
-    """The writing pass; returns the records of the shards it wrote. ``kept``: chunk index ->
-    ObjectRef of the counting pass's tokenized chunk (emptied as they are used)."""
+def _write(run: _ShardRun, out: ShardOutput, counted: _Vocabulary, layouts, done, progress: Progress):
+    """The writing pass; returns the records of the shards it wrote. ``counted.kept`` (chunk index
+    -> ObjectRef of the counting pass's tokenized chunk) is emptied as they are used."""
+    chunks, vocab, kept = counted.chunks, counted.vocab, counted.kept
     needed = {(split, s) for split in SPLITS for s in range(layouts[split].num_shards)} - set(done)
     feeders = {
         (split, shard): chunk_list
@@ -448,7 +296,7 @@ def _write(run: _ShardRun, out: _ShardOutput, chunks, vocab, layouts, done, kept
         keys = [key for key in _shard_keys(layouts, index) if key in needed]
         own = [key for key in keys if feeders[key] == [index]]
         shared = [key for key in keys if key not in own]
-        job = _EncodeJob(
+        job = EncodeJob(
             settings=run.settings,
             vocab_box=vocab_box,
             vocab_sha=vocab.sha256,
@@ -461,14 +309,14 @@ def _write(run: _ShardRun, out: _ShardOutput, chunks, vocab, layouts, done, kept
             own=own,
             shared=shared,
         )
-        refs = _encode_task.options(num_returns=1 + len(shared)).remote(source, job)
+        refs = encode_task.options(num_returns=1 + len(shared)).remote(source, job)
         del source  # the task holds the tokenized chunk now; freed when it finishes
         refs = refs if isinstance(refs, list) else [refs]
         window.add(refs[0], tag=index)
         for key, ref in zip(shared, refs[1:], strict=True):
             pending.setdefault(key, []).append(ref)
             if feeders[key][-1] == index:  # the shard's last chunk: its pieces are all submitted
-                window.add(_write_task.remote(out, key, *pending.pop(key)), tag=key)
+                window.add(write_task.remote(out, key, *pending.pop(key)), tag=key)
     window.drain()
     if pending or set(written) != needed:
         raise ShardError(
@@ -504,8 +352,7 @@ def _run_shard(config: ShardConfig, session: RaySession) -> StageResult:
     output = config.output
     inputs = resolve_inputs(config.input, "input")
     heldout = resolve_inputs(config.heldout_input, "heldout_input")
-    both = set(inputs) & set(heldout)
-    if both:
+    if both := set(inputs) & set(heldout):
         raise ShardError(f"{sorted(both)[0]} is both an input and a heldout_input")
     paths = inputs + heldout
     try:
@@ -528,48 +375,26 @@ def _run_shard(config: ShardConfig, session: RaySession) -> StageResult:
         run = _ShardRun(
             paths, output, config, _settings(config, len(inputs)), 2 * _cluster_workers(config.workers)
         )
-        chunks = plan_chunks(plan, identity, config.chunk_bytes) if plan else None
-        vocab = read_vocabulary(output, plan["vocab_sha256"]) if chunks is not None else None
-        distinct = plan.get("distinct_train_tokens", 0) if vocab is not None else 0
-        kept: dict = {}  # chunk index -> ObjectRef of its tokenized chunk (none on a rerun from the plan)
-        dedup_seconds = None  # the deduplicating pass's (none on a rerun from the plan)
-        if vocab is None:
-            progress = Progress("shard: counting", config.progress)
-            chunks, counts, kept, keys = _count(run, progress)
-            progress.close()
-            if config.dedup:
-                dedup_started = time.perf_counter()
-                progress = Progress("shard: removing duplicates", config.progress)
-                chunks, counts, kept = _deduplicate(run, chunks, counts, keys, kept, progress)
-                progress.close()
-                dedup_seconds = time.perf_counter() - dedup_started
-            total = LineStats()
-            for chunk in chunks:
-                total.add(chunk.stats)
-            _check_counts(total, config)
-            vocab = build_vocabulary(counts, total.train_sentences, config.min_count, config.max_size)
-            distinct = counts.present()
-            del counts
-            storage.write_bytes(storage.join(output, VOCAB_FILE), vocab.vocab_bytes)
-            storage.write_bytes(storage.join(output, COUNTS_FILE), vocab.counts_bytes)
-            plan = {
-                **build_plan(identity, config.chunk_bytes, chunks, vocab),
-                "distinct_train_tokens": distinct,
-            }
-            storage.write_bytes(storage.join(output, PLAN_FILE), encode_json(plan))
-        layouts = _layouts(chunks, config.shard_tokens)
-        out = _ShardOutput(
-            output, config.seed, config.block_tokens, UNK_ID, [ray.put(_unigram(chunks, vocab))]
+        counted = _planned(run, identity, plan) or _count_and_plan(run, identity)
+        layouts = _layouts(counted.chunks, config.shard_tokens)
+        out = ShardOutput(
+            output,
+            config.seed,
+            config.block_tokens,
+            UNK_ID,
+            [ray.put(_unigram(counted.chunks, counted.vocab))],
         )
         done = _reusable_shards(run, layouts, manifest, out)
-        total_tokens = sum(layouts[s].total_tokens for s in SPLITS)
         progress = Progress("shard: writing", config.progress)
-        written = _write(run, out, chunks, vocab, layouts, done, kept, progress)
+        written = _write(run, out, counted, layouts, done, progress)
         progress.close()
         records = {**done, **written}
         shards = {split: [records[(split, s)] for s in range(layouts[split].num_shards)] for split in SPLITS}
-        baselines, baseline_seconds = _baselines(run, shards, vocab)
-        manifest = build_manifest(identity, paths, len(inputs), chunks, vocab, distinct, shards, baselines)
+        baselines, baseline_seconds = _baselines(run, shards, counted.vocab)
+        manifest = build_manifest(
+            identity, paths, len(inputs), counted.chunks, counted.vocab, counted.distinct, shards, baselines
+        )
+        total_tokens = sum(layouts[s].total_tokens for s in SPLITS)
         if sum(manifest["totals"][s]["tokens"] for s in SPLITS) != total_tokens:
             raise ShardError(
                 f"shards in {output} do not add up to the counted tokens; delete the output and rerun"
@@ -584,10 +409,62 @@ def _run_shard(config: ShardConfig, session: RaySession) -> StageResult:
                 output,
                 reused=len(done),
                 baseline_seconds=baseline_seconds,
-                dedup_seconds=dedup_seconds,
+                dedup_seconds=counted.dedup_seconds,
             )
         )
         return StageResult("shard", output, seconds, total_tokens, details={"manifest": manifest})
+
+
+@dataclass
+class _Vocabulary:
+    """What the counting passes leave for the writing pass: the chunk summaries in order, the
+    vocabulary and its count of distinct training tokens, ``kept`` (chunk index -> ObjectRef of its
+    tokenized chunk; none on a rerun from the plan) and the deduplicating pass's seconds (None when
+    it did not run)."""
+
+    chunks: list[ChunkSummary]
+    vocab: Vocabulary
+    distinct: int
+    kept: dict = field(default_factory=dict)
+    dedup_seconds: float | None = None
+
+
+def _planned(run: _ShardRun, identity: dict, plan: dict | None) -> _Vocabulary | None:
+    """An interrupted run's counting result, from its plan and vocabulary files, when it is this
+    run's; None when the counting passes must run."""
+    chunks = plan_chunks(plan, identity, run.config.chunk_bytes) if plan else None
+    if chunks is None:
+        return None
+    vocab = read_vocabulary(run.output, plan["vocab_sha256"])
+    return None if vocab is None else _Vocabulary(chunks, vocab, plan.get("distinct_train_tokens", 0))
+
+
+def _count_and_plan(run: _ShardRun, identity: dict) -> _Vocabulary:
+    """The counting pass, then (``dedup``) the deduplicating pass; the vocabulary built from their
+    counts and written with the plan, which a rerun reuses."""
+    config, output = run.config, run.output
+    progress = Progress("shard: counting", config.progress)
+    chunks, counts, kept, keys = _count(run, progress)
+    progress.close()
+    dedup_seconds = None
+    if config.dedup:
+        dedup_started = time.perf_counter()
+        progress = Progress("shard: removing duplicates", config.progress)
+        chunks, counts, kept = _deduplicate(run, chunks, counts, keys, kept, progress)
+        progress.close()
+        dedup_seconds = time.perf_counter() - dedup_started
+    total = LineStats()
+    for chunk in chunks:
+        total.add(chunk.stats)
+    _check_counts(total, config)
+    vocab = build_vocabulary(counts, total.train_sentences, config.min_count, config.max_size)
+    distinct = counts.present()
+    del counts
+    storage.write_bytes(storage.join(output, VOCAB_FILE), vocab.vocab_bytes)
+    storage.write_bytes(storage.join(output, COUNTS_FILE), vocab.counts_bytes)
+    plan = {**build_plan(identity, config.chunk_bytes, chunks, vocab), "distinct_train_tokens": distinct}
+    storage.write_bytes(storage.join(output, PLAN_FILE), encode_json(plan))
+    return _Vocabulary(chunks, vocab, distinct, kept, dedup_seconds)
 
 
 def _baselines(run: _ShardRun, shards, vocab: Vocabulary) -> tuple[dict, float]:

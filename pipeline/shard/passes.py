@@ -3,8 +3,10 @@
 1. :func:`count_chunk` (counting pass): tokenize a chunk once, into the compact
    :class:`~pipeline.shard.sentences.Sentences` (local vocabulary, local ids, UTF-8 lines); count
    the training split's tokens and summarise the chunk for the layout (tokens and last sentence
-   length per split, line accounting).
-2. :func:`encode_chunk` (writing pass): map the chunk's local ids to vocabulary ids (one lookup
+   length per split, line accounting); with ``dedup``, the sentences' keys (hashes).
+2. :func:`deduplicate_chunk` (deduplicating pass): remove the chunk's later copies found across
+   the corpus, and say which training counts go with them.
+3. :func:`encode_chunk` (writing pass): map the chunk's local ids to vocabulary ids (one lookup
    per distinct token, one gather) and cut the sentences into per-shard pieces.
 
 The writing pass gets the counting pass's :class:`Sentences` back rather than tokenizing again;

@@ -38,14 +38,14 @@ def shards(tmp_path_factory):
     return sample_shard_dir(str(tmp_path_factory.mktemp("shards")), 3000)
 
 
-def _start(shards: str, run_dir: str) -> subprocess.Popen:
+def _start(shards: str, run_dir: str, checkpoint_every: int = 1000) -> subprocess.Popen:
     """``elmo train``, a run far longer than the test (`_run`)."""
     command = ["-m", "jobs.train", "--shards", shards, "--output", run_dir, "--preset", "tiny"]
     settings = [
         "workers=2",
         "max_steps=100000",
         "log_every=5",
-        "checkpoint_every=1000",
+        f"checkpoint_every={checkpoint_every}",
         "wandb.mode=disabled",
     ]
     return _run([*command, *settings])
@@ -136,6 +136,23 @@ def test_a_signal_mid_run_stops_after_a_step_with_its_checkpoint(shards, tmp_pat
     assert path == ckpt.latest_checkpoint(run_dir) and ckpt.load_model(path)["step"] == step
     assert took < GRACE_S, f"{took:.1f} s"
     assert "Traceback" not in err and "Failed to connect to GCS" not in err and "core_worker" not in err
+    assert _nothing_left(proc.pid) == []
+
+
+def test_a_sigterm_among_saves_leaves_every_checkpoint_whole(shards, tmp_path):
+    """A checkpoint every step: the signal lands during a save or between two, and the stop's
+    checkpoint, like every other kept, loads whole."""
+    run_dir = str(tmp_path / "run")
+    proc = _start(shards, run_dir, checkpoint_every=1)
+    _wait_for(lambda: len(ckpt.list_checkpoints(run_dir)) >= 2, proc, "second checkpoint")
+    took, err = _stop(proc, signal.SIGTERM, group=True)
+    assert proc.returncode == 143, err[-3000:]
+    match = re.search(r"terminated: stopped at step (\d+); checkpoint (\S+);", err)
+    assert match and match.group(2) == ckpt.latest_checkpoint(run_dir), err[-3000:]
+    kept = ckpt.list_checkpoints(run_dir)
+    assert [ckpt.load_model(path)["step"] for _, path in kept] == [step for step, _ in kept]
+    assert kept[-1][0] == int(match.group(1))
+    assert took < GRACE_S and "Traceback" not in err
     assert _nothing_left(proc.pid) == []
 
 
