@@ -39,7 +39,7 @@ from benchmarks.process_tree import TreeMonitor  # noqa: E402
 from elmo_model import BiLM  # noqa: E402
 from elmo_model.static_inference import OutputSpec  # noqa: E402
 from pipeline.config import choices  # noqa: E402
-from pipeline.embed.config import LayerMode, Layout, Pool, Precision, StoredDType  # noqa: E402
+from pipeline.embed.config import EmbedConfig, LayerMode, Layout, Pool, Precision, StoredDType  # noqa: E402
 from pipeline.embed.inputs import ShardSpec  # noqa: E402
 from pipeline.embed.pass_runner import PassRunner  # noqa: E402
 from pipeline.embed.pass_size import PassSize, pass_size, per_position  # noqa: E402
@@ -178,12 +178,11 @@ def raw_forward(args, model_dir: Path, threads: int) -> dict:
     device = torch.device(args.device)
     bilm = BiLM.from_files(model_dir / "options.json", model_dir / "weights.hdf5").to(device)
     size = raw_pass_size(args, model_dir, bilm)
-    settings = EmbedSettings(
-        layers=args.layers, dtype=args.dtype, stateful=False, batch_tokens=size.tokens,
-        max_batch_sentences=size.rows, stateful_batch_size=64, max_sentence_tokens=1000, long_sentences="split",
-        invalid_utf8="replace", threads=threads, device=args.device, precision=args.precision, pool=args.pool,
-        layout=args.layout,
+    choices = EmbedConfig(
+        layers=LayerMode(args.layers), dtype=StoredDType(args.dtype), precision=Precision(args.precision),
+        pool=Pool(args.pool), layout=Layout(args.layout),
     )  # fmt: skip
+    settings = EmbedSettings(choices, size.tokens, size.rows, threads=threads, device=args.device)
     encoder = PassRunner(bilm, settings, device)
     lines = corpus_lines(args.raw_sentences)
     prepare = work_settings(settings)

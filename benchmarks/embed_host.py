@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from elmo_model.static_batches import BucketPlan, plan_batches  # noqa: E402
-from pipeline.embed.file_format import shard_format  # noqa: E402
+from pipeline.embed.file_format import format_named  # noqa: E402
 from pipeline.embed.resume import commit_shard  # noqa: E402
 from pipeline.embed.shard_vectors import BufferPool, ShardAssembler  # noqa: E402
 
@@ -81,7 +81,7 @@ def commit_one(
         assembler.place(indices, values)
     vectors = assembler.finish()
     try:
-        entry = commit_shard(output, {"index": index}, vectors, layout, shard_format("hdf5"))
+        entry = commit_shard(output, {"index": index}, vectors, layout, format_named("hdf5"))
     finally:
         pool.release(vectors)
     if not keep:

@@ -37,6 +37,7 @@ from kernel_profile import print_kernel_summary, profile_kernels  # noqa: E402
 
 from elmo_model import BiLM  # noqa: E402
 from elmo_model.static_batches import build_passes  # noqa: E402
+from pipeline.embed.config import EmbedConfig, LayerMode, Precision, StoredDType  # noqa: E402
 from pipeline.embed.pass_runner import PassRunner  # noqa: E402
 from pipeline.embed.settings import EmbedSettings, bucket_plan  # noqa: E402
 from pipeline.embed.shard_vectors import BufferPool  # noqa: E402
@@ -46,11 +47,10 @@ from pipeline.model_config import preset_options  # noqa: E402
 def encoder(
     bilm, device, precision: str, layers: str, dtype: str, batch_tokens: int, max_rows: int = 1024
 ) -> PassRunner:
+    choices = EmbedConfig(layers=LayerMode(layers), dtype=StoredDType(dtype), precision=Precision(precision))
     settings = EmbedSettings(
-        layers=layers, dtype=dtype, stateful=False, batch_tokens=batch_tokens, max_batch_sentences=max_rows,
-        stateful_batch_size=64, max_sentence_tokens=1000, long_sentences="split", invalid_utf8="replace",
-        threads=torch.get_num_threads(), device=device.type, precision=precision,
-    )  # fmt: skip
+        choices, batch_tokens, max_rows, threads=torch.get_num_threads(), device=device.type
+    )
     return PassRunner(bilm, settings, device)
 
 

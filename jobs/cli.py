@@ -13,8 +13,8 @@ from collections.abc import Sequence
 COMMANDS = {
     "shard": ("jobs.shard", "tokenize a corpus, build the vocabulary, write WebDataset shards + manifest"),
     "train": ("jobs.train", "pretrain the biLM with Ray Train (DDP), log perplexity, checkpoint, export"),
-    "embed": ("jobs.embed", "embed a corpus in bulk with Ray Data and write HDF5 shards to storage"),
-    "pipeline": ("jobs.pipeline", "run shard -> train -> evaluate -> export -> embed end to end"),
+    "embed": ("jobs.embed", "embed a corpus in bulk with Ray Data into HDF5 or Parquet shards on storage"),
+    "pipeline": ("jobs.pipeline", "run shard -> train -> evaluate -> export -> embed -> probe end to end"),
     "export": ("jobs.export", "export a training checkpoint as options.json + weights.hdf5"),
     "probe": ("jobs.probe", "what each layer of a trained biLM knows: part of speech and word sense"),
     "config": ("jobs.config", "print the resolved config of a stage as YAML"),

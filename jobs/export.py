@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from jobs.stage_args import main_argv, run_main
+from jobs.stage_args import add_switch, main_argv, run_main
 from pipeline.runtime import storage
 
 
@@ -23,10 +23,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("out", metavar="OUT", help="output directory (local or s3://)")
     parser.add_argument("--endpoint", metavar="URL", help="S3 endpoint (default AWS_ENDPOINT_URL)")
-    parser.add_argument(
+    add_switch(
+        parser,
         "--overwrite",
-        action="store_true",
-        help="write into a folder that holds other files (its export files are replaced, the rest kept)",
+        "write into a folder that holds other files (its export files are replaced, the rest kept)",
     )
     args = parser.parse_args(main_argv(argv))
 
@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.endpoint:
             storage.configure(endpoint_url=args.endpoint)
-        written = export_checkpoint(args.checkpoint.rstrip("/"), args.out.rstrip("/"), args.overwrite)
+        written = export_checkpoint(args.checkpoint.rstrip("/"), args.out.rstrip("/"), bool(args.overwrite))
         print("wrote " + ", ".join(written))
         return 0
 

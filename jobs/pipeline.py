@@ -1,4 +1,4 @@
-"""``elmo pipeline`` / ``python -m jobs.pipeline``: shard -> train -> evaluate -> export -> embed.
+"""``elmo pipeline`` / ``python -m jobs.pipeline``: shard -> train -> evaluate -> export -> embed -> probe.
 
     python -m jobs.pipeline [--preset tiny] [--config FILE] [storage=DIR_OR_S3] [name=RUN] [key=value ...]
 

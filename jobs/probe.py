@@ -11,46 +11,38 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jobs.stage_args import parse_stage_args, resolve, run_main, stage_parser
+from jobs import stage_args
 from pipeline.probe.config import ProbeConfig
 
-FLAGS = {
-    "model": "model",
-    "options": "options_file",
-    "weights": "weights_file",
-    "output": "output",
-    "control": "control",
-}
+FLAGS = {**stage_args.MODEL_FLAGS, **stage_args.same_keys("output", "control")}
 """argparse destination -> ProbeConfig key."""
 
 
 def build_parser():
-    parser = stage_parser(
+    parser = stage_args.stage_parser(
         "elmo probe", "What each layer of a trained biLM knows: part of speech and word sense."
     )
-    parser.add_argument("--model", metavar="DIR_OR_S3", help="folder with options.json + weights.hdf5")
-    parser.add_argument("--options", metavar="F", help="options.json (with --weights, instead of --model)")
-    parser.add_argument("--weights", metavar="F", help="weights HDF5 (with --options)")
+    stage_args.add_model_flags(parser)
     parser.add_argument("--output", metavar="DIR_OR_S3", help="folder for probe.json and probe.png")
-    parser.add_argument(
+    stage_args.add_switch(
+        parser,
         "--control",
-        action="store_const",
-        const=True,
-        help="probe a randomly initialised model of the same size too (what pretraining bought)",
+        "probe a randomly initialised model of the same size too (what pretraining bought)",
     )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_stage_args(build_parser(), argv)
+    args = stage_args.parse_stage_args(build_parser(), argv)
 
     def body() -> int:
-        from pipeline.probe.runner import run_probe, summary  # torch only once the arguments parse
+        from pipeline.probe.stage import PROBE  # torch only once the arguments parse
+        from pipeline.stage import run_stage
 
-        print(summary(run_probe(resolve(args, ProbeConfig, FLAGS))))
+        run_stage(PROBE, stage_args.resolve(args, ProbeConfig, FLAGS))
         return 0
 
-    return run_main(body)
+    return stage_args.run_main(body)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from jobs.stage_args import parse_stage_args, resolve, run_main, stage_parser
+from jobs.stage_args import parse_stage_args, resolve, run_main, same_keys, stage_parser
 
-FLAGS = {"input": "input", "heldout_input": "heldout_input", "output": "output", "workers": "workers"}
+FLAGS = same_keys("input", "heldout_input", "output", "workers")
 """argparse destination -> ShardConfig key."""
 
 
@@ -39,12 +39,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> int:
         # Ray only once the arguments parse
         from pipeline.runtime.ray_runtime import RaySession
-        from pipeline.shard.config import ShardConfig
-        from pipeline.shard.job import run_shard
+        from pipeline.shard.stage import SHARD
+        from pipeline.stage import run_stage
 
-        cfg = resolve(args, ShardConfig, FLAGS)
+        cfg = resolve(args, SHARD.schema, FLAGS)
         with RaySession(cfg.ray_address or None, cfg.workers or None) as session:
-            run_shard(cfg, session)
+            run_stage(SHARD, cfg, session)
         return 0
 
     return run_main(body)

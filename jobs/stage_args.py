@@ -29,6 +29,27 @@ def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def same_keys(*names: str) -> dict[str, str]:
+    """Flags named as their config keys (``--max-steps`` -> ``max_steps``)."""
+    return {name: name for name in names}
+
+
+def add_switch(parser: argparse.ArgumentParser, flag: str, help: str) -> None:  # noqa: A002 (argparse's word)
+    """A flag without a value that sets its key true (left out: the config decides)."""
+    parser.add_argument(flag, action="store_const", const=True, help=help)
+
+
+MODEL_FLAGS = {"model": "model", "options": "options_file", "weights": "weights_file"}
+"""The model flags of a stage that reads a trained model (embed, probe) -> its config keys."""
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """``--model DIR`` or ``--options F --weights F``: the model a stage reads (`MODEL_FLAGS`)."""
+    parser.add_argument("--model", metavar="DIR_OR_S3", help="folder with options.json + weights.hdf5")
+    parser.add_argument("--options", metavar="F", help="options.json (with --weights, instead of --model)")
+    parser.add_argument("--weights", metavar="F", help="weights HDF5 (with --options)")
+
+
 def preset_arg(text: str) -> str:
     """``--preset``'s value: a preset name, or names joined by commas (a size, then a recipe:
     ``original,bilm-tf``), each one of ``pipeline/presets/``."""

@@ -11,16 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jobs.stage_args import parse_stage_args, preset_arg, resolve, run_main, stage_parser
-from pipeline.train.progress import baselines_text
+from jobs.stage_args import parse_stage_args, preset_arg, resolve, run_main, same_keys, stage_parser
 
-FLAGS = {
-    "shards": "shards",
-    "output": "output",
-    "workers": "workers",
-    "max_steps": "max_steps",
-    "name": "name",
-}
+FLAGS = same_keys("shards", "output", "workers", "max_steps", "name")
 """argparse destination -> TrainConfig key."""
 
 
@@ -45,33 +38,18 @@ def build_parser():
     return parser
 
 
-def summary(final: dict, run_dir: str) -> str:
-    """The end-of-run held-out perplexities and where the run landed; for an offline wandb run, a
-    second line with the command that uploads it."""
-    line = (
-        f"trained to step {final.get('step')}: held-out perplexity {final['eval/perplexity']:.2f} "
-        f"(fwd {final['eval/perplexity_fwd']:.2f}, bwd {final['eval/perplexity_bwd']:.2f}; "
-        f"{baselines_text(final)}); run directory {run_dir}"
-    )
-    if final.get("wandb_sync"):
-        line += f"\nwandb (offline) uploads with: {final['wandb_sync']}"
-    return line
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_stage_args(build_parser(), argv)
 
     def body() -> int:
         # torch and Ray only once the arguments parse
         from pipeline.runtime.ray_runtime import RaySession
-        from pipeline.train.config import TrainConfig
-        from pipeline.train.launch import prepare_run, run_training
+        from pipeline.stage import run_stage
+        from pipeline.train.stage import TRAIN
 
-        cfg = resolve(args, TrainConfig, FLAGS, preset=args.preset)
-        plan = prepare_run(cfg)  # bad input fails here, before a cluster starts
+        cfg = resolve(args, TRAIN.schema, FLAGS, preset=args.preset)
         with RaySession(cfg.ray_address or None) as session:
-            result = run_training(cfg, plan, session)
-        print(summary(result.details, result.output))
+            run_stage(TRAIN, cfg, session)
         return 0
 
     return run_main(body)

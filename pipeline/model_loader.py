@@ -23,8 +23,10 @@ from elmo_model import BiLM, BiLMOptions, OptionsError
 from pipeline.errors import PipelineError
 from pipeline.runtime import storage
 
-OPTIONS_NAME = "options.json"
-WEIGHTS_NAME = "weights.hdf5"
+OPTIONS_FILE = "options.json"
+WEIGHTS_FILE = "weights.hdf5"
+"""A model folder's two files: what training exports (with its softmax and vocabulary beside them,
+``pipeline/train/export.py``), what ``model=DIR`` names and ``init_from`` continues from."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ def model_paths(
     if model and (options_file or weights_file):
         raise error("give either model=DIR or options_file + weights_file, not both")
     if model:
-        return storage.join(model, OPTIONS_NAME), storage.join(model, WEIGHTS_NAME)
+        return storage.join(model, OPTIONS_FILE), storage.join(model, WEIGHTS_FILE)
     if not (options_file and weights_file):
         raise error(
             "no model given: pass --model DIR (with options.json + weights.hdf5) or --options F --weights F"
@@ -93,16 +95,12 @@ def resolve_model(
     """Check the model files exist and the options parse; hash them. ``error`` naming the file otherwise."""
     options_path, weights_path = model_paths(model, options_file, weights_file, error)
     check_files(options_path, weights_path, model, error)
+    raw_options = _read(options_path, error)
+    options = parse_options(raw_options, options_path, error)
+    digest = hashlib.sha256(raw_options)
+    digest.update(b"\0")
     try:
-        raw_options = storage.read_bytes(options_path)
-        options = BiLMOptions.from_dict(json.loads(raw_options.decode("utf-8")))
-        digest = hashlib.sha256(raw_options)
-        digest.update(b"\0")
         storage.hash_into(digest, weights_path)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise error(f"model options file {options_path} is not valid JSON ({err})") from None
-    except OptionsError as err:
-        raise error(f"model options file {options_path}: {err}") from None
     except storage.StorageError as err:
         raise error(f"model: {err}") from None
     return ModelSource(
@@ -115,6 +113,28 @@ def resolve_model(
     )
 
 
+def read_options(options_path: str, error: type[PipelineError] = PipelineError) -> BiLMOptions:
+    """A model's options file, parsed and checked; ``error`` naming the file otherwise."""
+    return parse_options(_read(options_path, error), options_path, error)
+
+
+def parse_options(raw: bytes, options_path: str, error: type[PipelineError] = PipelineError) -> BiLMOptions:
+    """``raw``, the bytes of the options file at ``options_path``, as checked options."""
+    try:
+        return BiLMOptions.from_dict(json.loads(raw.decode("utf-8")))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise error(f"model options file {options_path} is not valid JSON ({err})") from None
+    except OptionsError as err:
+        raise error(f"model options file {options_path}: {err}") from None
+
+
+def _read(path: str, error: type[PipelineError]) -> bytes:
+    try:
+        return storage.read_bytes(path)
+    except storage.StorageError as err:
+        raise error(f"model: {err}") from None
+
+
 def load_bilm(source: ModelSource, error: type[PipelineError] = PipelineError) -> BiLM:
     """``source``'s biLM (see :func:`load_files`)."""
     return load_files(source.options_file, source.weights_file, error)
@@ -125,7 +145,7 @@ def load_files(options_file: str, weights_file: str, error: type[PipelineError] 
     ``error``, one line naming the file, for files that are missing or do not load."""
     with tempfile.TemporaryDirectory(prefix="elmo-model-") as tmp:
         local = []
-        for path, name in ((options_file, OPTIONS_NAME), (weights_file, WEIGHTS_NAME)):
+        for path, name in ((options_file, OPTIONS_FILE), (weights_file, WEIGHTS_FILE)):
             try:
                 if storage.is_s3(path):
                     target = os.path.join(tmp, name)

@@ -54,8 +54,29 @@ def test_no_stage_imports_another_or_a_tool(stage):
 
 def test_the_shared_floors_know_no_stage():
     banned = (*(f"pipeline.{s}" for s in STAGES), "pipeline.end_to_end", "pipeline.tools", "jobs")
-    for folder in ("pipeline/runtime", "pipeline/formats", "pipeline/tracking", "pipeline/config.py"):
+    floors = (
+        "pipeline/runtime",
+        "pipeline/formats",
+        "pipeline/tracking",
+        "pipeline/config.py",
+        "pipeline/stage.py",
+    )
+    for folder in floors:
         assert violations(folder, lambda m: under(m, *banned)) == [], folder
+
+
+FRONT_DOORS = ("stage", "config")
+"""What the entry points and the pipeline job may import of a stage: its `Stage` and its config."""
+
+
+@pytest.mark.parametrize("folder", ["pipeline/end_to_end", "jobs"])
+def test_a_stage_is_run_through_its_front_door(folder):
+    """``jobs/`` and ``end_to_end`` run a stage by its ``stage.py`` (``run_stage``) and read its
+    config; ``elmo export`` is train's export, not a stage."""
+    doors = tuple(f"pipeline.{s}.{door}" for s in STAGES for door in FRONT_DOORS)
+    inside = lambda m: under(m, *(f"pipeline.{s}" for s in STAGES)) and not under(m, *doors)  # noqa: E731
+    found = violations(folder, inside)
+    assert [v for v in found if v != "jobs/export.py: pipeline.train.export.export_checkpoint"] == []
 
 
 def test_elmo_model_is_pure_pytorch():

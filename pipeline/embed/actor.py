@@ -7,7 +7,7 @@ import json
 import numpy as np
 
 from pipeline.embed.errors import WORKER_ERRORS, EmbedError
-from pipeline.embed.file_format import shard_format
+from pipeline.embed.file_format import format_named
 from pipeline.embed.loaded_model import LoadedModel, release_free_memory
 from pipeline.embed.resume import commit_shard
 from pipeline.embed.settings import EmbedSettings
@@ -43,17 +43,17 @@ class EmbedActor:
             stats = dict(work.stats)
             if not work.write:
                 return stats
-            s = self.settings
+            c = self.settings.config
             # each entry names what made it, so a shard copied out of its folder still says so
             stats.update(
-                layers=s.layers.value,
-                dtype=s.dtype.value,
+                layers=c.layers.value,
+                dtype=c.dtype.value,
                 model_sha256=self.source.sha256,
-                layout=s.layout.value,
-                file_format=s.file_format.value,
-                pool=s.pool.value,
+                layout=c.layout.value,
+                file_format=c.format.value,
+                pool=c.pool.value,
             )
-            return commit_shard(self.output, stats, shard, s.layout.value, shard_format(s.file_format.value))
+            return commit_shard(self.output, stats, shard, c.layout.value, format_named(c.format.value))
         finally:
             self.model.buffers.release(shard)
 

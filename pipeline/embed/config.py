@@ -13,6 +13,7 @@ from omegaconf import MISSING
 
 from elmo_model.static_inference import Precision
 from pipeline.config import ConfigError, UseGPU, check_rules
+from pipeline.embed.file_format import FileFormat
 from pipeline.tracking.config import WandbConfig
 
 
@@ -42,13 +43,6 @@ class Layout(enum.Enum):
     """One dataset per sentence, keyed by its input line (AllenNLP's ``elmo`` command)."""
     packed = "packed"
     """Per shard, ``vectors`` (every token, in line order), ``offsets`` and ``lines``: for large corpora."""
-
-
-class FileFormat(enum.Enum):
-    hdf5 = "hdf5"
-    """HDF5 shards, in ``layout`` (AllenNLP's, or packed)."""
-    parquet = "parquet"
-    """Parquet shards: a row per line, the vectors as Arrow lists (pandas, Polars, DuckDB, Spark, Ray Data)."""
 
 
 class LongSentences(enum.Enum):

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.embed.config import LayerMode, Pool, Precision, StoredDType
+from pipeline.embed.config import EmbedConfig, LayerMode, Pool, Precision, StoredDType
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.loaded_model import LoadedModel
@@ -85,21 +85,14 @@ class ElmoEmbedder:
         size = pass_size(
             batch_tokens, max_batch_sentences, kind, free, per_position(source, precision, output)
         )
-        self.settings = EmbedSettings(
-            layers=layers,
-            dtype=dtype,
-            stateful=False,
-            batch_tokens=size.tokens,
-            max_batch_sentences=size.rows,
-            stateful_batch_size=1,
+        choices = EmbedConfig(
+            layers=LayerMode(layers),
+            dtype=StoredDType(dtype),
+            precision=Precision(precision),
+            pool=Pool(pool),
             max_sentence_tokens=max_sentence_tokens,
-            long_sentences="split",
-            invalid_utf8="replace",
-            threads=threads,
-            device=kind,
-            precision=precision,
-            pool=pool,
-        )
+        )  # the stage's defaults for the rest: stateless, long sentences split, invalid UTF-8 replaced
+        self.settings = EmbedSettings(choices, size.tokens, size.rows, threads=threads, device=kind)
         self.text_column, self.tokens_column, self.output_column = text_column, tokens_column, output_column
         self.model = LoadedModel(source, self.settings)
         self.work = work_settings(self.settings)
@@ -124,7 +117,7 @@ class ElmoEmbedder:
         """The batch's sentences: a text column tokenized as the stage tokenizes a line of a file
         (bytes taken as the raw line, invalid UTF-8 and lone surrogates replaced), or a tokens
         column taken as given."""
-        max_tokens = self.settings.max_sentence_tokens
+        max_tokens = self.settings.config.max_sentence_tokens
         if self.tokens_column:
             if self.tokens_column not in table.column_names:
                 raise EmbedError(f"ElmoEmbedder: the batch has no column {self.tokens_column!r}")

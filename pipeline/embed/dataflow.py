@@ -119,11 +119,11 @@ def embed_stream(
     pool: ActorPool,
 ) -> Iterator[dict]:
     """Embed and commit ``todo`` = (spec, write) pairs; yields ``{"entry": dict, "written": bool}`` per
-    shard as shards finish (in input order when ``settings.stateful``). A one-line error (bad input
+    shard as shards finish (in input order when ``settings.config.stateful``). A one-line error (bad input
     line, unwritable output) is raised here as EmbedError with the worker's message."""
     if not todo:
         return
-    with _data_context(preserve_order=settings.stateful):
+    with _data_context(preserve_order=settings.config.stateful):
         # closed with this generator: its end shuts Ray Data's executor down (a generator left
         # open by an exception would keep its threads, which call ray.init() again after Ray stops)
         with closing(iter(build_dataset(todo, source, settings, output, pool).iter_rows())) as rows:
@@ -143,7 +143,7 @@ def build_dataset(
 ) -> ray.data.Dataset:
     """The graph of the module docstring over ``todo`` (lazy: nothing runs until it is read)."""
     rows = [{"spec": json.dumps(spec.to_dict()), "write": write} for spec, write in todo]
-    stateful = settings.stateful
+    stateful = settings.config.stateful
     calls = concurrent_calls(settings)
     ds = ray.data.from_items(rows, override_num_blocks=spec_blocks(len(rows), pool.readers))
     ds = ds.map_batches(

@@ -2,10 +2,11 @@
 
 A format is its name (the config's ``format``, the manifest's ``file_format``, and the shard
 file's suffix), how a shard is written (hashed as it is written) and how one is read back. The
-stage picks it once from the config (:func:`shard_format`), records its name once in the
-manifest, and :func:`pipeline.embed.reader.read_embeddings` finds it there again. A third format
-(Arrow IPC, NumPy's ``.npz``) is one new module with a ``write`` and a ``read`` and one line in
-:data:`FORMATS`.
+formats are listed once, in :data:`FORMATS`; the config's choice (:class:`FileFormat`) is made
+from that list. The stage picks a format once from the config (:func:`format_named`), records its
+name once in the manifest, and :func:`pipeline.embed.reader.read_embeddings` finds it there again.
+A third format (Arrow IPC, NumPy's ``.npz``) is one new module with a ``write`` and a ``read`` and
+one entry in :data:`FORMATS`.
 
 The functions import their format's library on first use, so this module (and the names built
 from it, ``manifest.SHARD_NAME``) stays light.
@@ -13,6 +14,7 @@ from it, ``manifest.SHARD_NAME``) stays light.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -36,6 +38,8 @@ class ShardFormat:
     name: str
     write: Callable[[ShardVectors, str, BinaryIO], str]
     read: Callable[[bytes, str, bool, int | None], Rows]
+    doc: str
+    """What a user gets: for ``elmo config`` and docs/outputs.md."""
 
     @property
     def suffix(self) -> str:
@@ -67,13 +71,24 @@ def _read_parquet(data: bytes, where: str, pooled: bool, rows: int | None) -> Ro
 
 
 FORMATS = {
-    "hdf5": ShardFormat("hdf5", _write_hdf5, _read_hdf5),
-    "parquet": ShardFormat("parquet", _write_parquet, _read_parquet),
+    f.name: f
+    for f in (
+        ShardFormat("hdf5", _write_hdf5, _read_hdf5, "HDF5 shards, in ``layout`` (AllenNLP's, or packed)."),
+        ShardFormat(
+            "parquet",
+            _write_parquet,
+            _read_parquet,
+            "Parquet shards: a row per line, the vectors as Arrow lists (pandas, Polars, DuckDB, Spark, Ray Data).",
+        ),
+    )
 }
-"""Every shard file format by name: the one registry."""
+"""Every shard file format by name: the one list of them."""
+
+FileFormat = enum.Enum("FileFormat", [(name, name) for name in FORMATS], module=__name__)
+"""The config's ``format`` choice: one member per entry of :data:`FORMATS`."""
 
 
-def shard_format(name: str) -> ShardFormat:
+def format_named(name: str) -> ShardFormat:
     """The format called ``name``; EmbedError, one line, for one this version does not know (a
     manifest written by a newer one)."""
     try:

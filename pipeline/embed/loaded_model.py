@@ -55,7 +55,7 @@ class LoadedModel:
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
         self.bilm = load_bilm(source, EmbedError).to(self.device)
-        self.bilm.stateful = settings.stateful
+        self.bilm.stateful = settings.config.stateful
         self.encoder = PassRunner(self.bilm, settings, self.device)
         self.lock = threading.Lock()
         self.buffers = BufferPool()

@@ -55,13 +55,13 @@ class PassRunner:
     def __init__(self, bilm: BiLM, settings: EmbedSettings, device: torch.device):
         self.bilm, self.settings, self.device = bilm, settings, device
         self.pool = settings.pooled
-        self.dtype = np.float16 if settings.dtype is StoredDType.float16 else np.float32
-        self.row_shape = row_shape(settings.layers.value, bilm.num_layers, bilm.output_dim)
+        self.dtype = np.float16 if settings.config.dtype is StoredDType.float16 else np.float32
+        self.row_shape = row_shape(settings.config.layers.value, bilm.num_layers, bilm.output_dim)
         self.static = None
-        if not settings.stateful:
-            dtype = torch.float16 if settings.dtype is StoredDType.float16 else torch.float32
-            output = OutputSpec(settings.layers.value, pool=self.pool, dtype=dtype)
-            self.static = StaticInference(bilm, output, settings.precision.value)
+        if not settings.config.stateful:
+            dtype = torch.float16 if settings.config.dtype is StoredDType.float16 else torch.float32
+            output = OutputSpec(settings.config.layers.value, pool=self.pool, dtype=dtype)
+            self.static = StaticInference(bilm, output, settings.config.precision.value)
             if device.type == "cuda":
                 self.copy_stream = torch.cuda.Stream(device)
                 self._pinned: list[torch.Tensor | None] = [None] * (self.IN_FLIGHT + 1)
@@ -104,8 +104,10 @@ class PassRunner:
     def _stateful(self, pieces: Sequence[Sequence[str]], assembler: ShardAssembler) -> None:
         """``BiLM.forward`` in input-order batches (a piece at a time into the assembler: this path
         exists to reproduce the original order-dependent vectors, not for speed)."""
-        batches = batching.in_order(len(pieces), self.settings.stateful_batch_size)
-        values = embed_pieces(self.bilm, pieces, batches, self.settings.layers.value, self.device, self.pool)
+        batches = batching.in_order(len(pieces), self.settings.config.stateful_batch_size)
+        values = embed_pieces(
+            self.bilm, pieces, batches, self.settings.config.layers.value, self.device, self.pool
+        )
         for piece, value in enumerate(values):
             assembler.place_piece(piece, value)
 

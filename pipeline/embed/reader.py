@@ -26,7 +26,7 @@ import numpy as np
 from pipeline.embed import manifest
 from pipeline.embed.config import is_single_file
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.file_format import ShardFormat, shard_format
+from pipeline.embed.file_format import ShardFormat, format_named
 from pipeline.embed.hdf5_shard import iter_line_datasets
 from pipeline.runtime import storage
 
@@ -38,7 +38,7 @@ def read_embeddings(output: str) -> Iterator[tuple[int, np.ndarray]]:
         return
     document = _manifest(output)
     pooled = document.get("pool") == "mean"
-    fmt = shard_format(document.get("file_format", manifest.RUN_DEFAULTS["file_format"]))
+    fmt = format_named(document.get("file_format", manifest.RUN_DEFAULTS["file_format"]))
     for entry in _entries(output, document):
         yield from _shard(output, entry, pooled, fmt)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import ray
 import torch
@@ -21,7 +21,6 @@ from elmo_model.static_inference import OutputSpec
 from pipeline.config import UseGPU, to_dict
 from pipeline.embed import manifest
 from pipeline.embed.config import EmbedConfig, Pool, StoredDType, is_single_file
-from pipeline.embed.dashboard import embed_log
 from pipeline.embed.dataflow import ActorPool, embed_stream
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import plan_shards, resolve_inputs
@@ -35,14 +34,12 @@ from pipeline.embed.resume import (
 )
 from pipeline.embed.settings import EmbedSettings
 from pipeline.embed.single_file import delete_parts, merge, parts_path
-from pipeline.formats.shard_format import read_manifest
 from pipeline.model_loader import ModelSource, load_bilm, resolve_model
 from pipeline.output_folder import Claim, taken_back_on_failure
 from pipeline.runtime import cluster_capacity, ray_runtime
 from pipeline.runtime.ray_runtime import RaySession
-from pipeline.stage_result import StageResult
-from pipeline.tracking.artifacts import dataset_artifact, model_artifact
-from pipeline.tracking.config import WandbMode
+from pipeline.stage import StageResult
+from pipeline.tracking.config import WandbConfig, WandbMode
 from pipeline.tracking.stage_run import StageRun
 
 
@@ -118,23 +115,7 @@ def settings_for(cfg, device: str, size: PassSize | None = None) -> EmbedSetting
     """The actors' settings; ``size``: the pass size chosen for the device (default: the
     configured one, or the CPU's)."""
     size = size or pass_size(cfg.batch_tokens, cfg.max_batch_sentences, "cpu")
-    return EmbedSettings(
-        layers=cfg.layers,
-        dtype=cfg.dtype,
-        stateful=cfg.stateful,
-        batch_tokens=size.tokens,
-        max_batch_sentences=size.rows,
-        stateful_batch_size=cfg.stateful_batch_size,
-        max_sentence_tokens=cfg.max_sentence_tokens,
-        long_sentences=cfg.long_sentences,
-        invalid_utf8=cfg.invalid_utf8,
-        threads=max(1, int(cfg.cpus_per_worker)),
-        device=device,
-        precision=cfg.precision,
-        pool=cfg.pool,
-        layout=cfg.layout,
-        file_format=cfg.format,
-    )
+    return EmbedSettings(cfg, size.tokens, size.rows, threads=max(1, int(cfg.cpus_per_worker)), device=device)
 
 
 def choose_pass_size(cfg, source: ModelSource, gpus: float) -> PassSize:
@@ -150,10 +131,15 @@ def choose_pass_size(cfg, source: ModelSource, gpus: float) -> PassSize:
     return pass_size(0, cfg.max_batch_sentences, "cuda", gpu_free_bytes(gpus), position)
 
 
-def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> StageResult:
-    """Embed ``cfg.input`` into ``cfg.output``; resumes a run killed earlier with the same settings.
-    Ray: the entry point's ``session``, started only when a shard is left to embed (default: the
-    Ray this process initialised).
+def run_embed(
+    cfg: EmbedConfig, session: RaySession | None = None, tracking: StageRun | None = None
+) -> StageResult:
+    """The embed stage's work: embed ``cfg.input`` into ``cfg.output``; resumes a run killed
+    earlier with the same settings. Ray: the entry point's ``session``, started only when a shard
+    is left to embed (default: the Ray this process initialised). ``tracking``: the stage's wandb
+    run, a row per committed shard (none: no rows); its dashboard and closing lines are
+    ``pipeline/embed/stage.py``'s. The result's ``details`` name the model and input read
+    (``model``: its two files; ``input``: ``kind`` and ``paths``) for the dashboard's lineage.
 
     An output that is not this stage's own is refused before anything is written; a run that fails
     before committing a shard leaves the output as it found it (no claim, no new folder)."""
@@ -163,25 +149,13 @@ def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> StageResul
     load_bilm(source, EmbedError)  # a broken weights file fails here, in one line, not inside an actor
     kind, paths = resolve_inputs(cfg.input)
     check_output(cfg.output, target, single, cfg.overwrite)
-    # the wandb run's files live in the output folder; a single file's parts folder is no place for them
-    tracked = replace(cfg.wandb, mode=WandbMode.disabled) if single else cfg.wandb
-    tracking = StageRun(tracked, cfg.output, "embed", to_dict(cfg))
-    tracking.system_stats = True  # the node's charts (a GPU's among them) beside the stage's curves
+    tracking = tracking or StageRun(WandbConfig(mode=WandbMode.disabled), cfg.output, "embed", {})
     job = _EmbedJob(cfg, single, target, source, kind, paths, session or RaySession.joined(), tracking)
-    try:
-        # the claim is the run's once it wrote run.json (a resumed run's is an earlier run's)
-        with taken_back_on_failure(target, OWN_FILES, claimed=False) as claim:
-            result = _run(job, claim)
-    except BaseException:
-        tracking.abandon()
-        raise
-    if result.tokens and tracking.enabled:  # a rerun that found every shard done logs no run
-        uses = (model_artifact(source.options_file, source.weights_file),)
-        if kind == "shards":
-            uses += (dataset_artifact(paths[0], read_manifest(paths[0])),)
-        sync = tracking.finish(embed_log(cfg, result, uses))
-        if sync:
-            result.details["wandb_sync"] = sync
+    # the claim is the run's once it wrote run.json (a resumed run's is an earlier run's)
+    with taken_back_on_failure(target, OWN_FILES, claimed=False) as claim:
+        result = _run(job, claim)
+    result.details["model"] = {"options_file": source.options_file, "weights_file": source.weights_file}
+    result.details["input"] = {"kind": kind, "paths": paths}
     return result
 
 
@@ -287,27 +261,3 @@ def _run(job: _EmbedJob, claim: Claim) -> StageResult:
         if not cfg.keep_parts:
             delete_parts(target)
     return result
-
-
-def summary(result: StageResult) -> str:
-    """A few lines for the end of a run (with its wandb run's sync command, when offline)."""
-    t, d = result.details["totals"], result.details
-    state = (
-        "complete"
-        if result.complete
-        else "STOPPED EARLY (stop_after_shards); rerun with the same arguments to finish"
-    )
-    return "\n".join(
-        [
-            f"embed {state}: {result.output}",
-            f"  shards {d['shards']} ({d['new_shards']} written now), sentences {t['sentences']:,}, tokens {t['tokens']:,}",
-            f"  empty sentences {t['empty_sentences']}, invalid UTF-8 lines {t['invalid_utf8_lines']}, "
-            f"lines with control characters {t['control_char_lines']}, split sentences {t['split_sentences']}",
-            f"  {result.tokens:,} tokens in {result.seconds:.1f} s = {result.tokens_per_second:,.0f} tokens/s",
-            *(
-                [f"  wandb: offline; upload it with: {result.details['wandb_sync']}"]
-                if "wandb_sync" in result.details
-                else []
-            ),
-        ]
-    )

@@ -7,61 +7,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from elmo_model.static_batches import BucketPlan
-from pipeline.embed.config import (
-    FileFormat,
-    InvalidUTF8,
-    LayerMode,
-    Layout,
-    LongSentences,
-    Pool,
-    Precision,
-    StoredDType,
-)
+from pipeline.embed.config import EmbedConfig, Pool
 from pipeline.embed.shard_work import WorkSettings
 from pipeline.model_loader import pick_device
 
 
 @dataclass(frozen=True)
 class EmbedSettings:
-    """What the actors and the preparing tasks need from EmbedConfig: its choices as its own enums
-    (a name such as ``"top"`` is taken too, and checked), plus the ``threads`` and ``device`` the
-    driver resolved. The plain values go only where a pure function or a file needs them."""
+    """What the actors and the preparing tasks are told: ``config``, the run's EmbedConfig (its
+    choices as the config holds them: ``layers``, ``dtype``, ``stateful``, ``pool`` ...), and what
+    the driver resolved for the actors' device: the pass size (``batch_tokens`` tokens of at most
+    ``max_batch_sentences`` rows), the ``threads`` of each actor and the ``device``."""
 
-    layers: LayerMode
-    dtype: StoredDType
-    stateful: bool
+    config: EmbedConfig
     batch_tokens: int
     max_batch_sentences: int
-    stateful_batch_size: int
-    max_sentence_tokens: int
-    long_sentences: LongSentences
-    invalid_utf8: InvalidUTF8
     threads: int
     device: str
-    precision: Precision = Precision.float32
-    pool: Pool = Pool.none
-    layout: Layout = Layout.allennlp
-    file_format: FileFormat = FileFormat.hdf5
-
-    def __post_init__(self) -> None:
-        for name, kind in _CHOICES.items():
-            object.__setattr__(self, name, kind(getattr(self, name)))
 
     @property
     def pooled(self) -> bool:
-        return self.pool is Pool.mean
-
-
-_CHOICES = {
-    "layers": LayerMode,
-    "dtype": StoredDType,
-    "long_sentences": LongSentences,
-    "invalid_utf8": InvalidUTF8,
-    "precision": Precision,
-    "pool": Pool,
-    "layout": Layout,
-    "file_format": FileFormat,
-}
+        return self.config.pool is Pool.mean
 
 
 def bucket_plan(settings: EmbedSettings, device_type: str) -> BucketPlan:
@@ -72,11 +38,12 @@ def bucket_plan(settings: EmbedSettings, device_type: str) -> BucketPlan:
 
 def work_settings(settings: EmbedSettings) -> WorkSettings:
     """What the CPU operator needs to prepare shards for actors on ``settings.device``."""
+    config = settings.config
     return WorkSettings(
-        stateful=settings.stateful,
-        max_sentence_tokens=settings.max_sentence_tokens,
-        long_sentences=settings.long_sentences,
-        invalid_utf8=settings.invalid_utf8,
+        stateful=config.stateful,
+        max_sentence_tokens=config.max_sentence_tokens,
+        long_sentences=config.long_sentences,
+        invalid_utf8=config.invalid_utf8,
         plan=bucket_plan(settings, pick_device(settings.device).type),
     )
 
@@ -84,4 +51,4 @@ def work_settings(settings: EmbedSettings) -> WorkSettings:
 def concurrent_calls(settings: EmbedSettings) -> int:
     """Shards an actor works on at once: one in the model, the others written beside it, one per
     CPU the actor holds (at least one); stateful, one (its shards go through in order)."""
-    return 1 if settings.stateful else max(2, settings.threads)
+    return 1 if settings.config.stateful else max(2, settings.threads)

@@ -1,8 +1,9 @@
 """The whole pipeline in one Ray session: shard -> train (with held-out evaluation) -> export -> embed,
 then (``run_probe``) ``elmo probe`` of the trained model beside a random control.
 
-Each stage is the same function its own job runs (``run_shard``, ``run_training``, ``run_embed``);
-this module only derives the paths that connect them and collects a closing summary. Every stage
+Each stage runs as its own entry point runs it (``pipeline.stage.run_stage`` of its `Stage`); this
+module only derives the paths that connect them (the model embed and probe read is the export
+train's result names) and collects a closing summary. Every stage
 is resumable, so rerunning a killed pipeline with the same ``storage``/``name`` picks up where it
 stopped (a finished shard stage is a no-op, training resumes from its latest checkpoint, embedding
 skips complete shards).
@@ -11,6 +12,7 @@ skips complete shards).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline.config import check_complete, to_object
 from pipeline.runtime import storage
 from pipeline.runtime.ray_runtime import RaySession
-from pipeline.train.run_dir import RunDir
+from pipeline.stage import run_stage
 
 SAMPLE_CORPUS = Path(__file__).resolve().parents[1] / "data" / "kjv-sample.txt.gz"
 """The shipped sample corpus (a slice of the King James Version, public domain)."""
@@ -37,7 +39,8 @@ def _fill(section: DictConfig, key: str, value: Any) -> None:
 
 def derive_stage_configs(cfg: DictConfig) -> DictConfig:
     """A writable copy of ``cfg`` whose stage inputs and outputs point at each other under
-    ``<storage>/<name>/``; raises ConfigError if a required key is still unset afterwards."""
+    ``<storage>/<name>/``; raises ConfigError if a required key is still unset afterwards. The
+    model embed and probe read, unless set, is the export training makes (`run_pipeline`)."""
     cfg = copy.deepcopy(cfg)  # the loaded config is read-only; the copy keeps its types
     OmegaConf.set_readonly(cfg, False)
     root = storage.join(storage.absolute(cfg.storage), cfg.name)
@@ -50,10 +53,8 @@ def derive_stage_configs(cfg: DictConfig) -> DictConfig:
     _fill(cfg.train, "name", cfg.name)
     for stage in (cfg.shard, cfg.train, cfg.embed, cfg.probe):  # the pipeline's runs: one wandb group
         _fill(stage.wandb, "group", cfg.name)
-    _fill(cfg.embed, "model", RunDir(cfg.train.output).export)
     _fill(cfg.embed, "input", [cfg.shard.output])
     _fill(cfg.embed, "output", storage.join(root, "embeddings"))
-    _fill(cfg.probe, "model", RunDir(cfg.train.output).export)
     _fill(cfg.probe, "output", storage.join(root, "probe"))
     cfg.embed.shard_splits = [cfg.embed_split.name]
     check_complete(cfg)
@@ -62,22 +63,31 @@ def derive_stage_configs(cfg: DictConfig) -> DictConfig:
 
 def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
     """Run every stage; returns ``{"config"}`` (the derived PipelineConfig) and each stage's
-    `StageResult` under ``"shard"``, ``"train"``, ``"embed"``."""
-    from pipeline.embed.runner import run_embed
-    from pipeline.shard.job import run_shard
-    from pipeline.train.launch import run_training
+    `StageResult` under its name (``"shard"``, ``"train"``, ``"embed"``, ``"probe"``)."""
+    from pipeline.embed.stage import EMBED
+    from pipeline.shard.stage import SHARD
+    from pipeline.train.stage import TRAIN
 
     cfg = to_object(derive_stage_configs(cfg))  # a PipelineConfig: typed stage configs, rules checked
     results: dict[str, Any] = {"config": cfg}
     with RaySession(cfg.ray_address or None, cfg.num_cpus or None) as session:
-        results["shard"] = run_shard(cfg.shard, session)
-        results["train"] = run_training(cfg.train, session=session)
-        results["embed"] = run_embed(cfg.embed, session)
+        results["shard"] = run_stage(SHARD, cfg.shard, session)
+        results["train"] = run_stage(TRAIN, cfg.train, session)
+        cfg.embed = _reading(cfg.embed, results["train"].details["export"])
+        results["embed"] = run_stage(EMBED, cfg.embed, session)
     if cfg.run_probe:  # one process, after Ray has given its cores back
-        from pipeline.probe.runner import run_probe
+        from pipeline.probe.stage import PROBE
 
-        results["probe"] = run_probe(cfg.probe)
+        cfg.probe = _reading(cfg.probe, results["train"].details["export"])
+        results["probe"] = run_stage(PROBE, cfg.probe)
     return results
+
+
+def _reading(stage_cfg: Any, export: str) -> Any:
+    """``stage_cfg`` (embed's or probe's) reading the model at ``export``, unless the user named one."""
+    if stage_cfg.model or stage_cfg.options_file:
+        return stage_cfg
+    return dataclasses.replace(stage_cfg, model=export)
 
 
 def _kneser_ney_line(final: dict, ppl: float) -> list[str]:
@@ -94,17 +104,15 @@ def _wandb_syncs(results: dict[str, Any]) -> list[tuple[str, str]]:
     """(stage, sync command) of each stage that logged an offline wandb run this time."""
     syncs = []
     for stage in ("shard", "train", "embed", "probe"):
-        details = results.get(stage)
-        details = getattr(details, "details", details) or {}
-        if details.get("wandb_sync"):
-            syncs.append((stage, details["wandb_sync"]))
+        result = results.get(stage)
+        if result is not None and result.details.get("wandb_sync"):
+            syncs.append((stage, result.details["wandb_sync"]))
     return syncs
 
 
 def summary(results: dict[str, Any]) -> str:
     """The closing summary ``elmo pipeline`` prints."""
     cfg, train = results["config"], results["train"].details
-    run_dir = RunDir(cfg.train.output)
     ppl, unigram = train["eval/perplexity"], train["eval/unigram_perplexity"]
     lines = [
         "",
@@ -123,23 +131,18 @@ def summary(results: dict[str, Any]) -> str:
     lines += [
         "",
         f"shards      {results['shard'].output}",
-        f"weights     {storage.join(run_dir.export, 'options.json')} + weights.hdf5",
+        f"weights     {storage.join(train['export'], 'options.json')} + weights.hdf5",
         f"embeddings  {results['embed'].output}",
-        f"plot        {run_dir.plot}",
-        f"metrics     {run_dir.metrics}",
+        f"plot        {train['plot']}",
+        f"metrics     {train['metrics']}",
     ]
     syncs = _wandb_syncs(results)
     if syncs:
         lines += ["", f"wandb (offline, group '{cfg.train.wandb.group}'): upload each run with"]
         lines += [f"  {stage:<6} {command}" for stage, command in syncs]
     if "probe" in results:
-        from pipeline.probe.report import table
+        from pipeline.probe.stage import PROBE
 
-        probe = results["probe"]
-        lines += [
-            "",
-            f"what the layers know ({probe['seconds']:.0f} s; {', '.join(probe['written'])}):",
-            table(probe),
-        ]
+        lines += ["", "what the layers know:", PROBE.summary(cfg.probe, results["probe"])]
     lines.append("=" * 72)
     return "\n".join(lines)

@@ -27,7 +27,7 @@ def probes(pos: PosResult, wsd: WsdResult) -> dict:
 TASKS = {"pos": "part of speech", "wsd": "word sense"}
 
 
-def _runs(result: dict) -> list[tuple[str, dict]]:
+def runs(result: dict) -> list[tuple[str, dict]]:
     """``(label, probes)`` of the model, then of the random control where the result has one."""
     return [("model", result["probes"])] + (
         [("random control", result["control"])] if "control" in result else []
@@ -41,7 +41,7 @@ def _layers(result: dict) -> list:
 
 def table(result: dict) -> str:
     """Layers x probes with the baselines; ``*`` marks each probe's best layer (the mix aside)."""
-    rows = _runs(result)
+    rows = runs(result)
     layers = _layers(result)
     width = max(len(f"{title} ({label})") for title in TASKS.values() for label, _ in rows) + 2
     header = f"{'probe':<{width}}" + "".join(f"{'layer ' + k if k != 'mix' else 'mix':>10}" for k in layers)
@@ -70,12 +70,11 @@ def table_rows(result: dict) -> tuple[list[str], list[list]]:
     """The table as columns and rows, for a dashboard's table (``wandb.Table``): a row per probe
     (and per random-control probe), its accuracy at each layer and the mix (None where a probe has
     no mix), and its baseline; accuracies as fractions."""
-    runs = _runs(result)
     layers = _layers(result)
     columns = ["probe", *(f"layer {k}" if k != "mix" else "mix" for k in layers), "baseline"]
     rows = [
         [f"{title} ({label})", *(found[name]["layers"].get(k) for k in layers), found[name]["baseline"]]
-        for label, found in runs
+        for label, found in runs(result)
         for name, title in TASKS.items()
     ]
     return columns, rows
@@ -83,13 +82,12 @@ def table_rows(result: dict) -> tuple[list[str], list[list]]:
 
 def plot(result: dict) -> bytes:
     """A bar chart per probe: each layer's accuracy (and the random control's beside it), the
-    baseline as a dashed line."""
-    import matplotlib
+    baseline as a dashed line. Drawn on a ``Figure`` of its own, not pyplot's shared state: a
+    training run's live probe draws it in a thread beside the steps."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    figure = Figure(figsize=(9, 3.6))
+    axes = figure.subplots(1, 2)
     for ax, (name, title) in zip(
         axes, (("pos", "part of speech (linear)"), ("wsd", "word sense (nearest sense)")), strict=True
     ):
@@ -122,7 +120,6 @@ def plot(result: dict) -> bytes:
     figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110)
-    plt.close(figure)
     return buffer.getvalue()
 
 
@@ -132,37 +129,3 @@ def write(output: str, result: dict) -> tuple[str, str]:
     storage.write_bytes(json_path, (json.dumps(result, indent=2) + "\n").encode("utf-8"))
     storage.write_bytes(png_path, plot(result))
     return json_path, png_path
-
-
-def dashboard_log(config, result: dict, png: bytes):
-    """The ``probe`` run of a probe ``result`` (``config``: its ProbeConfig; ``png``: its chart):
-    the table (a row per probe, a column per layer) and the chart, and as the summary each
-    probe's best layer and accuracy, the random control's, and the seconds."""
-    from pipeline.config import to_dict
-    from pipeline.tracking.artifacts import OutputArtifact, artifact_name, model_artifact
-    from pipeline.tracking.stage_run import StageLog
-
-    summary: dict = {"seconds": result["seconds"]}
-    for label, found in _runs(result):
-        prefix = "" if label == "model" else "control/"
-        for name in TASKS:
-            layers = {k: v for k, v in found[name]["layers"].items() if k != "mix" and v is not None}
-            best = max(layers, key=layers.get)
-            summary[f"{prefix}{name}/best_layer"] = int(best)
-            summary[f"{prefix}{name}/best_accuracy"] = layers[best]
-            summary[f"{prefix}{name}/baseline"] = found[name]["baseline"]
-    model = result["model"]
-    output = config.output.rstrip("/")
-    return StageLog(
-        "probe",
-        to_dict(config),
-        summary,
-        tables={"probe/table": table_rows(result)},
-        images={"probe/plot": png},
-        uses=(model_artifact(model["options_file"], model["weights_file"]),),
-        produces=OutputArtifact(
-            artifact_name(output),
-            "probe-report",
-            checked=(storage.join(output, JSON_FILE), storage.join(output, PLOT_FILE)),
-        ),
-    )

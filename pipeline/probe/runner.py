@@ -26,8 +26,8 @@ from pipeline.probe.pos_probe import probe_pos
 from pipeline.probe.probe_set import ProbeError, ProbeSet, load_probe_set
 from pipeline.probe.wsd_probe import probe_wsd
 from pipeline.runtime import storage
+from pipeline.stage import StageResult
 from pipeline.tracking.offline_files import RUNS_PATTERN
-from pipeline.tracking.stage_run import log_stage_run
 
 MARKER_FILE = "probe_run.json"
 """``{"stage": "probe", "model": {"options_file", "weights_file"}}``: written first, read before a
@@ -95,9 +95,10 @@ def probe_model(
     return report.probes(pos_result, wsd_result)
 
 
-def run_probe(cfg: ProbeConfig) -> dict:
+def run_probe(cfg: ProbeConfig) -> StageResult:
     """Probe ``cfg``'s model (and, with ``control``, a random one of its size); write the report to
-    ``cfg.output`` and return it (``report``'s ``probe.json`` document)."""
+    ``cfg.output``. The result's ``details``: the report (``report``'s ``probe.json`` document) and
+    ``written``, the paths of its two files; its tokens: those the probes embedded, per model."""
     started = time.perf_counter()
     output = cfg.output.rstrip("/")
     options_file, weights_file = model_paths(cfg.model, cfg.options_file, cfg.weights_file, ProbeError)
@@ -130,17 +131,5 @@ def run_probe(cfg: ProbeConfig) -> dict:
     result["seconds"] = round(time.perf_counter() - started, 1)
     json_path, png_path = write_report(output, result)
     result["written"] = [json_path, png_path]
-    sync = log_stage_run(cfg.wandb, output, report.dashboard_log(cfg, result, storage.read_bytes(png_path)))
-    if sync:
-        result["wandb_sync"] = sync
-    return result
-
-
-def summary(result: dict) -> str:
-    return "\n".join(
-        [
-            report.table(result),
-            f"probe done in {result['seconds']:.0f} s: {', '.join(result['written'])}",
-            *([f"wandb: offline; upload it with: {result['wandb_sync']}"] if "wandb_sync" in result else []),
-        ]
-    )
+    tokens = sum(map(len, probe_set.train.sentences + probe_set.test.sentences + probe_set.wsd.sentences))
+    return StageResult("probe", output, time.perf_counter() - started, tokens, details=result)

@@ -66,7 +66,6 @@ from pipeline.runtime import storage
 from pipeline.runtime.ray_runtime import RaySession
 from pipeline.shard.baseline import BaselinePlan, kneser_ney_baseline
 from pipeline.shard.config import ShardConfig
-from pipeline.shard.dashboard import shard_log
 from pipeline.shard.duplicates import (
     hash_ranges,
 )
@@ -85,7 +84,7 @@ from pipeline.shard.passes import (
     ChunkSummary,
     LineSettings,
 )
-from pipeline.shard.progress import BaselineBars, Progress, summary
+from pipeline.shard.progress import BaselineBars, Progress
 from pipeline.shard.reader import iter_chunks, resolve_inputs
 from pipeline.shard.resume import (
     chunk_sources,
@@ -110,8 +109,7 @@ from pipeline.shard.tasks import (
 )
 from pipeline.shard.vocabulary import TokenCounts, Vocabulary, build_vocabulary
 from pipeline.shard.writer import ShardRecord
-from pipeline.stage_result import StageResult
-from pipeline.tracking.stage_run import log_stage_run
+from pipeline.stage import StageResult
 
 
 @dataclass(frozen=True)
@@ -330,21 +328,17 @@ def _cluster_workers(requested: int) -> int:
 
 
 def run_shard(cfg: ShardConfig, session: RaySession | None = None) -> StageResult:
-    """Run the shard stage for a resolved ShardConfig in the entry point's Ray ``session`` (started
-    only when there is work; default: the Ray this process initialised). The result's
-    ``details["manifest"]`` is the output's manifest (also on a no-op rerun, which processed 0 tokens);
-    ``details["wandb_sync"]``, where the run logged offline, the command that uploads its wandb run.
+    """The shard stage's work for a resolved ShardConfig in the entry point's Ray ``session``
+    (started only when there is work; default: the Ray this process initialised); its dashboard
+    and closing lines are ``pipeline/shard/stage.py``'s. The result's ``details``: ``manifest``,
+    the output's (also on a no-op rerun, which processed 0 tokens), and, of a run that wrote,
+    ``reused`` (shards an earlier run wrote), ``baseline_seconds`` and ``dedup_seconds`` (None
+    where the deduplicating pass did not run).
 
     A run that fails before writing anything (an empty corpus, an unreadable input) leaves no
     folder it created; one that wrote something keeps it, for a rerun to complete."""
     with taken_back_on_failure(cfg.output, OWN_FILES):
-        result = _run_shard(cfg, session or RaySession.joined())
-    if result.tokens:  # a rerun that found its output complete logs no run
-        sync = log_stage_run(cfg.wandb, cfg.output, shard_log(cfg, result))
-        if sync:
-            result.details["wandb_sync"] = sync
-            print(f"  wandb: offline; upload it with: {sync}")
-    return result
+        return _run_shard(cfg, session or RaySession.joined())
 
 
 def _run_shard(config: ShardConfig, session: RaySession) -> StageResult:
@@ -364,7 +358,6 @@ def _run_shard(config: ShardConfig, session: RaySession) -> StageResult:
     lease.check()  # a run still writing this folder: refused, whatever its files say so far
     manifest, _ = inspect_output(output, identity)
     if manifest is not None and is_complete(output, manifest):
-        print(f"shard: {output} is already complete ({storage.join(output, MANIFEST_FILE)}); nothing to do")
         return StageResult("shard", output, time.perf_counter() - started, 0, details={"manifest": manifest})
     _check_writable(output)
     # one run writes a folder at a time; what it finds is looked at again once it holds the lease
@@ -402,17 +395,13 @@ def _run_shard(config: ShardConfig, session: RaySession) -> StageResult:
         lease.verify()  # still this run's folder (not taken over while it was stopped): then commit
         storage.write_bytes(storage.join(output, MANIFEST_FILE), encode_json(manifest))
         seconds = time.perf_counter() - started
-        print(
-            summary(
-                manifest,
-                seconds,
-                output,
-                reused=len(done),
-                baseline_seconds=baseline_seconds,
-                dedup_seconds=counted.dedup_seconds,
-            )
-        )
-        return StageResult("shard", output, seconds, total_tokens, details={"manifest": manifest})
+        details = {
+            "manifest": manifest,
+            "reused": len(done),
+            "baseline_seconds": baseline_seconds,
+            "dedup_seconds": counted.dedup_seconds,
+        }
+        return StageResult("shard", output, seconds, total_tokens, details=details)
 
 
 @dataclass

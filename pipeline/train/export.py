@@ -21,6 +21,7 @@ import torch
 
 from elmo_model import BiLM, OptionsError
 from elmo_model.weights import require_stored_here
+from pipeline.model_loader import OPTIONS_FILE, WEIGHTS_FILE, load_files, model_paths
 from pipeline.output_folder import OwnFiles, check_owned, read_marker, taken_back_on_failure
 from pipeline.runtime import storage
 from pipeline.train import checkpoint as ckpt
@@ -28,8 +29,6 @@ from pipeline.train.errors import TrainError
 from pipeline.train.objective import SharedSoftmax
 from pipeline.train.run_dir import CHECKPOINTS
 
-OPTIONS_FILE = "options.json"
-WEIGHTS_FILE = "weights.hdf5"
 SOFTMAX_FILE = "softmax.hdf5"
 VOCAB_FILE = "vocab.txt"
 EXPORT_FILES = (OPTIONS_FILE, WEIGHTS_FILE, SOFTMAX_FILE, VOCAB_FILE)
@@ -41,7 +40,7 @@ OWN_FILES = OwnFiles(
 
 def export_files(folder: str) -> tuple[str, str]:
     """The options and weights files of the export (or released model) in ``folder``."""
-    return storage.join(folder, OPTIONS_FILE), storage.join(folder, WEIGHTS_FILE)
+    return model_paths(folder, "", "", TrainError)
 
 
 def write_softmax(softmax: SharedSoftmax, path: str) -> None:
@@ -112,28 +111,26 @@ def model_from_checkpoint(path: str) -> tuple[BiLM, SharedSoftmax, dict]:
 def load_pretrained(source: str, bilm: BiLM, softmax: SharedSoftmax, vocab: bytes) -> None:
     """Load an export at ``source`` (local or ``s3://``) into ``bilm``, and into ``softmax`` when the
     export has one for the same ``vocab`` (the contents of vocab.txt): continued pretraining
-    (``init_from``). The files are checked as any untrusted HDF5 (``BiLM.from_files``)."""
+    (``init_from``). The model is read by the model loader, as embed and probe read one (its files
+    checked as any untrusted HDF5)."""
+    loaded = load_files(*export_files(source), TrainError)
+    bilm.load_state_dict(loaded.state_dict())
+    softmax_path, vocab_path = storage.join(source, SOFTMAX_FILE), storage.join(source, VOCAB_FILE)
+    if not (storage.exists(softmax_path) and storage.exists(vocab_path)):
+        return
+    if storage.read_bytes(vocab_path) != vocab:
+        return
     with tempfile.TemporaryDirectory(prefix="elmo-init-") as tmp:
-        local = {}
-        for name in EXPORT_FILES:
-            if storage.exists(storage.join(source, name)):
-                local[name] = os.path.join(tmp, name)
-                storage.download_file(storage.join(source, name), local[name])
-        loaded = BiLM.from_files(local[OPTIONS_FILE], local[WEIGHTS_FILE])
-        bilm.load_state_dict(loaded.state_dict())
-        if SOFTMAX_FILE not in local or VOCAB_FILE not in local:
-            return
-        with open(local[VOCAB_FILE], "rb") as f:
-            if f.read() != vocab:
-                return
-        weight, bias = read_softmax(local[SOFTMAX_FILE])
-        if weight.shape != tuple(softmax.weight.shape):
-            raise TrainError(
-                f"init_from {source}: softmax of shape {weight.shape}, the model's is {tuple(softmax.weight.shape)}"
-            )
-        with torch.no_grad():
-            softmax.weight.copy_(torch.from_numpy(weight))
-            softmax.bias.copy_(torch.from_numpy(bias))
+        local = os.path.join(tmp, SOFTMAX_FILE)
+        storage.download_file(softmax_path, local)
+        weight, bias = read_softmax(local)
+    if weight.shape != tuple(softmax.weight.shape):
+        raise TrainError(
+            f"init_from {source}: softmax of shape {weight.shape}, the model's is {tuple(softmax.weight.shape)}"
+        )
+    with torch.no_grad():
+        softmax.weight.copy_(torch.from_numpy(weight))
+        softmax.bias.copy_(torch.from_numpy(bias))
 
 
 def source_run(source: dict) -> str:

@@ -12,7 +12,6 @@ its input or settings is never retried: the same input would fail the same way.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -29,10 +28,11 @@ from pipeline.errors import PipelineError, Terminated
 from pipeline.formats import shard_format
 from pipeline.formats.unigram import heldout_unigram_perplexity
 from pipeline.model_config import to_options
+from pipeline.model_loader import check_files, read_options
 from pipeline.output_folder import taken_back_on_failure
 from pipeline.runtime import cluster_capacity, ray_runtime, storage
 from pipeline.runtime.ray_runtime import RaySession
-from pipeline.stage_result import StageResult
+from pipeline.stage import StageResult
 from pipeline.tracking.config import WandbMode
 from pipeline.tracking.offline_files import sync_command
 from pipeline.train import export as export_mod
@@ -79,16 +79,12 @@ def _model_options(cfg: TrainConfig) -> dict:
             return BiLMOptions.from_dict(to_options(cfg.model)).to_dict()
         except OptionsError as err:
             raise TrainError(f"the model config: {err}") from None
-    path = storage.join(cfg.init_from, export_mod.OPTIONS_FILE)
-    for name in (export_mod.OPTIONS_FILE, export_mod.WEIGHTS_FILE):
-        if not storage.exists(storage.join(cfg.init_from, name)):
-            raise TrainError(f"init_from {cfg.init_from}: no {name} there")
-    try:
-        return BiLMOptions.from_dict(json.loads(storage.read_bytes(path))).to_dict()
-    except json.JSONDecodeError as err:
-        raise TrainError(f"init_from {path}: not valid JSON ({err})") from None
-    except OptionsError as err:
-        raise TrainError(f"init_from {path}: {err}") from None
+    options_path, weights_path = export_mod.export_files(cfg.init_from)
+    try:  # the model loader's checks, as embed and probe read a model folder
+        check_files(options_path, weights_path, cfg.init_from, TrainError)
+        return read_options(options_path, TrainError).to_dict()
+    except TrainError as err:
+        raise TrainError(f"init_from: {err}") from None
 
 
 GPU_MEMORY_BOUND = 256 * 2**30
@@ -228,8 +224,9 @@ def run_training(
 ) -> StageResult:
     """Run (or resume) a training run in the entry point's Ray ``session`` (default: the Ray this
     process initialised). ``plan``: from ``prepare_run(cfg)`` (computed here when None). The
-    result's ``details`` are the final status row (end-of-run held-out perplexities); its tokens
-    are this run's positions of one direction (a resumed run counts only the steps it ran)."""
+    result's ``details`` are the final status row (end-of-run held-out perplexities, and
+    ``wandb_sync`` for an offline run) and the run's ``export``, ``plot`` and ``metrics`` paths;
+    its tokens are this run's positions of one direction (a resumed run counts only the steps it ran)."""
     plan = prepare_run(cfg) if plan is None else plan
     with taken_back_on_failure(plan.run_dir, OWN_FILES):  # a run that wrote nothing does not hold the folder
         (session or RaySession.joined()).start()
@@ -252,7 +249,9 @@ def run_training(
         )
     steps = int(final["step"]) - steps_before
     tokens = steps * cfg.tokens_per_step(cfg.workers)
-    return StageResult("train", plan.run_dir, time.perf_counter() - started, tokens, details=final)
+    run_dir = RunDir(plan.run_dir)  # where a later stage (embed, probe) and a user find the run's results
+    details = {**final, "export": run_dir.export, "plot": run_dir.plot, "metrics": run_dir.metrics}
+    return StageResult("train", plan.run_dir, time.perf_counter() - started, tokens, details=details)
 
 
 def _fit_with_restarts(cfg: TrainConfig, plan: RunPlan, relay) -> int | None:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from pipeline.config import to_dict
+from pipeline.probe.live import ProbeRow
 from pipeline.runtime import storage
 from pipeline.runtime.background import WriteQueue
 from pipeline.tracking.artifacts import dataset_artifact, model_artifact
@@ -241,6 +242,15 @@ class RunLog:
         the training tokens seen by its step (``tokens``: per direction, all workers)."""
         row = {**row, STEP_METRIC: row["step"] * self.tokens_per_step}
         self._record(row, to_wandb)
+        if self.relay is not None:
+            self.relay.put(row)
+
+    def emit_probe(self, probe: ProbeRow) -> None:
+        """A live probe: its row as `emit`'s, and on the dashboard with its table and chart."""
+        row = {**probe.row, STEP_METRIC: probe.row["step"] * self.tokens_per_step}
+        self._record(row, to_wandb=False)
+        if self.wandb is not None:
+            self.wandb.log_probe(row, probe.table, probe.chart)
         if self.relay is not None:
             self.relay.put(row)
 

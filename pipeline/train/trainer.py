@@ -24,7 +24,7 @@ from pipeline.config import to_dict
 from pipeline.errors import PipelineError
 from pipeline.formats import shard_format
 from pipeline.output_folder import fence
-from pipeline.probe.dashboard import DashboardProbe
+from pipeline.probe.live import LiveProbe
 from pipeline.runtime import storage
 from pipeline.train import export as export_mod
 from pipeline.train.char_cache import CharCache
@@ -103,7 +103,7 @@ class Trainer:
             self.world,
         )
         self.log = RunLog(cfg, plan, self.rank, self.resumed_from, self.writer, relay, self.world)
-        self.probe = DashboardProbe(cfg.probe_every if self.rank == 0 else 0)  # rank 0 probes alone
+        self.probe = LiveProbe(cfg.probe_every if self.rank == 0 else 0)  # rank 0 probes alone
         self.stop = StopCheck(relay, self.rank, device)
         self.flops_per_step = runner.flops_per_step(cfg.batch_size, cfg.unroll_steps)
         self.peak_flops = measure_matmul_peak(device, runner.autocast_dtype or torch.float32)
@@ -183,8 +183,8 @@ class Trainer:
         if status["status"] == "stopped":  # the grace period is short: no waiting for a probe
             self.probe.abandon()
             return status
-        for row in self.probe.finish():
-            self.log.emit(row)
+        for probe in self.probe.finish():
+            self.log.emit_probe(probe)
         return status
 
     def _steps(self) -> dict:
@@ -237,8 +237,8 @@ class Trainer:
                 log.emit({"kind": "eval", "step": self.step, **self.evaluate(final=False)})
             if due[3]:
                 self.probe.start(runner.bilm, self.step, last)
-            for row in self.probe.ready():  # probes run beside the steps: their rows come when done
-                log.emit(row)
+            for probe in self.probe.ready():  # probes run beside the steps: their rows come when done
+                log.emit_probe(probe)
             if self.checkpointer.save(self.step, last):
                 log.save_tracking()  # the wandb history reaches an s3 run directory with each checkpoint
             window = time.perf_counter()  # evaluation and checkpoints are not training time

@@ -31,7 +31,7 @@ of different batch sizes compare (wandb's ``define_metric``); the step stays in 
 CURVES = ("train/*", "eval/*", "checkpoint/*")
 PROBE_STEP_METRIC = "probe_tokens"
 """The probe curves' x-axis: the tokens seen by the step probed. A probe's row comes in after its step
-(it runs beside the training: pipeline/probe/dashboard.py), and wandb takes no row for a step before
+(it runs beside the training: pipeline/probe/live.py), and wandb takes no row for a step before
 the latest, so it joins the latest step logged and carries its own tokens here."""
 
 
@@ -86,21 +86,27 @@ class WandbRun:
     def log(self, row: dict, step: int) -> None:
         if self.run is None:
             return
-        values = {k: v for k, v in row.items() if isinstance(v, int | float) and k != "step"}
-        if row.get("kind") == "probe":  # joins the latest step logged (see PROBE_STEP_METRIC)
-            # two probes can finish between two logged steps (the run's last two): the second
-            # takes the next step, or it would replace the first
-            step = self.last_step + (self.probed_at == self.last_step)
-            self.probed_at = self.last_step = step
-            values[PROBE_STEP_METRIC] = values.pop(STEP_METRIC)
-            self.run.log({**values, **probe_media(row)}, step=step)
-            return
+        values = _values(row)
         self.run.log(values, step=step)
         self.last_step = max(self.last_step, step)
         perplexity = row.get("eval/perplexity")
         if perplexity is not None and (self.best is None or perplexity < self.best):
             self.best = perplexity
             self.run.summary.update(best_summary(row))
+
+    def log_probe(self, row: dict, table: tuple[list[str], list[list]], chart: bytes) -> None:
+        """A live probe's ``row`` (kind ``probe``), with its ``table`` (``probe/table``, a
+        ``wandb.Table``) and ``chart`` (``probe/plot``). It joins the latest step logged (see
+        PROBE_STEP_METRIC): two probes can finish between two logged steps (the run's last two),
+        and the second then takes the next step, or it would replace the first."""
+        if self.run is None:
+            return
+        step = self.last_step + (self.probed_at == self.last_step)
+        self.probed_at = self.last_step = step
+        values = _values(row)
+        values[PROBE_STEP_METRIC] = values.pop(STEP_METRIC)
+        pictures = media({"probe/table": table}, {"probe/plot": chart}, caption=f"step {row['step']}")
+        self.run.log({**values, **pictures}, step=step)
 
     def use(self, artifact: OutputArtifact) -> None:
         """Mark an output the run reads (its shards, a model it continues) as its input."""
@@ -142,13 +148,6 @@ def best_summary(row: dict) -> dict:
     return best
 
 
-def probe_media(row: dict) -> dict:
-    """A dashboard probe's row as wandb reads such results: ``probe/table`` (a ``wandb.Table``: a row
-    per probe, its accuracy per layer and its baseline) and ``probe/plot`` (``probe.png``'s chart)."""
-    from pipeline.probe.dashboard import result_of
-    from pipeline.probe.report import plot, table_rows
-
-    result = result_of(row)
-    return media(
-        {"probe/table": table_rows(result)}, {"probe/plot": plot(result)}, caption=f"step {row['step']}"
-    )
+def _values(row: dict) -> dict:
+    """A row's numbers, as wandb takes them (the step apart)."""
+    return {k: v for k, v in row.items() if isinstance(v, int | float) and k != "step"}

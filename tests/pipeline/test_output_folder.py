@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from polling import wait_until
 
 from pipeline.errors import PipelineError
 from pipeline.output_folder import (
@@ -98,7 +99,9 @@ def test_a_live_lease_refuses_another_run_and_is_given_back(tmp_path):
     run_dir = str(tmp_path / "run")
     first = RunLease(run_dir, beat_s=0.2)
     with first:
-        time.sleep(0.5)  # a few heartbeats
+        lease_file = tmp_path / "run" / LEASE_FILE
+        started = json.loads(lease_file.read_text())["heartbeat"]
+        wait_until(lambda: json.loads(lease_file.read_text())["heartbeat"] > started, "a heartbeat")
         with pytest.raises(TrainError) as err:
             RunLease(run_dir).acquire()
         assert str(err.value).startswith(f"run directory {run_dir} is in use by another run (host ")
@@ -138,7 +141,7 @@ def test_a_holder_that_wakes_after_a_takeover_never_writes_the_lease_back(tmp_pa
         fence(run_dir, first.owner, TrainError, "run directory")
         taken = {"owner": "later:7:cd", "host": "elsewhere", "pid": 7, "heartbeat": time.time()}
         storage.write_bytes(storage.join(run_dir, LEASE_FILE), json.dumps(taken).encode())
-        time.sleep(0.5)  # several beats
+        wait_until(lambda: first.lost is not None, "the heartbeat's reading of the takeover")
         assert json.loads(storage.read_bytes(storage.join(run_dir, LEASE_FILE)))["owner"] == "later:7:cd"
         assert first.lost is not None and first.lost["owner"] == "later:7:cd"
         with pytest.raises(TrainError) as err:

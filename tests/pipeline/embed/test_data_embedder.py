@@ -114,9 +114,13 @@ def test_what_is_not_text_or_not_a_choice_is_one_line():
     with pytest.raises(EmbedError, match=r"row 1 of column 'text' is int, not str as the rows before it"):
         embed({"text": np.array(["a", 7], dtype=object)})
     # Arrow holds ints and floats in one column: the row it refuses is the text after them
-    with pytest.raises(EmbedError, match=r"row 2 of column 'n' is str, not float or int as the rows before it"):
+    with pytest.raises(
+        EmbedError, match=r"row 2 of column 'n' is str, not float or int as the rows before it"
+    ):
         embed({"text": np.array(["a", "b", "c"], dtype=object), "n": np.array([1, 2.5, "x"], dtype=object)})
-    with pytest.raises(EmbedError, match=r"row 1 of column 'n' is list and does not fit the list<item: int64>"):
+    with pytest.raises(
+        EmbedError, match=r"row 1 of column 'n' is list and does not fit the list<item: int64>"
+    ):
         embed({"text": ["a", "b"], "n": [[1], ["x"]]})
     with pytest.raises(
         EmbedError, match=r"row 1 of column 'text' holds '\\ud800' \(a lone surrogate\), which is not text"

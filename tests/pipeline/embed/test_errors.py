@@ -14,7 +14,7 @@ from embed_fixtures import OPTIONS, WEIGHTS, shard_of
 from jobs.embed import main
 from pipeline.embed import inputs, manifest, resume
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.file_format import shard_format
+from pipeline.embed.file_format import format_named
 from pipeline.output_folder import taken_back_on_failure
 from pipeline.runtime import cluster_capacity, storage
 from pipeline.tools.local_s3 import free_ports
@@ -240,7 +240,7 @@ def test_a_failed_run_takes_back_its_claim_and_the_folders_it_made(where, tmp_pa
                         {"index": 0},
                         shard_of(0, [np.zeros((1, 4), np.float32)]),
                         "packed",
-                        shard_format("hdf5"),
+                        format_named("hdf5"),
                     )
                 raise EmbedError("a worker failed")
 
@@ -283,7 +283,7 @@ def test_rerun_with_other_settings_or_changed_input_is_refused(tmp_path):
     specs = inputs.plan_shards("text", [str(path)], 2)
     shard = shard_of(0, [np.zeros((1, 4), np.float32)] * 2)
     entry = resume.commit_shard(
-        out, {"index": 0, "input_sha256": specs[0].input_sha256}, shard, "allennlp", shard_format("hdf5")
+        out, {"index": 0, "input_sha256": specs[0].input_sha256}, shard, "allennlp", format_named("hdf5")
     )
     assert resume.complete_shards(out, specs, verify=True) == {0: entry}
     storage.write_bytes(manifest.shard_path(out, 0), b"damaged")

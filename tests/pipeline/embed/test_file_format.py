@@ -12,7 +12,7 @@ from embed_fixtures import shard_of
 
 from pipeline.embed import manifest
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.file_format import FORMATS, shard_format
+from pipeline.embed.file_format import FORMATS, format_named
 
 RNG = np.random.default_rng(0)
 VALUES = [RNG.standard_normal((3, n, 8)).astype(np.float32) for n in (2, 0, 5)]  # an empty line too
@@ -22,7 +22,7 @@ POOLED = [RNG.standard_normal((3, 8)).astype(np.float32) for _ in range(3)]
 @pytest.mark.parametrize("name", list(FORMATS))
 @pytest.mark.parametrize("pooled", [False, True], ids=["tokens", "pooled"])
 def test_every_format_round_trips_a_shard_through_the_registry(name, pooled):
-    fmt = shard_format(name)
+    fmt = format_named(name)
     values = POOLED if pooled else VALUES
     shard = shard_of(40, values, pooled=pooled)
     out = io.BytesIO()
@@ -42,5 +42,5 @@ def test_a_format_this_version_does_not_know_is_one_line():
     with pytest.raises(
         EmbedError, match=r"shard file format 'arrow' is not one this version reads \(hdf5, parquet\)"
     ):
-        shard_format("arrow")
+        format_named("arrow")
     assert not manifest.SHARD_NAME.fullmatch("embeddings-000001.arrow")

@@ -7,6 +7,8 @@ import pytest
 from embed_fixtures import direct, expected_value, load_model, sample_lines
 from tests_reference import fixture_expected, fixture_sentences_batch_major
 
+from pipeline.config import ConfigError, load_config
+from pipeline.embed.config import EmbedConfig
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.pass_runner import PassRunner, embed_lines
 from pipeline.embed.sentences import prepare_lines
@@ -15,33 +17,27 @@ from pipeline.embed.settings import EmbedSettings
 torch_device = __import__("torch").device("cpu")
 
 
-def _settings(**kw) -> EmbedSettings:
-    base = dict(
-        layers="all",
-        dtype="float32",
-        stateful=False,
-        batch_tokens=120,
-        max_batch_sentences=16,
-        stateful_batch_size=3,
-        max_sentence_tokens=20,
-        long_sentences="split",
-        invalid_utf8="replace",
-        threads=1,
-        device="cpu",
-    )
-    return EmbedSettings(**{**base, **kw})
+def _settings(
+    *, batch_tokens: int = 120, max_batch_sentences: int = 16, device: str = "cpu", **choices
+) -> EmbedSettings:
+    """Pass settings for ``device``, for a config of ``choices`` (as ``key=value`` overrides) over
+    a stateless, 20-token, split, replace base."""
+    base = {"stateful_batch_size": 3, "max_sentence_tokens": 20, "lines_per_shard": 3}
+    overrides = [f"{k}={v}" for k, v in {**base, **choices}.items()]
+    config = load_config(EmbedConfig, overrides=["model=m", "input=[x]", "output=o", *overrides])
+    return EmbedSettings(config, batch_tokens, max_batch_sentences, threads=1, device=device)
 
 
 def _embed(model, lines, settings):
     prepared = prepare_lines(
         lines,
         0,
-        max_tokens=settings.max_sentence_tokens,
-        long_sentences=settings.long_sentences.value,
-        invalid_utf8=settings.invalid_utf8.value,
+        max_tokens=settings.config.max_sentence_tokens,
+        long_sentences=settings.config.long_sentences.value,
+        invalid_utf8=settings.config.invalid_utf8.value,
         where="test",
     )
-    model.stateful = settings.stateful
+    model.stateful = settings.config.stateful
     shard = embed_lines(PassRunner(model, settings, torch_device), prepared)
     return [shard.value(i) for i in range(shard.num_lines)]
 
@@ -125,11 +121,14 @@ def test_the_workers_settings_are_the_configs_own_choices_frozen():
         overrides=["model=m", "input=[x]", "output=o", "layers=top", "dtype=float16", "pool=mean"],
     )
     settings = settings_for(cfg, "cpu")
-    assert (settings.layers, settings.dtype, settings.pool) == (LayerMode.top, StoredDType.float16, Pool.mean)
-    assert settings.pooled and _settings(layers="average").layers is LayerMode.average
+    assert settings.config is cfg  # the config's own choices, not a copy of them
+    assert (settings.config.layers, settings.config.dtype, settings.config.pool) == (
+        LayerMode.top, StoredDType.float16, Pool.mean,
+    )  # fmt: skip
+    assert settings.pooled and _settings(layers="average").config.layers is LayerMode.average
     with pytest.raises(FrozenInstanceError):
-        settings.layers = LayerMode.all
-    with pytest.raises(ValueError, match="'topp' is not a valid LayerMode"):
+        settings.config = cfg
+    with pytest.raises(ConfigError, match="config key 'layers' must be one of all, top, average, got 'topp'"):
         _settings(layers="topp")
 
 

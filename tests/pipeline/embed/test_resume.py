@@ -12,7 +12,7 @@ from embed_fixtures import shard_of
 
 from pipeline.embed import manifest, resume
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.file_format import shard_format
+from pipeline.embed.file_format import format_named
 from pipeline.embed.inputs import ShardSpec
 from pipeline.output_folder import taken_back_on_failure
 
@@ -30,7 +30,7 @@ def commit(output: str, spec: ShardSpec, fill: float = 1.0) -> dict:
         {"index": spec.index, "input_sha256": spec.input_sha256},
         shard,
         "packed",
-        shard_format("hdf5"),
+        format_named("hdf5"),
     )
 
 

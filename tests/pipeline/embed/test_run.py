@@ -27,11 +27,17 @@ from pipeline.config import load_config
 from pipeline.embed import manifest
 from pipeline.embed.config import EmbedConfig
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.runner import run_embed, summary
+from pipeline.embed.stage import EMBED
 from pipeline.runtime import storage
+from pipeline.stage import closing_lines, run_stage
 from pipeline.tracking import offline_reader
 
 MAX_TOKENS = 100
+
+
+def run_embed(cfg: EmbedConfig):
+    """The stage as its entry point runs it: the work, the dashboard, the closing lines."""
+    return run_stage(EMBED, cfg)
 
 
 def _config(**overrides) -> EmbedConfig:
@@ -82,7 +88,8 @@ def test_the_embed_run_is_on_the_dashboard_and_a_rerun_adds_none(ray_local, tmp_
         "wandb.mode": "offline",
         "wandb.group": "g2",
     }
-    result = run_embed(_config(**args))
+    cfg = _config(**args)
+    result = run_embed(cfg)
     (path,) = offline_reader.run_files(output / "wandb")
     recs = offline_reader.records(path)
     run = offline_reader.run_record(recs)
@@ -92,7 +99,7 @@ def test_the_embed_run_is_on_the_dashboard_and_a_rerun_adds_none(ray_local, tmp_
     assert {k: got[f"output/{k}"] for k in totals} == totals and totals["shards"] == 3
     assert got["run/tokens"] == result.tokens == totals["tokens"] and got["run/shards"] == 3
     assert got["run/tokens_per_s"] == pytest.approx(result.tokens_per_second) and got["complete"] == 1
-    assert "wandb sync --id" in summary(result)
+    assert "wandb sync --id" in closing_lines(EMBED, cfg, result)
     # as it goes: a row per committed shard, its tokens and throughput so far
     rows = [r for r in offline_reader.history(recs) if "shards_done" in r]
     assert sorted(r["shards_done"] for r in rows) == [1, 2, 3]

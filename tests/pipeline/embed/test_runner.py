@@ -34,7 +34,7 @@ def test_the_run_identity_holds_what_decides_the_vectors_and_nothing_else():
 
 def test_the_workers_get_the_configs_choices_and_a_thread_per_cpu():
     settings = runner.settings_for(cfg("layers=average", "precision=tf32", "cpus_per_worker=3"), "cuda")
-    assert (settings.layers, settings.precision, settings.threads, settings.device) == (
+    assert (settings.config.layers, settings.config.precision, settings.threads, settings.device) == (
         LayerMode.average, Precision.tf32, 3, "cuda",
     )  # fmt: skip
     assert runner.settings_for(cfg("cpus_per_worker=0.5"), "cpu").threads == 1

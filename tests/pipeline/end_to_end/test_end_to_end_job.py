@@ -22,7 +22,7 @@ def test_relative_local_storage_becomes_absolute(tmp_path, monkeypatch):
     root = os.path.join(str(tmp_path), "runs", "r1")
     assert cfg.shard.output == os.path.join(root, "shards") == cfg.train.shards
     assert cfg.train.output == os.path.join(root, "train")
-    assert cfg.embed.model == os.path.join(root, "train", "export")
+    assert cfg.embed.model == "" and cfg.probe.model == ""  # the export training's result names
     assert list(cfg.embed.input) == [cfg.shard.output] and cfg.embed.output == os.path.join(
         root, "embeddings"
     )
@@ -35,7 +35,17 @@ def test_s3_storage_and_user_set_paths_are_kept():
         "storage=s3://bucket/runs", "name=r2", "train.output=s3://other/run", "corpus=[s3://data/c.txt]"
     )
     assert cfg.shard.output == "s3://bucket/runs/r2/shards"
-    assert cfg.train.output == "s3://other/run" and cfg.embed.model == "s3://other/run/export"
+    assert cfg.train.output == "s3://other/run"
     assert list(cfg.shard.input) == ["s3://data/c.txt"]
     assert list(cfg.embed.shard_splits) == ["heldout"]
     assert _derive("name=r3", "train.wandb.group=sweep-7").train.wandb.group == "sweep-7"
+
+
+def test_embed_and_probe_read_the_export_the_training_made_unless_told_otherwise():
+    from pipeline.embed.config import EmbedConfig
+    from pipeline.end_to_end.job import _reading
+
+    assert _reading(EmbedConfig(), "s3://b/run/export").model == "s3://b/run/export"
+    assert _reading(EmbedConfig(model="mine"), "s3://b/run/export").model == "mine"
+    theirs = EmbedConfig(options_file="o.json", weights_file="w.hdf5")
+    assert _reading(theirs, "s3://b/run/export") == theirs

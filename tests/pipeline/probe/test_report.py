@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pipeline.probe.dashboard import result_of
 from pipeline.probe.report import table_rows
 
 RESULT = {
@@ -28,32 +27,14 @@ def test_the_table_has_a_row_per_probe_and_the_controls_below():
     ]
 
 
-def test_a_dashboard_probes_row_reads_as_the_probes_result():
-    row = {
-        "kind": "probe",
-        "step": 75,
-        "tokens": 96000,
-        **{f"probe/pos_layer{k}": v for k, v in (("0", 0.70), ("1", 0.80), ("2", 0.75))},
-        "probe/pos_mix": 0.82,
-        **{f"probe/wsd_layer{k}": v for k, v in (("0", 0.30), ("1", 0.35), ("2", 0.40))},
-        "probe/pos_baseline": 0.50,
-        "probe/wsd_baseline": 0.25,
-        "probe/pos_train_tokens": 1000,
-        "probe/pos_test_tokens": 300,
-        "probe/wsd_examples": 2000,
-        "probe/seconds": 3.5,
-    }
-    assert result_of(row) == {"probes": RESULT["probes"]}
-
-
 def test_elmo_probes_run_holds_the_table_the_chart_and_each_probes_best_layer():
     from pipeline.config import load_config
     from pipeline.probe.config import ProbeConfig
-    from pipeline.probe.report import dashboard_log
+    from pipeline.probe.stage import probe_log
 
     cfg = load_config(ProbeConfig, overrides=["model=m", "output=o", "wandb.group=demo"])
     model = {"options_file": "m/options.json", "weights_file": "m/weights.hdf5"}
-    log = dashboard_log(cfg, {**RESULT, "seconds": 12.5, "model": model}, b"\x89PNG")
+    log = probe_log(cfg, {**RESULT, "seconds": 12.5, "model": model}, b"\x89PNG")
     # the lineage: the model read, the report written
     ((used,),) = [log.uses]
     assert (used.type, used.checked) == ("model", ("m/options.json", "m/weights.hdf5"))

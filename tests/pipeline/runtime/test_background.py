@@ -50,12 +50,11 @@ def test_helper_imports_only_what_its_work_needs():
 
 def test_close_ends_the_child_and_fails_the_work_in_flight():
     helper = HelperProcess()
-    slow = helper.submit(time.sleep, 60)
-    started = time.monotonic()
-    helper.close()
+    slow = helper.submit(time.sleep, 600)
+    helper.close()  # the child ended, not waited for: the sleep's result can never come
     with pytest.raises(HelperProcessError, match="ended"):
         slow.result(timeout=30)
-    assert time.monotonic() - started < 20 and helper.pid is None
+    assert helper.pid is None
     assert helper.submit(pow, 2, 3).result(timeout=30) == 8  # a later submit starts another child
     helper.close()
 

@@ -8,7 +8,6 @@ import io
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 

@@ -21,9 +21,10 @@ from pipeline.shard import job as shard_job
 from pipeline.shard import resume as shard_resume
 from pipeline.shard.config import ShardConfig
 from pipeline.shard.errors import ShardError
-from pipeline.shard.job import run_shard
 from pipeline.shard.reader import iter_chunks
 from pipeline.shard.split import heldout_threshold, is_heldout
+from pipeline.shard.stage import SHARD
+from pipeline.stage import run_stage
 from pipeline.tracking import offline_reader
 
 REPO = Path(__file__).resolve().parents[3]
@@ -36,6 +37,11 @@ SETTINGS = {
     "progress": False,
     "wandb.mode": "disabled",  # the stage's wandb run: test_the_shard_run_is_on_the_dashboard
 }
+
+
+def run_shard(cfg, session=None):
+    """The stage as its entry point runs it: the work, the dashboard, the closing lines."""
+    return run_stage(SHARD, cfg, session)
 
 
 def _config(inputs, output, **overrides) -> ShardConfig:

@@ -81,7 +81,10 @@ def test_retokenize_blames_a_duplicates_file_that_names_other_sentences():
     again = retokenize(Chunk(0, 0, data), settings, after.stats, drops, "duplicates/00000.bin")
     assert np.array_equal(again.train.ids, kept.train.ids)
     others = drops - 30  # other sentences, of other lengths, as many
-    with pytest.raises(ShardError, match=r"^duplicates/00000.bin does not hold the sentences the run removed from chunk 0 of 0 .*delete the output and rerun$"):
+    with pytest.raises(
+        ShardError,
+        match=r"^duplicates/00000.bin does not hold the sentences the run removed from chunk 0 of 0 .*delete the output and rerun$",
+    ):
         retokenize(Chunk(0, 0, data), settings, after.stats, others, "duplicates/00000.bin")
     with pytest.raises(ShardError, match="input 0 changed"):
         retokenize(Chunk(0, 0, data + b"one more\n"), settings, after.stats, drops, "duplicates/00000.bin")

@@ -6,7 +6,6 @@ import hashlib
 import json
 import os
 import shutil
-import time
 
 import pytest
 from shard_builder import sample_sentences, write_sample_shards
@@ -160,10 +159,13 @@ def test_too_many_negatives(shards, tmp_path):
 def test_more_workers_than_the_cluster_has(shards, tmp_path, ray_local, monkeypatch):
     cfg = cfg_for(shards, str(tmp_path / "run"), "workers=3", SMALL)
     message = "workers=3 x threads_per_worker=1 need 3 CPUs but the Ray cluster has 2"
-    started = time.monotonic()
-    with pytest.raises(TrainError, match=message + "; lower workers or threads_per_worker$"):
-        _cluster_check(cfg, embedded=True)  # an embedded cluster never grows: at once
-    assert time.monotonic() - started < 5
+    def asked(bundles):
+        raise AssertionError(f"an embedded cluster was asked to grow by {bundles}")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(cluster_capacity, "_request", asked)
+        with pytest.raises(TrainError, match=message + "; lower workers or threads_per_worker$"):
+            _cluster_check(cfg, embedded=True)  # an embedded cluster never grows: refused without asking
     # a joined cluster might autoscale: it is asked, and refused once no node is on its way
     monkeypatch.setattr(cluster_capacity, "PROBE_S", 3.0)
     with pytest.raises(TrainError, match=message + r".*no node was on its way 3 s after asking"):

@@ -4,6 +4,7 @@ import time
 
 import pytest
 import torch
+from polling import wait_until
 
 from pipeline.runtime import storage
 from pipeline.train import checkpoint as ckpt
@@ -237,7 +238,8 @@ def test_rank_zero_completes_a_checkpoint_once_every_rank_wrote_its_file(tmp_pat
     run = str(tmp_path / "run")
     zero, one = _checkpointer(run, _Tensor([0.0]), 0, 2), _checkpointer(run, _Tensor([1.0]), 1, 2)
     zero.save(10)
-    time.sleep(0.3)
+    own = os.path.join(ckpt.checkpoint_path(run, 10), ckpt.rank_file(0))
+    wait_until(lambda: os.path.exists(own), "rank 0's file")
     assert ckpt.list_checkpoints(run) == []  # rank 0's files are written; rank 1's is missing
     one.save(10)
     one.wait()

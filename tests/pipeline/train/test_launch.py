@@ -118,7 +118,7 @@ def test_train_perplexity_falls_and_heldout_beats_half_the_unigram(trained):
 
 
 def test_the_layers_are_probed_on_the_dashboard_as_the_run_goes(trained):
-    from pipeline.probe.dashboard import SAMPLE
+    from pipeline.probe.live import SAMPLE
 
     run_dir, _ = trained
     probes = [r for r in read_metrics(os.path.join(run_dir, METRICS_FILE)) if r["kind"] == "probe"]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import ray
+from polling import wait_until
 
 from pipeline.train.progress import ProgressLines, ProgressRelay, RelayFollower, RelaySender, relay_actor
 
@@ -74,7 +74,7 @@ def test_rows_handed_to_the_relay_are_printed_once_in_order(ray_local):
         first.put(train_row(10, 2.0))
         again = RelaySender(relay)  # a worker restarted from step 5 logs step 10 again
         again.put(train_row(10, 2.0))
-        time.sleep(0.3)
+        wait_until(lambda: printed, "the first row printed while the run goes on")
         again.finish(EVAL)  # as rank 0 ends its run: every row there before this returns
     ray.kill(relay)
     assert [line.split(" (")[0] for line in printed] == [
@@ -134,10 +134,10 @@ def test_the_follower_ends_quietly_when_nothing_came_or_the_relay_is_gone(ray_lo
     relay = relay_actor()
     printed: list[str] = []
     with RelayFollower(relay, 10, out=printed.append, poll_s=0.05):
-        time.sleep(0.2)
-    with RelayFollower(relay, 10, out=printed.append, poll_s=0.05):
+        pass  # its exit takes what came: nothing
+    with RelayFollower(relay, 10, out=printed.append, poll_s=0.05) as follower:
         ray.kill(relay)
-        time.sleep(0.2)
+        wait_until(lambda: not follower._thread.is_alive(), "the follower stopping by itself")
     assert printed == []
 
 

@@ -7,15 +7,18 @@ eval mode), in a thread beside the training: the step loop only copies the weigh
 row up once the probe is done (at a later logged step, or at the end of the run), so no rank waits
 for it. A probe that comes due while the one before still runs is skipped (its step has no row), but for the last step's, which
 waits for it.
-The row states the sample and the seconds the probe took.
+The row states the sample and the seconds the probe took; beside it, the probe's table (a row per
+probe, a column per layer) and chart, as the dashboard shows them (`ProbeRow`).
 """
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 from elmo_model import BiLM
+from pipeline.probe import report
 from pipeline.probe.probe_set import load_probe_set
 from pipeline.probe.runner import probe_model
 
@@ -30,10 +33,21 @@ def cpu_copy(bilm: BiLM) -> BiLM:
     return copy.eval()
 
 
-class DashboardProbe:
+@dataclass(frozen=True)
+class ProbeRow:
+    """One live probe: ``row``, its numbers (kind ``probe``: metrics.jsonl, the console, the
+    dashboard's curves); ``table``, the probe's table as columns and rows (``report.table_rows``);
+    ``chart``, its PNG (``report.plot``)."""
+
+    row: dict
+    table: tuple[list[str], list[list]]
+    chart: bytes
+
+
+class LiveProbe:
     """``due(step, last)``: every ``every`` steps and at the last one (0: never); ``start(bilm,
-    step)``: probe a copy of the weights in the background; ``ready()``: the rows of the probes done
-    since (kind ``probe``); ``finish()``: those and the one still running, waited for."""
+    step)``: probe a copy of the weights in the background; ``ready()``: the `ProbeRow` of each
+    probe done since; ``finish()``: those and the one still running, waited for."""
 
     def __init__(self, every: int):
         self.every = every
@@ -54,14 +68,14 @@ class DashboardProbe:
         self._futures.append(self._pool.submit(self._row, cpu_copy(bilm), step))
         return True
 
-    def ready(self) -> list[dict]:
+    def ready(self) -> list[ProbeRow]:
         """Rows of the probes that have finished and were not handed out yet (never waits)."""
         rows = []
         while self._futures and self._futures[0].done():
             rows.append(self._futures.pop(0).result())
         return rows
 
-    def finish(self) -> list[dict]:
+    def finish(self) -> list[ProbeRow]:
         """Every row not handed out yet, the running probe's included (waited for)."""
         rows = [future.result() for future in self._futures]
         self._futures = []
@@ -75,11 +89,11 @@ class DashboardProbe:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._futures = []
 
-    def _row(self, bilm: BiLM, step: int) -> dict:
+    def _row(self, bilm: BiLM, step: int) -> ProbeRow:
         started = time.perf_counter()
         found = probe_model(bilm, self.sample)
         pos, wsd = found["pos"], found["wsd"]
-        return {
+        row = {
             "kind": "probe",
             "step": step,
             **{f"probe/pos_layer{k}" if k != "mix" else "probe/pos_mix": v for k, v in pos["layers"].items()},
@@ -89,20 +103,7 @@ class DashboardProbe:
             "probe/pos_train_tokens": pos["train"],
             "probe/pos_test_tokens": pos["test"],
             "probe/wsd_examples": wsd["test"],
-            "probe/seconds": time.perf_counter() - started,
         }
-
-
-def result_of(row: dict) -> dict:
-    """A dashboard probe's row (kind ``probe``) as the probe's result (``report.table_rows`` and
-    ``report.plot`` read it): ``{"probes": {"pos": {"layers", "baseline"}, "wsd": {...}}}``."""
-    probes = {}
-    for name in ("pos", "wsd"):
-        prefix = f"probe/{name}_"
-        layers = {
-            key[len(prefix) + len("layer") :] if key.startswith(prefix + "layer") else "mix": value
-            for key, value in row.items()
-            if key.startswith(prefix + "layer") or key == prefix + "mix"
-        }
-        probes[name] = {"layers": layers, "baseline": row[prefix + "baseline"]}
-    return {"probes": probes}
+        result = {"probes": found}
+        table, chart = report.table_rows(result), report.plot(result)
+        return ProbeRow({**row, "probe/seconds": time.perf_counter() - started}, table, chart)

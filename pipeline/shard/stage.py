@@ -1,0 +1,81 @@
+"""The shard stage as a `Stage` (``pipeline/stage.py``): its work (``job.run_shard``), what it puts
+on the dashboard (its totals, baselines and removed duplicates as the summary of a ``shard`` run in
+the pipeline's wandb group, the output its ``dataset`` artifact) and its closing lines."""
+
+from __future__ import annotations
+
+from pipeline.config import to_dict
+from pipeline.formats.shard_format import MANIFEST_FILE, SPLITS
+from pipeline.formats.unigram import manifest_unigram_perplexity
+from pipeline.runtime import storage
+from pipeline.runtime.ray_runtime import RaySession
+from pipeline.shard import progress
+from pipeline.shard.config import ShardConfig
+from pipeline.shard.job import run_shard
+from pipeline.stage import Stage, StageResult
+from pipeline.tracking.artifacts import dataset_artifact
+from pipeline.tracking.stage_run import StageLog, StageRun
+
+
+class ShardStage(Stage):
+    name = "shard"
+    schema = ShardConfig
+
+    def run(self, cfg: ShardConfig, session: RaySession, tracking: StageRun) -> StageResult:
+        return run_shard(cfg, session)
+
+    def dashboard(self, cfg: ShardConfig, result: StageResult) -> StageLog | None:
+        """The ``shard`` run of ``result``; none for a rerun that found its output complete."""
+        if not result.tokens:
+            return None
+        manifest = result.details["manifest"]
+        return StageLog(
+            "shard",
+            to_dict(cfg),
+            shard_summary(manifest, result),
+            produces=dataset_artifact(cfg.output, manifest),
+        )
+
+    def summary(self, cfg: ShardConfig, result: StageResult) -> str:
+        if not result.tokens:
+            return f"shard: {result.output} is already complete ({storage.join(result.output, MANIFEST_FILE)}); nothing to do"
+        details = result.details
+        return progress.summary(
+            details["manifest"],
+            result.seconds,
+            result.output,
+            reused=details["reused"],
+            baseline_seconds=details["baseline_seconds"],
+            dedup_seconds=details["dedup_seconds"],
+        )
+
+
+SHARD = ShardStage()
+
+
+def shard_summary(manifest: dict, result: StageResult) -> dict[str, float | int]:
+    """The run's summary: per split its sentences, tokens and shards, and the duplicates removed;
+    the vocabulary; the held-out baselines (``baselines/*``); this run's seconds and tokens/s."""
+    summary: dict[str, float | int] = {
+        "vocab/size": manifest["vocab"]["size"],
+        "vocab/distinct_train_tokens": manifest["vocab"]["distinct_train_tokens"],
+        "lines/read": manifest["lines"]["read"],
+        "seconds": result.seconds,
+        "tokens_per_s": result.tokens_per_second,
+    }
+    for split in SPLITS:
+        totals = manifest["totals"][split]
+        for key in ("sentences", "tokens", "unk_tokens", "shards"):
+            summary[f"{split}/{key}"] = totals[key]
+        removed = manifest["lines"].get("duplicates", {}).get(split)
+        if removed is not None:
+            summary[f"{split}/duplicate_sentences"] = removed["sentences"]
+            summary[f"{split}/duplicate_tokens"] = removed["tokens"]
+    unigram = manifest_unigram_perplexity(manifest)
+    if unigram is not None:
+        summary["baselines/unigram_perplexity"] = unigram
+    kneser_ney = manifest["baselines"].get("kneser_ney")
+    if kneser_ney is not None:
+        summary["baselines/kneser_ney_perplexity"] = kneser_ney["perplexity"]
+        summary["baselines/kneser_ney_order"] = kneser_ney["order"]
+    return summary
