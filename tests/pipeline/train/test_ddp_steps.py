@@ -71,6 +71,10 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         state = _train(rank, world)
         if rank == 0:
             torch.save(state, os.path.join(out_dir, "ranks.pt"))
+        # every rank done before any tears its group down: a rank that destroyed its gloo group while
+        # another still spoke to it aborted ("terminate called without an active exception", 1 in a
+        # full suite on the 2-core machine)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
