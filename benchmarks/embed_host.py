@@ -7,16 +7,20 @@ What an actor does with a shard after its passes, without the model: synthetic p
 ``original``'s width (2P = 1024, N+1 = 3 layers) in the compact form a pass hands over
 (``OutputSpec.shape``), for sentences with the sample corpus's lengths grouped into the CUDA bucket
 passes the stage plans, are placed into the shard's vectors (``ShardAssembler``, pooled buffers)
-and committed to a local folder (``resume.commit_shard``: the HDF5 file written and hashed as it is
-written, synced, renamed, its entry written). ``--threads`` shards are committed at once on that
-many threads, as the actor's concurrent calls do; tokens/s per core = tokens/s / threads. CPU
-seconds are the process's (all threads), so per-core figures can be read against them.
+and committed to a local folder (``resume.commit_shard``: the HDF5 or Parquet file written and
+hashed as it is written, synced, renamed, its entry written). ``--threads N`` commits N shards at
+once: on N threads of one process, as the actor's concurrent calls do (h5py lets one call run at
+a time, in any thread), or, with ``--processes``, in N processes of their own: a writer design
+without that lock (the hand-over of a shard's pass outputs to such a process is not counted).
+Tokens/s per writer = tokens/s / N; CPU seconds are all the writers', so per-core figures can be
+read against them.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -37,11 +41,12 @@ from pipeline.embed.shard_vectors import BufferPool, ShardAssembler  # noqa: E40
 SAMPLE = REPO / "pipeline" / "data" / "kjv-sample.txt.gz"
 WIDTH, LAYERS = 1024, 3
 CASES = {
-    # name: (layout, row shape, pooled)
-    "packed top float16": ("packed", (WIDTH,), False),
-    "packed all float16": ("packed", (LAYERS, WIDTH), False),
-    "pooled top float16": ("packed", (WIDTH,), True),
-    "allennlp top float16": ("allennlp", (WIDTH,), False),
+    # name: (file format, layout, row shape, pooled)
+    "packed top float16": ("hdf5", "packed", (WIDTH,), False),
+    "packed all float16": ("hdf5", "packed", (LAYERS, WIDTH), False),
+    "pooled top float16": ("hdf5", "packed", (WIDTH,), True),
+    "allennlp top float16": ("hdf5", "allennlp", (WIDTH,), False),
+    "parquet top float16": ("parquet", "packed", (WIDTH,), False),
 }
 
 
@@ -71,8 +76,9 @@ class SyntheticShard:
 
 
 def commit_one(
-    shard: SyntheticShard, index: int, output: str, layout: str, pool: BufferPool, keep: bool
+    shard: SyntheticShard, index: int, output: str, case: tuple, pool: BufferPool, keep: bool
 ) -> None:
+    file_format, layout = case[0], case[1]
     lines = len(shard.sizes)
     assembler = ShardAssembler(
         index * lines, lines, range(lines), shard.sizes, shard.row_shape, np.float16, shard.pooled, pool
@@ -81,40 +87,80 @@ def commit_one(
         assembler.place(indices, values)
     vectors = assembler.finish()
     try:
-        entry = commit_shard(output, {"index": index}, vectors, layout, format_named("hdf5"))
+        entry = commit_shard(output, {"index": index}, vectors, layout, format_named(file_format))
     finally:
         pool.release(vectors)
     if not keep:
         os.remove(os.path.join(output, entry["name"]))
 
 
-def measure(shard: SyntheticShard, layout: str, threads: int, args) -> dict:
-    """``args.shards`` shards per thread on ``threads`` threads at once: tokens/s and CPU-s per token."""
+def measure(shard: SyntheticShard, case: tuple, writers: int, args) -> dict:
+    """``args.shards`` shards per writer on ``writers`` writers at once (threads of one process, or
+    processes with ``args.processes``): tokens/s and CPU-s per token (all the writers' CPU)."""
+    if args.processes:
+        return _measure_processes(shard, case, writers, args)
     pool, shards, output, keep = BufferPool(), args.shards, args.output, args.keep
 
     def worker(t: int) -> None:
         for k in range(shards):
-            commit_one(shard, t * shards + k, output, layout, pool, keep)
+            commit_one(shard, t * shards + k, output, case, pool, keep)
 
-    for t in range(threads):  # warm: the pool's buffers, h5py's first file
-        commit_one(shard, 10**6 + t, output, layout, pool, keep=False)
+    for t in range(writers):  # warm: the pool's buffers, h5py's first file
+        commit_one(shard, 10**6 + t, output, case, pool, keep=False)
 
-    workers = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    workers = [threading.Thread(target=worker, args=(t,)) for t in range(writers)]
     cpu, start = time.process_time(), time.perf_counter()
     for w in workers:
         w.start()
     for w in workers:
         w.join()
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    tokens = shard.tokens * shards * threads
-    return {"tokens_s": tokens / wall, "per_core": tokens / wall / threads, "cpu_per_token": cpu / tokens}
+    tokens = shard.tokens * shards * writers
+    return {"tokens_s": tokens / wall, "per_core": tokens / wall / writers, "cpu_per_token": cpu / tokens}
+
+
+def _process_writer(shard: SyntheticShard, case: tuple, first: int, args, ready, go, results) -> None:
+    """One writer process: warm, wait for the start, commit its shards; its CPU seconds to ``results``."""
+    pool = BufferPool()
+    commit_one(shard, 10**6 + first, args.output, case, pool, keep=False)
+    ready.put(first)
+    go.wait()
+    cpu = time.process_time()
+    for k in range(args.shards):
+        commit_one(shard, first + k, args.output, case, pool, args.keep)
+    results.put(time.process_time() - cpu)
+
+
+def _measure_processes(shard: SyntheticShard, case: tuple, writers: int, args) -> dict:
+    """As `measure`, each writer a process of its own (forked: no h5py lock between them)."""
+    ctx = multiprocessing.get_context("fork")
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [
+        ctx.Process(target=_process_writer, args=(shard, case, w * args.shards, args, ready, go, results))
+        for w in range(writers)
+    ]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=300)
+    start = time.perf_counter()
+    go.set()
+    cpu = sum(results.get(timeout=3600) for _ in procs)
+    wall = time.perf_counter() - start
+    for p in procs:
+        p.join()
+    tokens = shard.tokens * args.shards * writers
+    return {"tokens_s": tokens / wall, "per_core": tokens / wall / writers, "cpu_per_token": cpu / tokens}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=5000, help="lines per shard")
     parser.add_argument("--shards", type=int, default=4, help="shards per thread")
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="writers at once")
+    parser.add_argument(
+        "--processes", action="store_true", help="each writer a process of its own (default: threads of one)"
+    )
     parser.add_argument("--batch-tokens", type=int, default=32768)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--dir", default=None, help="where the shards go (default: a temp folder)")
@@ -131,14 +177,15 @@ def main(argv=None) -> int:
         f"host side: {args.lines:,} lines ({int(sizes.sum()):,} tokens) a shard, width {WIDTH}, passes of "
         f"{args.batch_tokens:,} tokens, {args.shards} shards per thread, {os.cpu_count()} CPUs"
     )
-    print("| case | threads | tokens/s | tokens/s per core | CPU µs per token |")
+    kind = "processes" if args.processes else "threads"
+    print(f"| case | {kind} | tokens/s | tokens/s per writer | CPU µs per token |")
     print("|---|---|---|---|---|")
     for name in args.cases:
-        layout, row_shape, pooled = CASES[name]
-        shard = SyntheticShard(sizes, row_shape, pooled, args.batch_tokens)
+        case = CASES[name]
+        shard = SyntheticShard(sizes, case[2], case[3], args.batch_tokens)
         for threads in args.threads:
             with tempfile.TemporaryDirectory(prefix="elmo-embed-host-", dir=args.dir) as args.output:
-                row = measure(shard, layout, threads, args)
+                row = measure(shard, case, threads, args)
             print(
                 f"| {name} | {threads} | {row['tokens_s']:,.0f} | {row['per_core']:,.0f} | "
                 f"{1e6 * row['cpu_per_token']:.2f} |",

@@ -11,12 +11,13 @@
 #      both fixture sets on the GPU (benchmarks/gpu_check.py)
 #   2. raw bf16 forward (model only) of original at 131,072 and 32,768 tokens a pass, with the share of
 #      positions that are real tokens, and the kernels of the 131,072 run (where a pass's time goes)
-#   3. end to end, one actor with 8 CPUs (7 of its threads write shards), the other cores preparing,
-#      local disk, 1x and 4x, the pass size the stage chooses for the GPU (batch_tokens=0):
-#      original bf16, packed top float16 (then, 5., pool=mean); each with the command-to-first-shard time
-#   4. (after 5.) the host side alone on this node's cores (benchmarks/embed_host.py, 1 to 8 threads)
-# The steps' limits add up to 525 s (about 330 s of it used on an H200, 2026-11-27): a shorter BUDGET
-# loses the last ones first.
+#   3. the long job, end to end: one actor with 8 CPUs (7 of its threads write shards), the other
+#      cores preparing, local disk, 800,000 sentences (16x the sample's 50,000: 20M tokens), the pass
+#      size the stage chooses for the GPU (batch_tokens=0), original bf16: packed top float16, then
+#      all layers float16, then pool=mean; each with its start-up phases and its tokens/s after the
+#      first commit (the figure a long job runs at)
+#   4. the host side alone on this node's cores (benchmarks/embed_host.py, 1 to 8 threads)
+# The steps' limits add up to 560 s: a shorter BUDGET loses the last ones first.
 set -u
 out=${1:?usage: gpu_embed_session.sh OUTDIR}
 mkdir -p "$out"
@@ -34,13 +35,13 @@ if [ "$device" = cuda ]; then
     raw=(--device cuda --sizes original --sentences 30000 --precisions bf16)  # the sample holds 31,102
     host=(--threads 1 2 4 8 --shards 2)
     # one actor per GPU with 8 CPUs (one thread runs the passes, the others write shards); the
-    # other cores prepare shards (read, tokenize, character ids); 1x and 4x: the 4x job's extra
-    # tokens over its extra seconds give the rate once the pipeline is full
-    e2e=(--device cuda --preset original --workers 1 --cpus-per-worker 8 --num-cpus "$(nproc)" --sentences 50000 --raw-sentences 20000 --scales 1 4 --storage local --lines-per-shard 5000 --batch-tokens 0 --precision bf16)
+    # other cores prepare shards (read, tokenize, character ids); one long job (16x), its rate after
+    # its first commit read from its own summary
+    e2e=(--device cuda --preset original --workers 1 --cpus-per-worker 8 --num-cpus "$(nproc)" --sentences 50000 --raw-sentences 20000 --scales 16 --storage local --lines-per-shard 5000 --batch-tokens 0 --precision bf16)
 else
     raw=(--device cpu --sizes small --sentences 200 --precisions bf16)
     host=(--threads 1 2 --shards 1 --lines 500)
-    e2e=(--device cpu --preset small --workers 1 --sentences 300 --raw-sentences 200 --scales 1 --storage local --lines-per-shard 150)
+    e2e=(--device cpu --preset small --workers 1 --sentences 300 --raw-sentences 200 --scales 4 --storage local --lines-per-shard 150)
 fi
 # every CUDA test of the suite (the files that use the mark: embed's device-side compaction and pinned
 # buffers, the graphs' warm-up memory, static inference, the training step and snapshot, checkpoints)
@@ -49,8 +50,9 @@ fi
 [ "$device" = cuda ] && step gpu_check 40 $py benchmarks/gpu_check.py
 step raw_bf16_128k 60 $py benchmarks/static_forward.py "${raw[@]}" --batch-tokens 131072 --max-rows 8192 --profile
 step raw_bf16_32k 40 $py benchmarks/static_forward.py "${raw[@]}" --batch-tokens 32768 --max-rows 2048
-step e2e_top_f16_packed_bf16 140 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout packed
-step e2e_top_pooled_bf16 120 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout packed --pool mean
+step e2e_top_f16_packed_bf16 120 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout packed
+step e2e_all_f16_packed_bf16 130 $py benchmarks/embed.py "${e2e[@]}" --layers all --dtype float16 --layout packed
+step e2e_top_pooled_bf16 80 $py benchmarks/embed.py "${e2e[@]}" --layers top --dtype float16 --layout packed --pool mean
 step host_side 35 $py benchmarks/embed_host.py "${host[@]}" --cases "packed top float16" "pooled top float16"
 tar czf "$out/logs.tar.gz" -C "$work" logs  # every step's whole log (a failing test's traceback)
 rm -rf "$work"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 
@@ -12,6 +13,7 @@ from pipeline.embed.loaded_model import LoadedModel, release_free_memory
 from pipeline.embed.resume import commit_shard
 from pipeline.embed.settings import EmbedSettings
 from pipeline.embed.shard_work import ShardWork
+from pipeline.embed.startup import ACTOR_KEY
 from pipeline.model_loader import ModelSource
 
 
@@ -32,13 +34,20 @@ class EmbedActor:
 
     def __init__(self, source: ModelSource, settings: EmbedSettings, output: str):
         self.source, self.settings, self.output = source, settings, output
+        started = time.perf_counter()
         self.model = LoadedModel(source, settings)
+        # its start-up, reported with the first shard it commits (startup.StartupClock reads it)
+        self._startup: dict[str, float] | None = {"model_load": time.perf_counter() - started}
 
     def process(self, work: ShardWork) -> dict:
         """Embed one prepared shard and, when ``work.write``, commit it; the manifest entry (or the stats)."""
         if work.error:
             raise EmbedError(work.error)
+        startup, self._startup = self._startup, None  # the first call takes it
+        started = time.perf_counter()
         shard = self.model.embed(work)
+        if startup is not None:
+            startup["first_passes"] = time.perf_counter() - started
         try:
             stats = dict(work.stats)
             if not work.write:
@@ -53,7 +62,8 @@ class EmbedActor:
                 file_format=c.format.value,
                 pool=c.pool.value,
             )
-            return commit_shard(self.output, stats, shard, c.layout.value, format_named(c.format.value))
+            entry = commit_shard(self.output, stats, shard, c.layout.value, format_named(c.format.value))
+            return {**entry, ACTOR_KEY: startup} if startup is not None else entry
         finally:
             self.model.buffers.release(shard)
 

@@ -34,6 +34,7 @@ from pipeline.embed.resume import (
 )
 from pipeline.embed.settings import EmbedSettings
 from pipeline.embed.single_file import delete_parts, merge, parts_path
+from pipeline.embed.startup import StartupClock
 from pipeline.model_loader import ModelSource, load_bilm, resolve_model
 from pipeline.output_folder import Claim, taken_back_on_failure
 from pipeline.runtime import cluster_capacity, ray_runtime
@@ -143,6 +144,7 @@ def run_embed(
 
     An output that is not this stage's own is refused before anything is written; a run that fails
     before committing a shard leaves the output as it found it (no claim, no new folder)."""
+    clock = StartupClock(time.monotonic())
     single = is_single_file(cfg.output)
     target = parts_path(cfg.output) if single else cfg.output
     source = resolve_model(cfg.model, cfg.options_file, cfg.weights_file, EmbedError)
@@ -150,7 +152,7 @@ def run_embed(
     kind, paths = resolve_inputs(cfg.input)
     check_output(cfg.output, target, single, cfg.overwrite)
     tracking = tracking or StageRun(WandbConfig(mode=WandbMode.disabled), cfg.output, "embed", {})
-    job = _EmbedJob(cfg, single, target, source, kind, paths, session or RaySession.joined(), tracking)
+    job = _EmbedJob(cfg, single, target, source, kind, paths, session or RaySession.joined(), tracking, clock)
     # the claim is the run's once it wrote run.json (a resumed run's is an earlier run's)
     with taken_back_on_failure(target, OWN_FILES, claimed=False) as claim:
         result = _run(job, claim)
@@ -173,6 +175,8 @@ class _EmbedJob:
     session: RaySession
     tracking: StageRun
     """The stage's wandb run: a row per committed shard as it goes (started by the first)."""
+    clock: StartupClock
+    """Where the start-up goes (startup.py)."""
 
 
 def _run(job: _EmbedJob, claim: Claim) -> StageResult:
@@ -208,6 +212,7 @@ def _run(job: _EmbedJob, claim: Claim) -> StageResult:
         file=sys.stderr,
     )
     with bar:
+        job.clock.mark("checks")
         if todo:
             job.session.start()
         embedded = ray_runtime.embedded()
@@ -216,6 +221,7 @@ def _run(job: _EmbedJob, claim: Claim) -> StageResult:
             check_capacity(cfg, 1 if cfg.stateful else cfg.workers, gpus, embedded)
         settings = settings_for(cfg, "cuda" if gpus else "cpu", choose_pass_size(cfg, job.source, gpus))
         pool = actor_pool(cfg, gpus) if todo else None
+        job.clock.mark("ray")
         # closed however the loop ends (a stop asked, an error, Ctrl-C or SIGTERM raised in the body):
         # Ray Data's executor threads stop before Ray does (docs/reliability.md#stopping)
         with contextlib.closing(embed_stream(todo, source, settings, target, pool)) as stream:
@@ -223,6 +229,7 @@ def _run(job: _EmbedJob, claim: Claim) -> StageResult:
                 if not result["written"]:
                     continue
                 entry = result["entry"]
+                job.clock.committed(entry)  # takes an actor's start-up report off the entry
                 done[entry["index"]] = entry
                 new_shards += 1
                 new_tokens += entry["tokens"]
@@ -239,7 +246,12 @@ def _run(job: _EmbedJob, claim: Claim) -> StageResult:
 
     entries = [done[i] for i in sorted(done)]
     totals = manifest.totals(entries)
-    details = {"shards": len(specs), "new_shards": new_shards, "totals": totals}
+    details = {
+        "shards": len(specs),
+        "new_shards": new_shards,
+        "totals": totals,
+        **job.clock.details(new_tokens),
+    }
     result = StageResult("embed", cfg.output, seconds, new_tokens, complete=not stopped, details=details)
     if stopped:
         return result

@@ -9,6 +9,7 @@ from pipeline.config import to_dict
 from pipeline.embed import manifest
 from pipeline.embed.config import EmbedConfig, is_single_file
 from pipeline.embed.runner import run_embed
+from pipeline.embed.startup import summary_lines
 from pipeline.formats.shard_format import read_manifest
 from pipeline.runtime import storage
 from pipeline.runtime.ray_runtime import RaySession
@@ -54,6 +55,7 @@ class EmbedStage(Stage):
                 f"  empty sentences {t['empty_sentences']}, invalid UTF-8 lines {t['invalid_utf8_lines']}, "
                 f"lines with control characters {t['control_char_lines']}, split sentences {t['split_sentences']}",
                 f"  {result.tokens:,} tokens in {result.seconds:.1f} s = {result.tokens_per_second:,.0f} tokens/s",
+                *summary_lines(result.details),
             ]
         )
 
@@ -74,8 +76,8 @@ def embeddings_artifact(folder: str, document: dict) -> OutputArtifact:
 
 def embed_log(config: EmbedConfig, result: StageResult, uses: tuple[OutputArtifact, ...]) -> StageLog:
     """The ``embed`` run of ``result``: the output's totals (sentences, tokens, shards and what was
-    repaired in the input), this run's shards, tokens, seconds and tokens/s, and whether it ran to
-    the end (``complete``: a run stopped with ``stop_after_shards`` is not); ``uses``: the model and
+    repaired in the input), this run's shards, tokens, seconds and tokens/s (and after its first
+    shard, start-up apart), its start-up phases (``startup/*``), and whether it ran to the end (``complete``: a run stopped with ``stop_after_shards`` is not); ``uses``: the model and
     the dataset it read; a complete output is its ``embeddings`` artifact."""
     totals = result.details["totals"]
     summary: dict[str, float | int] = {f"output/{key}": value for key, value in totals.items()}
@@ -88,6 +90,10 @@ def embed_log(config: EmbedConfig, result: StageResult, uses: tuple[OutputArtifa
             "complete": int(result.complete),
         }
     )
+    summary.update({f"startup/{phase}": s for phase, s in result.details.get("startup", {}).items()})
+    after = result.details.get("after_first_commit")
+    if after and after["seconds"] > 0:
+        summary["run/tokens_per_s_after_first_shard"] = after["tokens"] / after["seconds"]
     produces = None
     if result.complete:
         produces = embeddings_artifact(config.output, result.details["manifest"])

@@ -100,6 +100,15 @@ def test_the_embed_run_is_on_the_dashboard_and_a_rerun_adds_none(ray_local, tmp_
     assert got["run/tokens"] == result.tokens == totals["tokens"] and got["run/shards"] == 3
     assert got["run/tokens_per_s"] == pytest.approx(result.tokens_per_second) and got["complete"] == 1
     assert "wandb sync --id" in closing_lines(EMBED, cfg, result)
+    # where its start-up went, and its pace after the first shard, start-up apart
+    startup = result.details["startup"]
+    assert {"checks_s", "ray_s", "first_shard_s", "actor_model_load_s", "actor_first_passes_s"} <= set(
+        startup
+    )
+    assert got["startup/first_commit_s"] == startup["first_commit_s"] > 0
+    assert "  start-up: checks " in closing_lines(EMBED, cfg, result)
+    manifest_doc = json.loads((output / "manifest.json").read_text())
+    assert not any("startup" in shard for shard in manifest_doc["shards"])  # the report is not recorded
     # as it goes: a row per committed shard, its tokens and throughput so far
     rows = [r for r in offline_reader.history(recs) if "shards_done" in r]
     assert sorted(r["shards_done"] for r in rows) == [1, 2, 3]

@@ -159,6 +159,7 @@ def test_too_many_negatives(shards, tmp_path):
 def test_more_workers_than_the_cluster_has(shards, tmp_path, ray_local, monkeypatch):
     cfg = cfg_for(shards, str(tmp_path / "run"), "workers=3", SMALL)
     message = "workers=3 x threads_per_worker=1 need 3 CPUs but the Ray cluster has 2"
+
     def asked(bundles):
         raise AssertionError(f"an embedded cluster was asked to grow by {bundles}")
 

@@ -1,0 +1,85 @@
+"""Where an embed run's time goes before its first shard is committed, and its pace after.
+
+A small job is mostly start-up: the checks on the driver (the model's files hashed and loaded once,
+the input and the output), Ray's start, and the first shard, in which an actor loads the model and
+runs its first passes (a GPU captures its graphs then) before writing. `StartupClock` marks those
+phases on the driver; an actor reports its own two (``actor_report``) with its first committed
+shard. The throughput after the first commit (tokens and seconds from it to the end) is the
+figure a long job runs at, start-up apart (docs/benchmarks.md#embedding).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+ACTOR_KEY = "startup"
+"""The key of an actor's start-up report in the first entry it returns (taken off before the entry
+is recorded: it is not part of the manifest)."""
+
+
+@dataclass
+class StartupClock:
+    """Marks on the driver, in seconds from ``started`` (``time.monotonic()`` when the stage began)."""
+
+    started: float
+    phases: dict[str, float] = field(default_factory=dict)
+    actor: dict[str, float] = field(default_factory=dict)
+    first_commit: float | None = None
+    first_tokens: int = 0
+    _last: float | None = None
+
+    def mark(self, phase: str) -> None:
+        """End ``phase`` now: its seconds are those since the previous mark (or the start)."""
+        now = time.monotonic()
+        self.phases[phase] = now - (self._last if self._last is not None else self.started)
+        self._last = now
+
+    def committed(self, entry: dict) -> None:
+        """A shard committed: the first one ends the start-up (its ``entry`` may carry an actor's
+        report, taken off here)."""
+        report = entry.pop(ACTOR_KEY, None)
+        if report and not self.actor:
+            self.actor = dict(report)
+        if self.first_commit is None:
+            self.mark("first_shard")
+            self.first_commit = time.monotonic()
+            self.first_tokens = entry["tokens"]
+
+    def details(self, tokens: int) -> dict:
+        """The run's ``startup`` (phase -> seconds, the actor's phases as ``actor_*``, and
+        ``first_commit_s``: from the start) and ``after_first_commit`` (``tokens``, ``seconds``):
+        empty where no shard was committed."""
+        if self.first_commit is None:
+            return {}
+        startup = {f"{phase}_s": round(s, 3) for phase, s in self.phases.items()}
+        startup.update({f"actor_{phase}_s": round(s, 3) for phase, s in self.actor.items()})
+        startup["first_commit_s"] = round(self.first_commit - self.started, 3)
+        after = {
+            "tokens": tokens - self.first_tokens,
+            "seconds": round(time.monotonic() - self.first_commit, 3),
+        }
+        return {"startup": startup, "after_first_commit": after}
+
+
+def summary_lines(details: dict) -> list[str]:
+    """The closing lines of a run's start-up and its pace after it (none where nothing was committed)."""
+    startup, after = details.get("startup"), details.get("after_first_commit")
+    if not startup:
+        return []
+    actor = ""
+    if "actor_model_load_s" in startup:
+        actor = (
+            f" (an actor's model load {startup['actor_model_load_s']:.1f} s, its first passes "
+            f"{startup['actor_first_passes_s']:.1f} s)"
+        )
+    lines = [
+        f"  start-up: checks {startup['checks_s']:.1f} s, Ray {startup['ray_s']:.1f} s, first shard "
+        f"{startup['first_shard_s']:.1f} s{actor}: committed {startup['first_commit_s']:.1f} s after the start"
+    ]
+    if after["tokens"] and after["seconds"] > 0:
+        rate = after["tokens"] / after["seconds"]
+        lines.append(
+            f"  after the first shard: {after['tokens']:,} tokens in {after['seconds']:.1f} s = {rate:,.0f} tokens/s"
+        )
+    return lines

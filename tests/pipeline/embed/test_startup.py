@@ -1,0 +1,36 @@
+"""pipeline.embed.startup: the phases of an embed run's start-up, an actor's own report taken off
+its first entry (the manifest never holds it), and the pace after the first commit."""
+
+from __future__ import annotations
+
+import time
+
+from pipeline.embed.startup import ACTOR_KEY, StartupClock, summary_lines
+
+
+def test_the_phases_add_up_to_the_first_commit_and_the_actors_report_leaves_the_entry():
+    clock = StartupClock(time.monotonic() - 3.0)  # the stage began 3 s ago
+    clock.mark("checks")
+    clock.mark("ray")
+    first = {"index": 0, "tokens": 100, ACTOR_KEY: {"model_load": 1.5, "first_passes": 0.5}}
+    clock.committed(first)
+    assert ACTOR_KEY not in first  # recorded as the manifest's entry: without it
+    clock.committed({"index": 1, "tokens": 300, ACTOR_KEY: {"model_load": 9.0, "first_passes": 9.0}})
+    details = clock.details(tokens=400)
+    startup = details["startup"]
+    assert startup["checks_s"] >= 3.0 and startup["ray_s"] >= 0 and startup["first_shard_s"] >= 0
+    total = startup["checks_s"] + startup["ray_s"] + startup["first_shard_s"]
+    assert abs(startup["first_commit_s"] - total) < 0.01
+    assert (startup["actor_model_load_s"], startup["actor_first_passes_s"]) == (1.5, 0.5)  # the first actor's
+    assert details["after_first_commit"]["tokens"] == 300 and details["after_first_commit"]["seconds"] >= 0
+    lines = summary_lines({**details, "after_first_commit": {"tokens": 300, "seconds": 2.0}})
+    assert lines[0].startswith(
+        "  start-up: checks 3.0 s, Ray 0.0 s, first shard 0.0 s (an actor's model load 1.5 s"
+    )
+    assert lines[1] == "  after the first shard: 300 tokens in 2.0 s = 150 tokens/s"
+
+
+def test_a_run_that_committed_nothing_reports_no_start_up():
+    clock = StartupClock(time.monotonic())
+    clock.mark("checks")
+    assert clock.details(tokens=0) == {} and summary_lines({}) == []
