@@ -38,8 +38,6 @@ class ShardFormat:
     name: str
     write: Callable[[ShardVectors, str, BinaryIO], str]
     read: Callable[[bytes, str, bool, int | None], Rows]
-    doc: str
-    """What a user gets: for ``elmo config`` and docs/outputs.md."""
 
     @property
     def suffix(self) -> str:
@@ -73,13 +71,10 @@ def _read_parquet(data: bytes, where: str, pooled: bool, rows: int | None) -> Ro
 FORMATS = {
     f.name: f
     for f in (
-        ShardFormat("hdf5", _write_hdf5, _read_hdf5, "HDF5 shards, in ``layout`` (AllenNLP's, or packed)."),
-        ShardFormat(
-            "parquet",
-            _write_parquet,
-            _read_parquet,
-            "Parquet shards: a row per line, the vectors as Arrow lists (pandas, Polars, DuckDB, Spark, Ray Data).",
-        ),
+        # HDF5 shards, in ``layout`` (AllenNLP's, or packed)
+        ShardFormat("hdf5", _write_hdf5, _read_hdf5),
+        # Parquet shards: a row per line, the vectors as Arrow lists (pandas, Polars, DuckDB, Spark, Ray Data)
+        ShardFormat("parquet", _write_parquet, _read_parquet),
     )
 }
 """Every shard file format by name: the one list of them."""

@@ -3,9 +3,9 @@
 A small job is mostly start-up: the checks on the driver (the model's files hashed and loaded once,
 the input and the output), Ray's start, and the first shard, in which an actor loads the model and
 runs its first passes (a GPU captures its graphs then) before writing. `StartupClock` marks those
-phases on the driver; an actor reports its own two (``actor_report``) with its first committed
-shard. The throughput after the first commit (tokens and seconds from it to the end) is the
-figure a long job runs at, start-up apart (docs/benchmarks.md#embedding).
+phases on the driver; an actor reports its own two (under :data:`ACTOR_KEY`) with its first
+committed shard. The throughput after the first commit (tokens and seconds from it to the end) is
+the figure a long job runs at, start-up apart (``benchmarks/embed.py`` reads it).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class StartupClock:
             self.actor = dict(report)
         if self.first_commit is None:
             self.mark("first_shard")
-            self.first_commit = time.monotonic()
+            self.first_commit = self._last
             self.first_tokens = entry["tokens"]
 
     def details(self, tokens: int) -> dict:

@@ -237,22 +237,21 @@ class RunLog:
     def due(self, step: int, last_step: bool) -> bool:
         return step % self.every == 0 or last_step
 
-    def emit(self, row: dict, to_wandb: bool = True) -> None:
+    def emit(self, row: dict, to_wandb: bool = True) -> dict:
         """One row (``kind``, ``step``, values) to every sink (the relay's call is not awaited), with
-        the training tokens seen by its step (``tokens``: per direction, all workers)."""
+        the training tokens seen by its step (``tokens``: per direction, all workers); the row as
+        recorded."""
         row = {**row, STEP_METRIC: row["step"] * self.tokens_per_step}
         self._record(row, to_wandb)
         if self.relay is not None:
             self.relay.put(row)
+        return row
 
     def emit_probe(self, probe: ProbeRow) -> None:
         """A live probe: its row as `emit`'s, and on the dashboard with its table and chart."""
-        row = {**probe.row, STEP_METRIC: probe.row["step"] * self.tokens_per_step}
-        self._record(row, to_wandb=False)
+        row = self.emit(probe.row, to_wandb=False)
         if self.wandb is not None:
             self.wandb.log_probe(row, probe.table, probe.chart)
-        if self.relay is not None:
-            self.relay.put(row)
 
     def _record(self, row: dict, to_wandb: bool) -> None:
         if self.metrics is not None:
