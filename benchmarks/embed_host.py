@@ -9,18 +9,17 @@ What an actor does with a shard after its passes, without the model: synthetic p
 passes the stage plans, are placed into the shard's vectors (``ShardAssembler``, pooled buffers)
 and committed to a local folder (``resume.commit_shard``: the HDF5 or Parquet file written and
 hashed as it is written, synced, renamed, its entry written). ``--threads N`` commits N shards at
-once: on N threads of one process, as the actor's concurrent calls do (h5py lets one call run at
-a time, in any thread), or, with ``--processes``, in N processes of their own: a writer design
-without that lock (the hand-over of a shard's pass outputs to such a process is not counted).
-Tokens/s per writer = tokens/s / N; CPU seconds are all the writers', so per-core figures can be
-read against them.
+once: N threads each assemble a shard and commit it themselves (writers on threads: h5py lets one
+call run at a time, in any thread), or, with ``--processes``, hand it to one of N writer processes
+(the stage's design, ``pipeline/embed/shard_writers.py``: the shard assembled in shared memory,
+committed by a process of its own; the hand-over is counted). Tokens/s per writer = tokens/s / N;
+CPU seconds are this process's and the writers', so per-core figures can be read against them.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
-import multiprocessing
 import os
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from elmo_model.static_batches import BucketPlan, plan_batches  # noqa: E402
 from pipeline.embed.file_format import format_named  # noqa: E402
 from pipeline.embed.resume import commit_shard  # noqa: E402
 from pipeline.embed.shard_vectors import BufferPool, ShardAssembler  # noqa: E402
+from pipeline.embed.shard_writers import ShardWriters  # noqa: E402
 
 SAMPLE = REPO / "pipeline" / "data" / "kjv-sample.txt.gz"
 WIDTH, LAYERS = 1024, 3
@@ -76,8 +76,9 @@ class SyntheticShard:
 
 
 def commit_one(
-    shard: SyntheticShard, index: int, output: str, case: tuple, pool: BufferPool, keep: bool
+    shard: SyntheticShard, index: int, output: str, case: tuple, pool: BufferPool, keep: bool, writers=None
 ) -> None:
+    """Assemble and commit one shard: in this thread, or by a writer process (``writers``)."""
     file_format, layout = case[0], case[1]
     lines = len(shard.sizes)
     assembler = ShardAssembler(
@@ -87,7 +88,10 @@ def commit_one(
         assembler.place(indices, values)
     vectors = assembler.finish()
     try:
-        entry = commit_shard(output, {"index": index}, vectors, layout, format_named(file_format))
+        if writers is None:
+            entry = commit_shard(output, {"index": index}, vectors, layout, format_named(file_format))
+        else:
+            entry = writers.commit(output, {"index": index}, vectors, layout, file_format)
     finally:
         pool.release(vectors)
     if not keep:
@@ -95,62 +99,49 @@ def commit_one(
 
 
 def measure(shard: SyntheticShard, case: tuple, writers: int, args) -> dict:
-    """``args.shards`` shards per writer on ``writers`` writers at once (threads of one process, or
-    processes with ``args.processes``): tokens/s and CPU-s per token (all the writers' CPU)."""
-    if args.processes:
-        return _measure_processes(shard, case, writers, args)
+    """``args.shards`` shards per writer on ``writers`` threads at once, each committing its own
+    shards, or, with ``args.processes``, handing them to ``writers`` writer processes (the stage's
+    design: ``shard_writers``): tokens/s and CPU-s per token (this process's and the writers')."""
     pool, shards, output, keep = BufferPool(), args.shards, args.output, args.keep
+    processes = ShardWriters(writers) if args.processes else None
+    if processes is not None:
+        pool = BufferPool(processes.buffers)
+    try:
 
-    def worker(t: int) -> None:
-        for k in range(shards):
-            commit_one(shard, t * shards + k, output, case, pool, keep)
+        def worker(t: int) -> None:
+            for k in range(shards):
+                commit_one(shard, t * shards + k, output, case, pool, keep, processes)
 
-    for t in range(writers):  # warm: the pool's buffers, h5py's first file
-        commit_one(shard, 10**6 + t, output, case, pool, keep=False)
-
-    workers = [threading.Thread(target=worker, args=(t,)) for t in range(writers)]
-    cpu, start = time.process_time(), time.perf_counter()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        warm = [  # the pool's buffers, h5py's first file, each writer's imports and mappings
+            threading.Thread(target=commit_one, args=(shard, 10**6 + t, output, case, pool, False, processes))
+            for t in range(writers)
+        ]
+        for w in warm:
+            w.start()
+        for w in warm:
+            w.join()
+        workers = [threading.Thread(target=worker, args=(t,)) for t in range(writers)]
+        cpu, start = _cpu_seconds(processes), time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        wall, cpu = time.perf_counter() - start, _cpu_seconds(processes) - cpu
+    finally:
+        if processes is not None:
+            processes.close()
     tokens = shard.tokens * shards * writers
     return {"tokens_s": tokens / wall, "per_core": tokens / wall / writers, "cpu_per_token": cpu / tokens}
 
 
-def _process_writer(shard: SyntheticShard, case: tuple, first: int, args, ready, go, results) -> None:
-    """One writer process: warm, wait for the start, commit its shards; its CPU seconds to ``results``."""
-    pool = BufferPool()
-    commit_one(shard, 10**6 + first, args.output, case, pool, keep=False)
-    ready.put(first)
-    go.wait()
-    cpu = time.process_time()
-    for k in range(args.shards):
-        commit_one(shard, first + k, args.output, case, pool, args.keep)
-    results.put(time.process_time() - cpu)
-
-
-def _measure_processes(shard: SyntheticShard, case: tuple, writers: int, args) -> dict:
-    """As `measure`, each writer a process of its own (forked: no h5py lock between them)."""
-    ctx = multiprocessing.get_context("fork")
-    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-    procs = [
-        ctx.Process(target=_process_writer, args=(shard, case, w * args.shards, args, ready, go, results))
-        for w in range(writers)
-    ]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        ready.get(timeout=300)
-    start = time.perf_counter()
-    go.set()
-    cpu = sum(results.get(timeout=3600) for _ in procs)
-    wall = time.perf_counter() - start
-    for p in procs:
-        p.join()
-    tokens = shard.tokens * args.shards * writers
-    return {"tokens_s": tokens / wall, "per_core": tokens / wall / writers, "cpu_per_token": cpu / tokens}
+def _cpu_seconds(writers) -> float:
+    """CPU seconds of this process and of the writer processes."""
+    total = time.process_time()
+    for pid in writers.pids if writers is not None else ():
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return total
 
 
 def main(argv=None) -> int:

@@ -8,11 +8,11 @@ import time
 import numpy as np
 
 from pipeline.embed.errors import WORKER_ERRORS, EmbedError
-from pipeline.embed.file_format import format_named
 from pipeline.embed.loaded_model import LoadedModel, release_free_memory
-from pipeline.embed.resume import commit_shard
-from pipeline.embed.settings import EmbedSettings
+from pipeline.embed.settings import EmbedSettings, concurrent_calls
+from pipeline.embed.shard_vectors import BufferPool
 from pipeline.embed.shard_work import ShardWork
+from pipeline.embed.shard_writers import ShardWriters
 from pipeline.embed.startup import ACTOR_KEY
 from pipeline.model_loader import ModelSource
 
@@ -26,16 +26,20 @@ class EmbedActor:
     A WORKER_ERRORS failure becomes the entry ``{"index", "error": message}``; the driver raises it.
 
     Stateless, Ray runs ``concurrent_calls(settings)`` calls at once, each on a thread of its own:
-    the model lock lets one shard's passes run while the other threads write the shards before it
-    (HDF5 or Parquet, sha256, upload: bulk work on whole arrays that releases the GIL), so the host
-    side scales with the CPUs given to the actor and the device does not wait for it. Each shard's
-    vectors are assembled in a pooled buffer (``shard_vectors.BufferPool``).
+    the model lock lets one shard's passes run while the other threads' shards are committed, each
+    by a writer process of its own (``shard_writers``: the file written and hashed, its entry; h5py
+    runs one call at a time in a process, so writers on threads stop scaling near 2.3 cores), so
+    the host side scales with the CPUs given to the actor and the device does not wait for it. Each
+    shard's vectors are assembled in a pooled buffer of shared memory the writers read
+    (``shard_vectors.BufferPool`` on ``shard_writers.SharedBuffers``).
     """
 
     def __init__(self, source: ModelSource, settings: EmbedSettings, output: str):
         self.source, self.settings, self.output = source, settings, output
         started = time.perf_counter()
-        self.model = LoadedModel(source, settings)
+        # started first: the writers' imports overlap the model's load
+        self.writers = ShardWriters(concurrent_calls(settings))
+        self.model = LoadedModel(source, settings, BufferPool(self.writers.buffers))
         # its start-up, reported with the first shard it commits (startup.StartupClock reads it)
         self._startup: dict[str, float] | None = {"model_load": time.perf_counter() - started}
 
@@ -62,7 +66,7 @@ class EmbedActor:
                 file_format=c.format.value,
                 pool=c.pool.value,
             )
-            entry = commit_shard(self.output, stats, shard, c.layout.value, format_named(c.format.value))
+            entry = self.writers.commit(self.output, stats, shard, c.layout.value, c.format.value)
             return {**entry, ACTOR_KEY: startup} if startup is not None else entry
         finally:
             self.model.buffers.release(shard)

@@ -27,7 +27,7 @@ from typing import BinaryIO
 import h5py
 import numpy as np
 
-from elmo_model.weights import require_stored_here
+from elmo_model.hdf5_storage import require_stored_here
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.shard_vectors import ShardVectors, line_value
 from pipeline.runtime import storage

@@ -43,10 +43,11 @@ class LoadedModel:
     and users' ``ElmoEmbedder`` (``data_embedder.py``): the biLM loaded once on the actor's device
     (float32 exact: no TF32 shortcuts on CUDA), its ``PassRunner``, a lock that keeps one
     shard's CUDA work together (a graph capture allows no other thread's), and the pooled host
-    buffers shards are assembled in. ``embed(work)`` -> the shard's vectors; ``buffers.release``
-    them once used."""
+    buffers shards are assembled in (``buffers``: private memory unless a pool is given, the
+    stage's actor's shared with its writer processes). ``embed(work)`` -> the shard's vectors;
+    ``buffers.release`` them once used."""
 
-    def __init__(self, source: ModelSource, settings: EmbedSettings):
+    def __init__(self, source: ModelSource, settings: EmbedSettings, buffers: BufferPool | None = None):
         self.source, self.settings = source, settings
         torch.set_num_threads(max(1, settings.threads))
         self.device = pick_device(settings.device)
@@ -58,7 +59,7 @@ class LoadedModel:
         self.bilm.stateful = settings.config.stateful
         self.encoder = PassRunner(self.bilm, settings, self.device)
         self.lock = threading.Lock()
-        self.buffers = BufferPool()
+        self.buffers = buffers if buffers is not None else BufferPool()
 
     def embed(self, work: ShardWork) -> ShardVectors:
         """The vectors of ``work``'s lines (on a pooled buffer: ``buffers.release`` them once used)."""

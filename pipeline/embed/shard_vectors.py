@@ -16,12 +16,10 @@ in float32, as the pieces were embedded independently).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from elmo_model.static_batches import token_destinations
 
 
 @dataclass(frozen=True)
@@ -63,11 +61,15 @@ class BufferPool:
     """Reused host buffers for shards' vectors: a fresh array of a few hundred MB costs its page
     faults on every shard (measured on the 2-core machine: 0.23 s for 268 MB the first time it is
     written, 0.06 s when the pages are already mapped), about as much as writing the shard. A pool
-    holds at most as many buffers as shards are assembled at once. Thread-safe."""
+    holds at most as many buffers as shards are assembled at once. Thread-safe.
 
-    def __init__(self) -> None:
+    ``allocate(nbytes)`` makes a new uint8 buffer: private memory by default; an embed actor's pool
+    allocates shared memory that its writer processes map (``shard_writers.SharedBuffers``)."""
+
+    def __init__(self, allocate: Callable[[int], np.ndarray] | None = None) -> None:
         self._free: list[np.ndarray] = []
         self._lock = threading.Lock()
+        self._allocate = allocate or _private_buffer
 
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An uninitialised array of ``shape`` and ``dtype`` on a pooled buffer (``give`` it back)."""
@@ -82,7 +84,7 @@ class BufferPool:
             elif self._free:  # all too small: the largest is dropped for a new one
                 self._free.pop(max(range(len(sizes)), key=sizes.__getitem__))
         if buffer is None:
-            buffer = np.empty(max(nbytes, 1), dtype=np.uint8)
+            buffer = self._allocate(max(nbytes, 1))
         return buffer[:nbytes].view(dtype).reshape(shape)
 
     def release(self, shard: ShardVectors) -> None:
@@ -93,10 +95,14 @@ class BufferPool:
 
     def give(self, array: np.ndarray) -> None:
         base = array
-        while base.base is not None:
+        while isinstance(base.base, np.ndarray):  # a shared buffer's own base is its mapping
             base = base.base
         with self._lock:
             self._free.append(base)
+
+
+def _private_buffer(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, dtype=np.uint8)
 
 
 class ShardAssembler:
@@ -134,6 +140,10 @@ class ShardAssembler:
     def place(self, pieces: Sequence[int] | np.ndarray, values: np.ndarray) -> None:
         """A pass's output (``OutputSpec.shape``, host memory): its leading rows are the real ones of
         ``pieces`` (the pass's piece indices, row order)."""
+        # imported here: the writer processes use this module's ShardVectors and must not load
+        # torch, which static_batches' package brings (pipeline/embed/shard_writers.py)
+        from elmo_model.static_batches import token_destinations
+
         pieces = np.asarray(pieces, dtype=np.int64)
         if self.pooled:
             self.rows[pieces] = values[: len(pieces)]

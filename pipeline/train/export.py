@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from elmo_model import BiLM, OptionsError
-from elmo_model.weights import require_stored_here
+from elmo_model.hdf5_storage import require_stored_here
 from pipeline.model_loader import OPTIONS_FILE, WEIGHTS_FILE, load_files, model_paths
 from pipeline.output_folder import OwnFiles, check_owned, read_marker, taken_back_on_failure
 from pipeline.runtime import storage

@@ -7,6 +7,7 @@ and says so; embedding stops with its committed shards whole."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -219,3 +220,46 @@ def test_a_signal_to_an_embeds_group_after_a_commit_stops_it_cleanly(tmp_path, s
     assert "Traceback" not in err and "core_worker" not in err and "not initialized" not in err, err[-3000:]
     assert _nothing_left(proc.pid) == []
     assert not (out / embed_manifest.MANIFEST_FILE).exists()  # unfinished: a rerun completes it
+
+
+def test_a_sigkilled_embed_driver_mid_commit_leaves_nothing_and_its_rerun_writes_each_shard_once(tmp_path):
+    """SIGKILL to the driver while its actor's writer processes commit shards: the watchdog stops
+    the cluster and the writers with it (each discarding the file it was writing: no partial file
+    is left), and a rerun of the same command finishes the output with the very shards an
+    uninterrupted run writes."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(" ".join(s) + "\n" for s in sample_sentences(4000)))
+    model = [f"options_file={REFERENCE / 'options.json'}", f"weights_file={REFERENCE / 'lm_weights.hdf5'}"]
+    settings = ["lines_per_shard=100", "workers=1", "progress=false", "wandb.mode=disabled"]
+
+    def command(out):
+        return ["-m", "jobs.embed", "--input", str(corpus), "--output", str(out), *model, *settings]
+
+    out = tmp_path / "out"
+    proc = _run(command(out))
+    entries = lambda: len(list((out / "_progress").glob("embeddings-*.json")))  # noqa: E731
+    _wait_for(lambda: (out / "_progress").is_dir() and entries() >= 1, proc, "committed shard")
+    deadline = time.time() + 10  # best effort: the kill lands while a writer is writing a shard
+    while not list(out.glob(".embeddings-*")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.002)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert _nothing_left(proc.pid) == []  # the writers too: they carry the cluster's marker
+    assert not list(out.rglob("*.elmo-partial")) and not (out / embed_manifest.MANIFEST_FILE).exists()
+    assert entries() < 40
+
+    rerun = _run(command(out))
+    _, err = rerun.communicate(timeout=240)
+    assert rerun.returncode == 0, err[-3000:]
+    clean = _run(command(tmp_path / "clean"))
+    _, err = clean.communicate(timeout=240)
+    assert clean.returncode == 0, err[-3000:]
+
+    def shards(folder):
+        doc = json.loads((folder / embed_manifest.MANIFEST_FILE).read_text())
+        return doc["totals"], [
+            (s["index"], s["first_line"], s["end_line"], s["sha256"]) for s in doc["shards"]
+        ]
+
+    assert shards(out) == shards(tmp_path / "clean")
+    assert shards(out)[0]["sentences"] == 4000 and len(shards(out)[1]) == 40

@@ -1,0 +1,329 @@
+"""Writer processes: an embed actor's shards committed beside it, in processes of their own.
+
+Committing a shard (``resume.commit_shard``: the file written and hashed as it is written, synced,
+renamed, then its entry) is bulk work on whole arrays, but on threads of one process it stops
+scaling near 2.3 cores: h5py runs one call at a time in a process, and the rest of a commit takes
+the GIL between its bulk steps (docs/benchmarks.md#the-host-side-per-core). So an actor hands each
+shard to one of its writer processes, which commits it and answers with the shard's entry:
+
+    actor thread: passes -> ShardAssembler -> vectors on a SharedBuffers buffer
+                  -> ShardWriters.commit ------(socket: entry fields, the buffer's fd)-----> writer
+                  <----------------------------(the entry, or a one-line error)------------- commit_shard
+
+The vectors are never copied between processes: the actor's ``BufferPool`` allocates its buffers
+as memfds (:class:`SharedBuffers`), and a writer maps each buffer once, read-only, the first time
+it is handed one (its file descriptor travels with the request, ``SCM_RIGHTS``). A memfd is not a
+file in ``/dev/shm`` (64 MB in a default container): it has no size limit but memory's, and its
+pages go when the last process holding them lets go, so a kill leaves nothing behind. A pooled
+shard's small array (not a pooled buffer) travels in the request itself.
+
+Exactly-once is ``commit_shard``'s, unchanged: each shard is written under a temp name and
+renamed, then its entry written, by whichever writer takes it; the driver writes the manifest last.
+A writer's lifetime is its actor's: started with it (their imports overlap the model's load),
+it stops when the actor closes its socket or when the actor is gone (killed: the writer notices
+within a quarter of a second), or on a SIGTERM (the embedded cluster's watchdog), discarding the
+partial file of a commit it is in, which the rerun redoes. Writers lead process groups of their
+own and ignore SIGINT: a Ctrl-C or a scheduler's signal to the job's group is the driver's to act
+on. They import neither torch nor Ray.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import queue
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.embed.errors import WORKER_ERRORS, EmbedError
+from pipeline.embed.file_format import format_named
+from pipeline.embed.resume import commit_shard
+from pipeline.embed.shard_vectors import ShardVectors
+
+_HEADER = struct.Struct(">Q")
+"""A message's length, before the pickled message."""
+
+_MAX_FDS = 1
+"""File descriptors a request carries: its buffer's, when its vectors are on one."""
+
+PARENT_POLL_S = 0.25
+"""How often a writer checks that its actor is still there."""
+
+_MAIN = "import pipeline.embed.shard_writers as elmo_shard_writer; elmo_shard_writer.serve()"
+"""A writer process's program (its command line names it, for ``ps`` and the benchmarks' tables)."""
+
+STOP_WAIT_S = 10.0
+"""How long :meth:`ShardWriters.close` waits for a writer to finish before it is killed."""
+
+
+@dataclass(frozen=True)
+class SharedArray:
+    """Where an array lies on a :class:`SharedBuffers` buffer: its ``buffer``, the ``offset`` of its
+    first byte, its ``shape`` and ``dtype`` (C-contiguous)."""
+
+    buffer: int
+    offset: int
+    shape: tuple[int, ...]
+    dtype: str
+
+
+class SharedBuffers:
+    """``BufferPool``'s allocator in an actor with writer processes: each buffer a memfd, mapped
+    here read-write and by a writer read-only. Thread-safe. A buffer's file descriptor is closed
+    when the pool has dropped the buffer and no array views it any more."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 0
+        self._open: dict[int, tuple[int, int, int]] = {}  # buffer -> (fd, first byte's address, bytes)
+
+    def __call__(self, nbytes: int) -> np.ndarray:
+        fd = os.memfd_create("elmo-shard-vectors", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, nbytes)
+            mapping = mmap.mmap(fd, nbytes)
+        except BaseException:
+            os.close(fd)
+            raise
+        array = np.frombuffer(mapping, dtype=np.uint8)
+        with self._lock:
+            key, self._next = self._next, self._next + 1
+            self._open[key] = (fd, _address(array), nbytes)
+        weakref.finalize(array, self._close, key)
+        return array
+
+    def _close(self, key: int) -> None:
+        with self._lock:
+            fd, _, _ = self._open.pop(key)
+        os.close(fd)
+
+    def find(self, array: np.ndarray) -> tuple[int, SharedArray] | None:
+        """(fd, where) of a C-contiguous ``array`` on one of these buffers; None when it is not
+        on one (it then travels by value)."""
+        if not array.flags.c_contiguous:
+            return None
+        start = _address(array)
+        with self._lock:
+            for key, (fd, base, nbytes) in self._open.items():
+                if base <= start and start + array.nbytes <= base + nbytes:
+                    return fd, SharedArray(key, start - base, array.shape, array.dtype.str)
+        return None
+
+    def live(self) -> list[int]:
+        """The buffers still open (a writer lets go of the others' mappings)."""
+        with self._lock:
+            return list(self._open)
+
+
+def _address(array: np.ndarray) -> int:
+    return int(array.__array_interface__["data"][0])
+
+
+class ShardWriters:
+    """``count`` writer processes and the shared buffers they read. ``commit`` is called from any
+    of the actor's threads; each call takes an idle writer (waiting for one when all are busy)."""
+
+    def __init__(self, count: int):
+        self.buffers = SharedBuffers()
+        self._writers = [_Writer() for _ in range(max(1, count))]
+        self._idle: queue.SimpleQueue[_Writer] = queue.SimpleQueue()
+        for writer in self._writers:
+            self._idle.put(writer)
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._writers]
+
+    def commit(self, output: str, stats: dict, shard: ShardVectors, layout: str, file_format: str) -> dict:
+        """``resume.commit_shard(output, stats, shard, layout, format_named(file_format))`` in a
+        writer process; the shard's entry. A writer's one-line error is raised as EmbedError."""
+        found = self.buffers.find(shard.vectors)
+        fds, vectors = ([], shard.vectors) if found is None else ([found[0]], found[1])
+        request = {
+            "output": output,
+            "stats": stats,
+            "layout": layout,
+            "format": file_format,
+            "shard": (shard.first_line, vectors, shard.offsets, shard.pooled, shard.tokens),
+            "live": self.buffers.live(),
+        }
+        writer = self._idle.get()
+        try:
+            return writer.commit(request, fds)
+        finally:
+            self._idle.put(writer)
+
+    def close(self) -> None:
+        """Stop every writer (each finishes the commit it is in)."""
+        for writer in self._writers:
+            writer.close()
+
+
+class _Writer:
+    """One writer process and the actor's end of its socket."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _MAIN, str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                # a group of its own: a Ctrl-C or a scheduler's signal to the job's group is the
+                # driver's to act on; a writer stops with its actor (see serve)
+                process_group=0,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.socket = ours
+
+    def commit(self, request: dict, fds: list[int]) -> dict:
+        index = request["stats"]["index"]
+        try:
+            _send(self.socket, request, fds)
+            (kind, value), _ = _receive(self.socket)
+        except (EOFError, OSError):
+            raise EmbedError(
+                f"the writer process of shard {index} (pid {self.process.pid}) {self._ended()} before committing it; "
+                "rerun the same command to redo it"
+            ) from None
+        if kind == "entry":
+            return value
+        if kind == "error":
+            raise EmbedError(value)
+        raise RuntimeError(f"the writer process of shard {index} failed:\n{value}")
+
+    def _ended(self) -> str:
+        try:
+            code = self.process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return "stopped answering"
+        return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+
+    def close(self) -> None:
+        self.socket.close()  # the writer's next read ends: it exits
+        try:
+            self.process.wait(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _send(sock: socket.socket, message: object, fds: list[int] = ()) -> None:
+    data = pickle.dumps(message, protocol=5)
+    header = _HEADER.pack(len(data))
+    if fds:
+        socket.send_fds(sock, [header], list(fds))
+    else:
+        sock.sendall(header)
+    sock.sendall(data)
+
+
+def _receive(sock: socket.socket) -> tuple[object, list[int]]:
+    """A message and the file descriptors sent with it; EOFError when the other end has closed."""
+    header, fds, _, _ = socket.recv_fds(sock, _HEADER.size, _MAX_FDS)
+    if not header:
+        raise EOFError
+    header += _read_exactly(sock, _HEADER.size - len(header))
+    (size,) = _HEADER.unpack(header)
+    # only ever bytes this module's other end pickled, over a socket pair no one else holds
+    return pickle.loads(_read_exactly(sock, size)), fds  # noqa: S301
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = bytearray(size)
+    view, got = memoryview(data), 0
+    while got < size:
+        count = sock.recv_into(view[got:])
+        if not count:
+            raise EOFError
+        got += count
+    return bytes(data)
+
+
+# ---------------------------------------------------------------- the writer process
+
+
+def serve() -> None:
+    """A writer process's loop: requests in, ``commit_shard``, entries out, until the actor closes
+    its end or is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stop)
+    _watch_parent(os.getppid())
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    mapped: dict[int, np.ndarray] = {}
+    while True:
+        try:
+            request, fds = _receive(sock)
+        except (EOFError, ConnectionError):
+            return
+        try:
+            reply = ("entry", _commit(request, fds, mapped))
+        except WORKER_ERRORS as err:
+            reply = ("error", str(err))
+        except Exception:  # a bug: its traceback goes back to the actor
+            reply = ("failure", traceback.format_exc())
+        try:
+            _send(sock, reply)
+        except (BrokenPipeError, ConnectionError):
+            return
+
+
+def _commit(request: dict, fds: list[int], mapped: dict[int, np.ndarray]) -> dict:
+    first_line, vectors, offsets, pooled, tokens = request["shard"]
+    if isinstance(vectors, SharedArray):
+        vectors = _shared_view(vectors, fds, mapped)
+    for fd in fds:
+        os.close(fd)
+    for key in set(mapped) - set(request["live"]):
+        del mapped[key]  # buffers the actor has dropped (the request's own is live: the actor views it)
+    shard = ShardVectors(first_line, vectors, offsets, pooled, tokens)
+    return commit_shard(
+        request["output"], request["stats"], shard, request["layout"], format_named(request["format"])
+    )
+
+
+def _shared_view(where: SharedArray, fds: list[int], mapped: dict[int, np.ndarray]) -> np.ndarray:
+    """The array ``where`` describes, on the buffer mapped the first time it came (read-only)."""
+    if where.buffer not in mapped:
+        (fd,) = fds
+        # populated at once: one call maps the buffer's pages rather than a fault per page on first read
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        mapped[where.buffer] = np.frombuffer(
+            mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ), dtype=np.uint8
+        )
+    dtype = np.dtype(where.dtype)
+    nbytes = int(np.prod(where.shape, dtype=np.int64)) * dtype.itemsize
+    return mapped[where.buffer][where.offset : where.offset + nbytes].view(dtype).reshape(where.shape)
+
+
+def _stop(signum, frame) -> None:
+    """SIGTERM: leave by an exception, so a commit in progress discards its partial file."""
+    raise SystemExit(128 + signum)
+
+
+def _watch_parent(parent: int) -> None:
+    """A SIGTERM to this process once its actor is gone (killed: its socket may live on in a
+    process it forked)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
