@@ -9,7 +9,8 @@ Modules, in the order a run uses them:
 - ``resume``: claim the output, find complete shards, commit a shard atomically (exactly-once);
 - ``dataflow``: the Ray Data graph: CPU tasks preparing shards (``shard_work``) feeding an actor
   pool of ``EmbedActor`` (``actor``: the stage's actor), each holding one ``LoadedModel``
-  (``loaded_model``: the model loaded once, shared with ``ElmoEmbedder``);
+  (``loaded_model``: the model loaded once, shared with ``ElmoEmbedder``) and its writer processes
+  (``shard_writers``: each shard committed by a process of its own, from shared memory);
 - ``settings``: what actors and preparing tasks are told; ``sentences`` / ``shard_work`` /
   ``pass_runner``: lines -> tokens -> static forward passes (``PassRunner``; or, stateful,
   input-order batches: ``batching``) -> values;

@@ -4,18 +4,19 @@
       -> map_batches(prepare_rows), CPU tasks: read the shard's lines, clean and tokenize them, plan
          the forward passes and build their arrays (``shard_work``) -> one prepared shard per row
       -> map_batches(EmbedActor), actor pool of ``workers`` (model loaded once per actor; one GPU
-         each when asked): run the passes, write the HDF5 shard and commit it (shard + entry,
-         atomically), several shards at a time on threads of their own (one per CPU of the actor),
-         so that the others write and upload while one's passes run -> entry
+         each when asked): run the passes, assemble the shard in shared memory and have one of the
+         actor's writer processes commit it (shard + entry, atomically; ``shard_writers``), several
+         shards at a time on threads of their own (one per CPU of the actor), so that the others
+         are written and uploaded while one's passes run -> entry
       -> the driver, streaming (``iter_rows``): progress and the manifest.
 
 Preparing is the CPU side of embedding; as its own operator it runs on the cores the actors do not
 hold, ahead of them, so an actor only waits for its device. Its tasks reserve no CPU: an actor pool
 that reserves every core (a CPU-only laptop) must not starve them, so their number is capped
 instead (``readers``). A prepared shard is a few bytes per token and travels through the object
-store; a shard's vectors do not: the actor commits its own shard rather than handing the bytes to a
-separate write operator (measured on 2 cores, a separate writer cost as much CPU as a third of the
-embedding). Ray Data's streaming executor keeps a bounded number of prepared shards and tasks in
+store; a shard's vectors do not: the actor's own writer processes commit its shards from shared
+memory rather than the bytes going through the object store to a separate write operator (measured
+on 2 cores, a separate writer cost as much CPU as a third of the embedding). Ray Data's streaming executor keeps a bounded number of prepared shards and tasks in
 flight, so memory does not grow with the corpus. Stateful mode needs the shards in input order
 through one actor: one actor, one call at a time, and ``preserve_order``.
 """
