@@ -35,13 +35,16 @@ class EmbedActor:
     """
 
     def __init__(self, source: ModelSource, settings: EmbedSettings, output: str):
+        began_at, started = time.time(), time.perf_counter()
         self.source, self.settings, self.output = source, settings, output
-        started = time.perf_counter()
         # started first: the writers' imports overlap the model's load
         self.writers = ShardWriters(concurrent_calls(settings))
         self.model = LoadedModel(source, settings, BufferPool(self.writers.buffers))
         # its start-up, reported with the first shard it commits (startup.StartupClock reads it)
-        self._startup: dict[str, float] | None = {"model_load": time.perf_counter() - started}
+        self._startup: dict[str, float] | None = {
+            "began_at": began_at,
+            "model_load": time.perf_counter() - started,
+        }
 
     def process(self, work: ShardWork) -> dict:
         """Embed one prepared shard and, when ``work.write``, commit it; the manifest entry (or the stats)."""
@@ -66,8 +69,12 @@ class EmbedActor:
                 file_format=c.format.value,
                 pool=c.pool.value,
             )
+            started = time.perf_counter()
             entry = self.writers.commit(self.output, stats, shard, c.layout.value, c.format.value)
-            return {**entry, ACTOR_KEY: startup} if startup is not None else entry
+            if startup is None:
+                return entry
+            startup["first_write"] = time.perf_counter() - started
+            return {**entry, ACTOR_KEY: startup}
         finally:
             self.model.buffers.release(shard)
 

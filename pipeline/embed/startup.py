@@ -1,10 +1,11 @@
 """Where an embed run's time goes before its first shard is committed, and its pace after.
 
 A small job is mostly start-up: the checks on the driver (the model's files hashed and loaded once,
-the input and the output), Ray's start, and the first shard, in which an actor loads the model and
-runs its first passes (a GPU captures its graphs then) before writing. `StartupClock` marks those
-phases on the driver; an actor reports its own two (under :data:`ACTOR_KEY`) with its first
-committed shard. The throughput after the first commit (tokens and seconds from it to the end) is
+the input and the output), Ray's start, and the first shard, in which an actor starts (Ray's worker
+process, its imports), loads the model, runs its first passes (a GPU captures its graphs then) and
+writes its first shard. `StartupClock` marks those phases on the driver; an actor reports its own
+(under :data:`ACTOR_KEY`) with its first committed shard: when it began (wall clock, which the
+driver turns into seconds after Ray was up), its model load, first passes and first write. The throughput after the first commit (tokens and seconds from it to the end) is
 the figure a long job runs at, start-up apart (``benchmarks/embed.py`` reads it).
 """
 
@@ -28,19 +29,26 @@ class StartupClock:
     first_commit: float | None = None
     first_tokens: int = 0
     _last: float | None = None
+    _marks: dict[str, float] = field(default_factory=dict)
+    _wall_offset: float = field(default_factory=lambda: time.time() - time.monotonic())
 
     def mark(self, phase: str) -> None:
         """End ``phase`` now: its seconds are those since the previous mark (or the start)."""
         now = time.monotonic()
         self.phases[phase] = now - (self._last if self._last is not None else self.started)
-        self._last = now
+        self._last = self._marks[phase] = now
 
     def committed(self, entry: dict) -> None:
         """A shard committed: the first one ends the start-up (its ``entry`` may carry an actor's
-        report, taken off here)."""
+        report, taken off here; its ``began_at``, a wall-clock time on the same node or a synced
+        one, becomes ``start``: seconds from Ray's being up to the actor's constructor)."""
         report = entry.pop(ACTOR_KEY, None)
         if report and not self.actor:
-            self.actor = dict(report)
+            report = dict(report)
+            began = report.pop("began_at", None)
+            if began is not None and "ray" in self._marks:
+                report = {"start": max(0.0, began - self._wall_offset - self._marks["ray"]), **report}
+            self.actor = report
         if self.first_commit is None:
             self.mark("first_shard")
             self.first_commit = self._last
@@ -67,12 +75,17 @@ def summary_lines(details: dict) -> list[str]:
     startup, after = details.get("startup"), details.get("after_first_commit")
     if not startup:
         return []
-    actor = ""
-    if "actor_model_load_s" in startup:
-        actor = (
-            f" (an actor's model load {startup['actor_model_load_s']:.1f} s, its first passes "
-            f"{startup['actor_first_passes_s']:.1f} s)"
+    said = [
+        (f"actor_{phase}_s", words)
+        for phase, words in (
+            ("start", "an actor's start"),
+            ("model_load", "its model load"),
+            ("first_passes", "its first passes"),
+            ("first_write", "its first write"),
         )
+    ]
+    parts = [f"{words} {startup[key]:.1f} s" for key, words in said if key in startup]
+    actor = f" ({', '.join(parts)})" if parts else ""
     lines = [
         f"  start-up: checks {startup['checks_s']:.1f} s, Ray {startup['ray_s']:.1f} s, first shard "
         f"{startup['first_shard_s']:.1f} s{actor}: committed {startup['first_commit_s']:.1f} s after the start"

@@ -12,7 +12,9 @@ def test_the_phases_add_up_to_the_first_commit_and_the_actors_report_leaves_the_
     clock = StartupClock(time.monotonic() - 3.0)  # the stage began 3 s ago
     clock.mark("checks")
     clock.mark("ray")
-    first = {"index": 0, "tokens": 100, ACTOR_KEY: {"model_load": 1.5, "first_passes": 0.5}}
+    began_at = time.time() + 2.0  # the actor's constructor began 2 s after Ray was up
+    report = {"began_at": began_at, "model_load": 1.5, "first_passes": 0.5, "first_write": 0.25}
+    first = {"index": 0, "tokens": 100, ACTOR_KEY: report}
     clock.committed(first)
     assert ACTOR_KEY not in first  # recorded as the manifest's entry: without it
     clock.committed({"index": 1, "tokens": 300, ACTOR_KEY: {"model_load": 9.0, "first_passes": 9.0}})
@@ -22,10 +24,13 @@ def test_the_phases_add_up_to_the_first_commit_and_the_actors_report_leaves_the_
     total = startup["checks_s"] + startup["ray_s"] + startup["first_shard_s"]
     assert abs(startup["first_commit_s"] - total) < 0.01
     assert (startup["actor_model_load_s"], startup["actor_first_passes_s"]) == (1.5, 0.5)  # the first actor's
+    assert startup["actor_first_write_s"] == 0.25 and abs(startup["actor_start_s"] - 2.0) < 0.05
+    assert "actor_began_at_s" not in startup
     assert details["after_first_commit"]["tokens"] == 300 and details["after_first_commit"]["seconds"] >= 0
     lines = summary_lines({**details, "after_first_commit": {"tokens": 300, "seconds": 2.0}})
     assert lines[0].startswith(
-        "  start-up: checks 3.0 s, Ray 0.0 s, first shard 0.0 s (an actor's model load 1.5 s"
+        "  start-up: checks 3.0 s, Ray 0.0 s, first shard 0.0 s (an actor's start 2.0 s, its model load "
+        "1.5 s, its first passes 0.5 s, its first write 0.2 s): committed 3.0 s after the start"
     )
     assert lines[1] == "  after the first shard: 300 tokens in 2.0 s = 150 tokens/s"
 
