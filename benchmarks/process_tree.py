@@ -117,7 +117,9 @@ def _name(pid: int) -> str:
     if text.startswith("ray::"):
         return text.split()[0][:60]
     if len(cmd) > 2 and cmd[1] == b"-c":  # a program given inline (an embed actor's shard writers)
-        return os.path.basename(cmd[0].decode(errors="replace")) + " -c " + cmd[2].decode(errors="replace")[-30:]
+        return (
+            os.path.basename(cmd[0].decode(errors="replace")) + " -c " + cmd[2].decode(errors="replace")[-30:]
+        )
     return os.path.basename(cmd[0].decode(errors="replace")) + (
         " " + cmd[1].decode(errors="replace")[-30:] if len(cmd) > 1 else ""
     )
