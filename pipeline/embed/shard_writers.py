@@ -22,8 +22,8 @@ renamed, then its entry written, by whichever writer takes it; the driver writes
 A writer's lifetime is its actor's: started with it (their imports overlap the model's load),
 it stops when the actor closes its socket or when the actor is gone (killed: the writer notices
 within a quarter of a second), or on a SIGTERM (the embedded cluster's watchdog), discarding the
-partial file of a commit it is in, which the rerun redoes. Writers lead process groups of their
-own and ignore SIGINT: a Ctrl-C or a scheduler's signal to the job's group is the driver's to act
+partial file of a commit it is in, which the rerun redoes. Writers lead sessions of their own
+(as the embedded cluster's processes do) and ignore SIGINT: a Ctrl-C or a scheduler's signal to the job's group is the driver's to act
 on. They import neither torch nor Ray.
 """
 
@@ -136,7 +136,13 @@ class ShardWriters:
 
     def __init__(self, count: int):
         self.buffers = SharedBuffers()
-        self._writers = [_Writer() for _ in range(max(1, count))]
+        self._writers: list[_Writer] = []
+        try:
+            for _ in range(max(1, count)):
+                self._writers.append(_Writer())
+        except BaseException:
+            self.close()  # the ones already started
+            raise
         self._idle: queue.SimpleQueue[_Writer] = queue.SimpleQueue()
         for writer in self._writers:
             self._idle.put(writer)
@@ -174,15 +180,15 @@ class _Writer:
     """One writer process and the actor's end of its socket."""
 
     def __init__(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # Linux: memfds, SCM_RIGHTS
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", _MAIN, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
-                # a group of its own: a Ctrl-C or a scheduler's signal to the job's group is the
-                # driver's to act on; a writer stops with its actor (see serve)
-                process_group=0,
+                # a session (and group) of its own: a Ctrl-C or a scheduler's signal to the job's
+                # group is the driver's to act on; a writer stops with its actor (see serve)
+                start_new_session=True,
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
             )
         except BaseException:

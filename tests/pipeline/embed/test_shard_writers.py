@@ -156,7 +156,7 @@ def test_a_writers_error_comes_back_as_one_line_and_it_serves_on(writers, tmp_pa
     # both writers have served (and are ready); a Ctrl-C is not theirs to act on: they are not in
     # the job's process group, and ignore one sent to them
     for pid in writers.pids:
-        assert os.getpgid(pid) == pid
+        assert os.getsid(pid) == os.getpgid(pid) == pid
         os.kill(pid, signal.SIGINT)
     time.sleep(0.2)
     for index in range(1, 3):  # both writers still there
