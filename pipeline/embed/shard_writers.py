@@ -319,7 +319,10 @@ def _shared_view(where: SharedArray, fds: list[int], mapped: dict[int, np.ndarra
 
 
 def _stop(signum, frame) -> None:
-    """SIGTERM: leave by an exception, so a commit in progress discards its partial file."""
+    """SIGTERM: leave by an exception, so a commit in progress discards its partial file. Once:
+    the watchdog's SIGTERM and the parent watch's can both come, and a second exception raised
+    while the first discards the file would leave it behind."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 
