@@ -3,8 +3,9 @@
 Committing a shard (``resume.commit_shard``: the file written and hashed as it is written, synced,
 renamed, then its entry) is bulk work on whole arrays, but on threads of one process it stops
 scaling near 2.3 cores: h5py runs one call at a time in a process, and the rest of a commit takes
-the GIL between its bulk steps (docs/benchmarks.md#the-host-side-per-core). So an actor hands each
-shard to one of its writer processes, which commits it and answers with the shard's entry:
+the GIL between its bulk steps (docs/benchmarks.md, "The actor's host side alone"). So an actor
+hands each shard to one of its writer processes, which commits it and answers with the shard's
+entry:
 
     actor thread: passes -> ShardAssembler -> vectors on a SharedBuffers buffer
                   -> ShardWriters.commit ------(socket: entry fields, the buffer's fd)-----> writer
