@@ -1,8 +1,8 @@
 """ELMo biLM in pure PyTorch, compatible with bilm-tf / AllenNLP weights (see docs/architecture.md).
 
 The names below are imported on first use, so a torch-free module of this package
-(``static_batches``, ``hdf5_storage``) can be imported without loading torch: an embed
-actor's writer processes (``pipeline.embed.shard_writers``) commit shards without it.
+(``characters``, ``static_batches``, ``hdf5_storage``) can be imported without loading torch: an
+embed actor's writer processes (``pipeline.embed.shard_writers``) commit shards without it.
 """
 
 from __future__ import annotations

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+# The encoding is numpy's; torch is imported by the two functions that return tensors, so
+# static_batches (and through it the embed stage's writer processes) loads no torch.
+if TYPE_CHECKING:
+    import torch
 
 MAX_CHARACTERS_PER_TOKEN = 50
 """L: ids per token."""
@@ -75,6 +80,8 @@ def token_to_ids(token: str) -> np.ndarray:
 
 def tokens_to_ids(tokens: Sequence[str]) -> torch.Tensor:
     """Encode a flat list of tokens (no boundaries added): LongTensor (len(tokens), 50)."""
+    import torch
+
     out = np.zeros((len(tokens), MAX_CHARACTERS_PER_TOKEN), dtype=np.int64)
     for i, token in enumerate(tokens):
         out[i] = token_to_ids(token)
@@ -103,6 +110,8 @@ def batch_to_ids(sentences: Sequence[Sequence[str]]) -> torch.Tensor:
     with all-zero token positions. An empty sentence becomes just `<S> </S>` (length 2), so every
     row has at least two real positions. An empty batch (B = 0) gives shape (0, 2, 50).
     """
+    import torch
+
     _check_sentences(sentences)
     width = max((len(s) for s in sentences), default=0) + 2
     out = np.zeros((len(sentences), width, MAX_CHARACTERS_PER_TOKEN), dtype=np.int64)

@@ -16,8 +16,9 @@ that reserves every core (a CPU-only laptop) must not starve them, so their numb
 instead (``readers``). A prepared shard is a few bytes per token and travels through the object
 store; a shard's vectors do not: the actor's own writer processes commit its shards from shared
 memory rather than the bytes going through the object store to a separate write operator (measured
-on 2 cores, a separate writer cost as much CPU as a third of the embedding). Ray Data's streaming executor keeps a bounded number of prepared shards and tasks in
-flight, so memory does not grow with the corpus. Stateful mode needs the shards in input order
+on 2 cores, a separate writer cost as much CPU as a third of the embedding). Ray Data's streaming
+executor keeps a bounded number of prepared shards and tasks in flight, so memory does not grow
+with the corpus. Stateful mode needs the shards in input order
 through one actor: one actor, one call at a time, and ``preserve_order``.
 """
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from elmo_model.static_batches import token_destinations
+
 
 @dataclass(frozen=True)
 class ShardVectors:
@@ -140,10 +142,6 @@ class ShardAssembler:
     def place(self, pieces: Sequence[int] | np.ndarray, values: np.ndarray) -> None:
         """A pass's output (``OutputSpec.shape``, host memory): its leading rows are the real ones of
         ``pieces`` (the pass's piece indices, row order)."""
-        # imported here: the writer processes use this module's ShardVectors and must not load
-        # torch, which static_batches' package brings (pipeline/embed/shard_writers.py)
-        from elmo_model.static_batches import token_destinations
-
         pieces = np.asarray(pieces, dtype=np.int64)
         if self.pooled:
             self.rows[pieces] = values[: len(pieces)]

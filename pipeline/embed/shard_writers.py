@@ -24,8 +24,8 @@ A writer's lifetime is its actor's: started with it (their imports overlap the m
 it stops when the actor closes its socket or when the actor is gone (killed: the writer notices
 within a quarter of a second), or on a SIGTERM (the embedded cluster's watchdog), discarding the
 partial file of a commit it is in, which the rerun redoes. Writers lead sessions of their own
-(as the embedded cluster's processes do) and ignore SIGINT: a Ctrl-C or a scheduler's signal to the job's group is the driver's to act
-on. They import neither torch nor Ray.
+(as the embedded cluster's processes do) and ignore SIGINT: a Ctrl-C or a scheduler's signal to
+the job's group is the driver's to act on. They import neither torch nor Ray.
 """
 
 from __future__ import annotations

@@ -77,8 +77,9 @@ def embeddings_artifact(folder: str, document: dict) -> OutputArtifact:
 def embed_log(config: EmbedConfig, result: StageResult, uses: tuple[OutputArtifact, ...]) -> StageLog:
     """The ``embed`` run of ``result``: the output's totals (sentences, tokens, shards and what was
     repaired in the input), this run's shards, tokens, seconds and tokens/s (and after its first
-    shard, start-up apart), its start-up phases (``startup/*``), and whether it ran to the end (``complete``: a run stopped with ``stop_after_shards`` is not); ``uses``: the model and
-    the dataset it read; a complete output is its ``embeddings`` artifact."""
+    shard, start-up apart), its start-up phases (``startup/*``), and whether it ran to the end
+    (``complete``: a run stopped with ``stop_after_shards`` is not); ``uses``: the model and the
+    dataset it read; a complete output is its ``embeddings`` artifact."""
     totals = result.details["totals"]
     summary: dict[str, float | int] = {f"output/{key}": value for key, value in totals.items()}
     summary.update(

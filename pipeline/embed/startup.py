@@ -70,21 +70,25 @@ class StartupClock:
         return {"startup": startup, "after_first_commit": after}
 
 
+_ACTOR_PHASES = (
+    ("start", "an actor's start"),
+    ("model_load", "its model load"),
+    ("first_passes", "its first passes"),
+    ("first_write", "its first write"),
+)
+"""An actor's start-up phases, in their order, as the closing line says them."""
+
+
 def summary_lines(details: dict) -> list[str]:
     """The closing lines of a run's start-up and its pace after it (none where nothing was committed)."""
     startup, after = details.get("startup"), details.get("after_first_commit")
     if not startup:
         return []
-    said = [
-        (f"actor_{phase}_s", words)
-        for phase, words in (
-            ("start", "an actor's start"),
-            ("model_load", "its model load"),
-            ("first_passes", "its first passes"),
-            ("first_write", "its first write"),
-        )
+    parts = [
+        f"{words} {startup[f'actor_{phase}_s']:.1f} s"
+        for phase, words in _ACTOR_PHASES
+        if f"actor_{phase}_s" in startup
     ]
-    parts = [f"{words} {startup[key]:.1f} s" for key, words in said if key in startup]
     actor = f" ({', '.join(parts)})" if parts else ""
     lines = [
         f"  start-up: checks {startup['checks_s']:.1f} s, Ray {startup['ray_s']:.1f} s, first shard "

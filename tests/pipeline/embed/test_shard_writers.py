@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from polling import wait_until
 
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.file_format import format_named
@@ -45,11 +46,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _gone(pids: list[int], within: float = 10.0) -> bool:
-    deadline = time.time() + within
-    while any(_alive(p) for p in pids) and time.time() < deadline:
-        time.sleep(0.05)
-    return not any(_alive(p) for p in pids)
+def _wait_gone(pids: list[int], timeout_s: float = 10.0) -> None:
+    wait_until(lambda: not any(_alive(p) for p in pids), f"writers {pids} gone", timeout_s)
 
 
 def _mappings(pid: int) -> int:
@@ -63,7 +61,7 @@ def writers():
     pool = ShardWriters(2)
     yield pool
     pool.close()
-    assert _gone(pool.pids)
+    _wait_gone(pool.pids)
 
 
 @pytest.mark.parametrize(
@@ -213,14 +211,12 @@ def test_writers_stop_when_their_actor_is_killed_mid_commit_leaving_no_partial_f
     try:
         pids = [int(p) for p in actor.stdout.readline().split()]
         assert actor.stdout.readline().strip() == "committing"
-        deadline = time.time() + 60
         partial = lambda: list(out.glob(".embeddings-000000.hdf5.*"))  # noqa: E731
-        while not partial() and time.time() < deadline and actor.poll() is None:
-            time.sleep(0.005)
+        wait_until(lambda: partial() or actor.poll() is not None, "the writer writing", 60, every_s=0.005)
         assert partial(), "the writer was never seen writing"
         actor.kill()  # SIGKILL: the actor cannot tell its writers anything
         actor.wait()
-        assert _gone(pids, within=10 * PARENT_POLL_S + 5)
+        _wait_gone(pids, timeout_s=10 * PARENT_POLL_S + 5)
         assert list(out.iterdir()) == []  # the partial file discarded, no shard, no entry
     finally:
         if actor.poll() is None:
