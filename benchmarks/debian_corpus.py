@@ -4,6 +4,8 @@
     python benchmarks/debian_corpus.py /tmp/debian-corpus --debs DIR # .deb files already downloaded
     python benchmarks/debian_corpus.py OUT --leave-out wordnet-base --without-probe-sentences
                                        # the reference model's corpus: no WordNet, no probe sentence
+    python benchmarks/debian_corpus.py OUT --only dict-gcide --sample 0.05
+                                       # the vocabulary study's dictionary corpus (high OOV rate)
 
 Writes ``OUT/corpus.txt.gz`` (tokens separated by spaces: words, numbers and each punctuation mark apart,
 as the 1B Word Benchmark is tokenized) and ``OUT/SOURCES.md`` (each package, its version, the licence
@@ -39,6 +41,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,6 +239,12 @@ def _words(text: str) -> str:
     return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
 
 
+def _sampled(line: str, fraction: float) -> bool:
+    """Whether ``--sample fraction`` keeps ``line``: by its CRC-32, so the choice does not depend on
+    Python's per-process string hashing."""
+    return fraction >= 1.0 or zlib.crc32(line.encode("utf-8")) < fraction * 2**32
+
+
 def probe_sentences() -> set[str]:
     """The shipped probe set's sentences (Brown's and WordNet's examples) as :func:`_words` keys: a
     model probed on them must not have read them (``elmo probe``'s data, docs/probe.md)."""
@@ -300,12 +309,30 @@ def main(argv=None) -> int:
         help="a package to leave out (repeatable), e.g. wordnet-base for a model that elmo probe tests",
     )
     parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        choices=[s.package for s in SOURCES],
+        metavar="PACKAGE",
+        help="take only this package (repeatable), e.g. dict-gcide for a corpus of a large vocabulary per token",
+    )
+    parser.add_argument(
+        "--sample",
+        type=float,
+        default=1.0,
+        help="keep this fraction of the sentences, chosen by a CRC-32 of the line (the same on any machine)",
+    )
+    parser.add_argument(
         "--without-probe-sentences",
         action="store_true",
         help="drop every sentence of elmo probe's set (Brown, WordNet's examples), in any package",
     )
     args = parser.parse_args(argv)
-    sources = [s for s in SOURCES if s.package not in args.leave_out]
+    sources = [
+        s for s in SOURCES if s.package not in args.leave_out and (not args.only or s.package in args.only)
+    ]
+    if not 0.0 < args.sample <= 1.0:
+        parser.error(f"--sample {args.sample}: expected a fraction in (0, 1]")
     held_back = probe_sentences() if args.without_probe_sentences else set()
     dropped = 0
     args.output.mkdir(parents=True, exist_ok=True)
@@ -323,7 +350,7 @@ def main(argv=None) -> int:
                 for sentence in split_sentences(source.clean(paragraph)):
                     words = tokenize(sentence)
                     line = " ".join(words)
-                    if not keep(words) or hash(line) in seen:
+                    if not keep(words) or hash(line) in seen or not _sampled(line, args.sample):
                         continue
                     if held_back and _words(line) in held_back:
                         dropped += 1
@@ -344,6 +371,10 @@ def main(argv=None) -> int:
         *(f"| {p} | {v} | {lic} | {s:,} | {t:,} |" for p, v, lic, s, t in rows),
         f"| all | | | {total_sentences:,} | {total_tokens:,} |",
     ]
+    if args.only:
+        table.append(f"\nOnly: {', '.join(args.only)}.")
+    if args.sample < 1.0:
+        table.append(f"\nA sample of {args.sample:g} of the sentences (`--sample`, by CRC-32 of the line).")
     if args.leave_out:
         table.append(f"\nLeft out: {', '.join(args.leave_out)}.")
     if args.without_probe_sentences:

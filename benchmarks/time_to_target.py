@@ -82,8 +82,7 @@ def baselines(shards: str, orders: list[int], cache: Path) -> dict[str, float]:
     known = json.loads(cache.read_text()) if cache.exists() else {}
     manifest = shard_format.read_manifest(shards)
     known.setdefault("unigram", heldout_unigram_perplexity(shards, manifest))
-    recorded = shard_format.manifest_kneser_ney(manifest, shard_format.manifest_path(shards))
-    if recorded is not None:
+    for recorded in shard_format.manifest_kneser_ney(manifest, shard_format.manifest_path(shards)):
         known[f"kn{recorded['order']}"] = float(recorded["perplexity"])
     missing = [n for n in orders if f"kn{n}" not in known]
     if missing:

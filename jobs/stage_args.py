@@ -68,20 +68,6 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. workers=2")
 
 
-def _format_value(value: Any) -> str:
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(_quote(v) for v in value) + "]"
-    return _quote(value)
-
-
-def _quote(value: Any) -> str:
-    text = str(value)
-    # quote values that YAML would otherwise misread (globs, s3 urls with colons, commas)
-    if any(c in text for c in ",[]{}:*?#'\" ") or text == "":
-        return "'" + text.replace("'", "''") + "'"
-    return text
-
-
 OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*=")
 """A ``key=value`` override: a dotted identifier, then ``=``. Paths never match (``/`` or ``:``
 comes before any ``=`` in them), so overrides may stand anywhere on the command line."""
@@ -97,22 +83,25 @@ def parse_stage_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None
     return namespace
 
 
-def flag_overrides(args: argparse.Namespace, flag_to_key: Mapping[str, str]) -> list[str]:
-    """``key=value`` strings for the flags the user gave (``None`` means not given)."""
-    out = []
-    for flag, key in flag_to_key.items():
-        value = getattr(args, flag, None)
-        if value is not None:
-            out.append(f"{key}={_format_value(value)}")
-    return out
+def flag_values(args: argparse.Namespace, flag_to_key: Mapping[str, str]) -> dict[str, Any]:
+    """The flags the user gave (``None`` means not given) as their config keys and the values
+    argparse made of them: ``--output 1.10`` is the string ``"1.10"``, never a number YAML read."""
+    return {
+        key: getattr(args, flag) for flag, key in flag_to_key.items() if getattr(args, flag, None) is not None
+    }
 
 
 def resolve(
     args: argparse.Namespace, schema: type, flag_to_key: Mapping[str, str], preset: str | None = None
 ) -> DictConfig:
     """The stage config: schema, preset, ``--config``, stage flags, then ``key=value`` overrides."""
-    overrides = flag_overrides(args, flag_to_key) + list(args.overrides)
-    return load_config(schema, config_file=args.config, overrides=overrides, preset=preset)
+    return load_config(
+        schema,
+        config_file=args.config,
+        overrides=list(args.overrides),
+        preset=preset,
+        flags=flag_values(args, flag_to_key),
+    )
 
 
 def run_main(body: Callable[[], int | None]) -> int:
@@ -122,6 +111,7 @@ def run_main(body: Callable[[], int | None]) -> int:
     exits 143 (128 + the signal, as a shell reports it); anything else is a bug and keeps its
     traceback."""
     _hear_ctrl_c()
+    _hear_sigterm()
     try:
         return int(body() or 0)
     except PipelineError as err:
@@ -149,6 +139,22 @@ def _hear_ctrl_c() -> None:
         and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     ):
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _hear_sigterm() -> None:
+    """SIGTERM stops every stage as it stops those on Ray (whose session puts its own handler in
+    place while it runs and restores this one): by `Terminated`, so the stage ends its work the way
+    a Ctrl-C does and the run says ``terminated`` and exits 143. Without it a stage that runs no
+    Ray (``elmo probe``) was killed by the signal, silently."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) in (
+        signal.SIG_DFL,
+        None,
+    ):
+        signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
 
 
 def main_argv(argv: Sequence[str] | None) -> list[str]:

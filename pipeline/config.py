@@ -14,7 +14,7 @@ import dataclasses
 import difflib
 import enum
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -82,21 +82,31 @@ def preset_names() -> list[str]:
 def preset_path(name: str) -> Traversable:
     """The package resource of preset ``name`` (a ``Path`` when the package is installed as files);
     a ConfigError listing the known presets when it does not exist."""
-    resource = PRESETS / f"{name}.yaml"
-    if not resource.is_file():
+    if name not in preset_names():  # a name, never a path (``../x`` would read a file elsewhere)
         raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(preset_names())}")
-    return resource
+    return PRESETS / f"{name}.yaml"
 
 
 def preset_layers(preset: str) -> list[tuple[str, DictConfig]]:
     """The preset files a ``--preset`` names, in merge order, as (name, contents): a model size
     alone (``small``), or a size and a recipe after it (``original,bilm-tf``: the later file's keys
-    win)."""
-    layers = []
-    for name in (part.strip() for part in preset.split(",")):
-        with resources.as_file(preset_path(name)) as path:  # a real file even from a zipped package
-            layers.append((name, _load_yaml(path)))
+    win). A size is a preset with a ``model`` section; a ConfigError refuses two sizes, a recipe
+    without a size or before it, and a preset named twice."""
+    layers = [(name, _read_preset(name)) for name in (part.strip() for part in preset.split(","))]
+    names = [name for name, _ in layers]
+    sizes = [name for name, contents in layers if "model" in contents]
+    if sizes != names[:1] or len(set(names)) != len(names):
+        known = ", ".join(n for n in preset_names() if "model" in _read_preset(n))
+        raise ConfigError(
+            f"--preset {preset!r} must name one model size first, then recipes only (e.g. "
+            f"'original,bilm-tf'); the sizes: {known}"
+        )
     return layers
+
+
+def _read_preset(name: str) -> DictConfig:
+    with resources.as_file(preset_path(name)) as path:  # a real file even from a zipped package
+        return _load_yaml(path)
 
 
 def preset_section(name: str, section: str) -> DictConfig:
@@ -261,14 +271,35 @@ def _value_at(data: Any, key: str) -> str:
 
 
 def _parse_overrides(overrides: Iterable[str]) -> DictConfig:
-    items = list(overrides)
-    for item in items:
-        if "=" not in item or item.startswith("="):
+    """``key=value`` items, each value read as YAML (``[a,b]`` a list, ``2`` a number), one item at a
+    time so that a value YAML cannot read is a ConfigError naming its key."""
+    parsed = OmegaConf.create({})
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key=value")
-    try:
-        return OmegaConf.from_dotlist(items)
-    except OmegaConfBaseException as err:
-        raise ConfigError(f"cannot parse overrides {items}: {str(err).splitlines()[0]}") from None
+        try:
+            # ``key=`` is the empty string (documented for time_budget, wandb.entity), not YAML's null
+            layer = _flag_layer({key: ""}) if value == "" else OmegaConf.from_dotlist([item])
+            parsed = OmegaConf.merge(parsed, layer)
+        except (OmegaConfBaseException, yaml.YAMLError) as err:
+            first = str(err).strip().splitlines()[0]
+            raise ConfigError(
+                f"cannot read the value of config key {key!r} ({value!r}): {first}; quote a literal "
+                f"string in YAML, e.g. {key}=\"'{value}'\""
+            ) from None
+    return parsed
+
+
+def _flag_layer(flags: Mapping[str, Any]) -> DictConfig:
+    """Flag values as the entry point parsed them (``--output 1.10`` the string ``"1.10"``), keyed
+    by their dotted config keys: no YAML reads them, so a path is the path typed."""
+    layer = OmegaConf.create({})
+    for key, value in flags.items():
+        OmegaConf.update(
+            layer, key, list(value) if isinstance(value, list | tuple) else value, force_add=True
+        )
+    return layer
 
 
 def resolve_config(
@@ -277,14 +308,16 @@ def resolve_config(
     overrides: Sequence[str] = (),
     preset: str | None = None,
     allow_missing: bool = False,
+    flags: Mapping[str, Any] | None = None,
 ) -> DictConfig:
     """The merged config as an OmegaConf node (for printing, or for a caller that derives keys).
 
     Merge order: ``schema`` defaults, then ``pipeline/presets/<preset>.yaml`` (each of a
-    comma-separated list, see `preset_layers`), then ``config_file``, then
-    ``overrides`` (``["train.workers=2", ...]``). Values are validated against the dataclass
-    types and choices. Raises ConfigError, also for a required key left without a value unless
-    ``allow_missing``.
+    comma-separated list, see `preset_layers`), then ``config_file``, then ``flags`` (an entry
+    point's flags: ``{"output": "1.10"}``, values taken as they are, never read as YAML), then
+    ``overrides`` (``["train.workers=2", ...]``, each value read as YAML). Values are validated
+    against the dataclass types and choices. Raises ConfigError, also for a required key left
+    without a value unless ``allow_missing``.
     """
     cfg = OmegaConf.structured(schema)
     OmegaConf.set_struct(cfg, True)
@@ -292,6 +325,8 @@ def resolve_config(
         cfg = _merge(cfg, _select_preset(contents, schema, name), schema, f"preset {name!r}")
     if config_file:
         cfg = _merge(cfg, _load_yaml(config_file), schema, str(config_file))
+    if flags:
+        cfg = _merge(cfg, _flag_layer(flags), schema, "command-line flags")
     if overrides:
         cfg = _merge(cfg, _parse_overrides(overrides), schema, "command-line overrides")
     if not allow_missing:
@@ -333,10 +368,11 @@ def load_config(
     config_file: str | Path | None = None,
     overrides: Sequence[str] = (),
     preset: str | None = None,
+    flags: Mapping[str, Any] | None = None,
 ) -> T:
     """Resolve a stage config (see `resolve_config`) into an instance of the ``schema`` dataclass,
     its range rules checked. Raises ConfigError (one line naming the key)."""
-    return to_object(resolve_config(schema, config_file, overrides, preset))
+    return to_object(resolve_config(schema, config_file, overrides, preset, flags=flags))
 
 
 def to_object(cfg: DictConfig) -> Any:

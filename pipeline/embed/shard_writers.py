@@ -34,6 +34,7 @@ import mmap
 import os
 import pickle
 import queue
+import select
 import signal
 import socket
 import struct
@@ -51,6 +52,7 @@ from pipeline.embed.errors import WORKER_ERRORS, EmbedError
 from pipeline.embed.file_format import format_named
 from pipeline.embed.resume import commit_shard
 from pipeline.embed.shard_vectors import ShardVectors
+from pipeline.runtime.background import STOPPED_STATES, process_state
 
 _HEADER = struct.Struct(">Q")
 """A message's length, before the pickled message."""
@@ -66,6 +68,19 @@ _MAIN = "import pipeline.embed.shard_writers as elmo_shard_writer; elmo_shard_wr
 
 STOP_WAIT_S = 10.0
 """How long :meth:`ShardWriters.close` waits for a writer to finish before it is killed."""
+
+ANSWER_MIN_S = 120.0
+ANSWER_BYTES_PER_S = 20e6
+"""A commit's answer is waited for ``ANSWER_MIN_S`` plus its vectors' bytes at ``ANSWER_BYTES_PER_S``
+(a 1 GB shard: 170 s; a commit of it takes about 1 s on a local disk), then the writer is ended: one
+blocked in the kernel (a hung NFS or FUSE mount) or stopped would hold the run for ever, silently."""
+
+STOPPED_S = 10.0
+"""A writer stopped by a signal (SIGSTOP, SIGTSTP, a debugger) this long is ended at once: it does
+not run again until someone continues it."""
+
+POLL_S = 1.0
+"""How often the wait for a commit's answer looks at the writer's state."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +182,7 @@ class ShardWriters:
         }
         writer = self._idle.get()
         try:
-            return writer.commit(request, fds)
+            return writer.commit(request, fds, shard.vectors.nbytes)
         finally:
             self._idle.put(writer)
 
@@ -199,10 +214,12 @@ class _Writer:
             theirs.close()
         self.socket = ours
 
-    def commit(self, request: dict, fds: list[int]) -> dict:
+    def commit(self, request: dict, fds: list[int], nbytes: int) -> dict:
+        """The entry of the shard ``request`` carries (its vectors ``nbytes``), from the writer."""
         index = request["stats"]["index"]
         try:
             _send(self.socket, request, fds)
+            self._await_answer(index, ANSWER_MIN_S + nbytes / ANSWER_BYTES_PER_S)
             (kind, value), _ = _receive(self.socket)
         except (EOFError, OSError):
             raise EmbedError(
@@ -214,6 +231,23 @@ class _Writer:
         if kind == "error":
             raise EmbedError(value)
         raise RuntimeError(f"the writer process of shard {index} failed:\n{value}")
+
+    def _await_answer(self, index: int, limit_s: float) -> None:
+        """Return once the writer's answer is there; past ``limit_s``, or once the writer has been
+        stopped ``STOPPED_S``, end it and raise an EmbedError naming its pid and state."""
+        started = time.monotonic()
+        stopped_since = None
+        while not select.select([self.socket], [], [], POLL_S)[0]:
+            code, state = process_state(self.process.pid)
+            now = time.monotonic()
+            stopped_since = (stopped_since or now) if code in STOPPED_STATES else None
+            if now - started > limit_s or (stopped_since is not None and now - stopped_since > STOPPED_S):
+                self.process.kill()  # a stopped process dies of SIGKILL too; its partial file stays for the rerun
+                self.process.wait()
+                raise EmbedError(
+                    f"the writer process of shard {index} (pid {self.process.pid}, {state}) did not answer "
+                    f"within {now - started:.0f} s; it was ended; rerun the same command to redo the shard"
+                )
 
     def _ended(self) -> str:
         try:

@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config import check_complete, to_object
+from pipeline.formats.shard_format import row_baselines
 from pipeline.runtime import storage
 from pipeline.runtime.ray_runtime import RaySession
 from pipeline.stage import run_stage
@@ -90,14 +91,20 @@ def _reading(stage_cfg: Any, export: str) -> Any:
     return dataclasses.replace(stage_cfg, model=export)
 
 
-def _kneser_ney_line(final: dict, ppl: float) -> list[str]:
-    if "eval/kneser_ney_perplexity" not in final:
-        return []
-    kn = final["eval/kneser_ney_perplexity"]
-    label = f"Kneser-Ney {final['eval/kneser_ney_order']}-gram"
-    return [
-        f"{label:<20} {kn:.2f}  -> the biLM is at {ppl / kn:.1%} of it (the paper's biLM: 59% of a 5-gram's)"
+def _baseline_lines(final: dict, ppl: float) -> list[str]:
+    """The biLM against each held-out baseline of its split, and the splits' ``<UNK>`` rates."""
+    lines = [
+        f"{label + ' baseline':<26} {value:9.2f}  -> the biLM is at {ppl / value:.1%} of it"
+        for label, value in row_baselines(final)
     ]
+    if any(label == "Kneser-Ney 5-gram" for label, _ in row_baselines(final)):
+        lines.append("  (the paper's biLM: 59% of a Kneser-Ney 5-gram's perplexity on the 1B Word Benchmark)")
+    if "eval/heldout_unk_rate" in final:
+        lines.append(
+            f"{'<UNK>':<26} {final['eval/train_unk_rate']:.2%} of the training tokens, "
+            f"{final['eval/heldout_unk_rate']:.2%} of the held-out ones"
+        )
+    return lines
 
 
 def _wandb_syncs(results: dict[str, Any]) -> list[tuple[str, str]]:
@@ -113,15 +120,14 @@ def _wandb_syncs(results: dict[str, Any]) -> list[tuple[str, str]]:
 def summary(results: dict[str, Any]) -> str:
     """The closing summary ``elmo pipeline`` prints."""
     cfg, train = results["config"], results["train"].details
-    ppl, unigram = train["eval/perplexity"], train["eval/unigram_perplexity"]
+    ppl = train["eval/perplexity"]
     lines = [
         "",
         "=" * 72,
         f"elmo pipeline '{cfg.name}' finished",
         f"held-out perplexity  average {ppl:.2f}  (forward {train['eval/perplexity_fwd']:.2f}, "
         f"backward {train['eval/perplexity_bwd']:.2f})",
-        f"unigram baseline     {unigram:.2f}  -> the biLM is at {ppl / unigram:.1%} of the baseline",
-        *_kneser_ney_line(train, ppl),
+        *_baseline_lines(train, ppl),
         "",
         "stage   seconds   tokens/s   (train: tokens per direction, startup and evaluation included)",
     ]

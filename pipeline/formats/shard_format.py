@@ -389,9 +389,13 @@ def validate_manifest(manifest: Any, where: str) -> dict:
             _check_entry(entry, split, i, where)
         total = totals.get(split)
         if not isinstance(total, dict) or not all(
-            isinstance(total.get(k), int) for k in ("sentences", "tokens")
+            type(total.get(k)) is int for k in ("sentences", "tokens", "unk_tokens")
         ):
-            raise FormatError(f"manifest {where}: totals.{split}.sentences/tokens missing or not int")
+            raise FormatError(
+                f"manifest {where}: totals.{split}.sentences/tokens/unk_tokens missing or not int"
+            )
+        if not 0 <= total["unk_tokens"] <= total["tokens"]:
+            raise FormatError(f"manifest {where}: totals.{split}.unk_tokens must be in [0, tokens]")
     for name, kind in (("file", str), ("counts_file", str), ("size", int), ("sha256", str)):
         if not isinstance(vocab.get(name), kind):
             raise FormatError(f"manifest {where}: vocab.{name} missing or not {kind.__name__}")
@@ -482,21 +486,76 @@ def read_shard_vocab(shard_dir: str, manifest: dict | None = None) -> tuple[byte
     return data, parse_vocab(text, path)
 
 
+def unlearnable_unk(manifest: dict) -> str | None:
+    """The warning for shards whose ``<UNK>`` the biLM cannot learn: none of the training tokens is
+    ``<UNK>`` while some held-out ones are, so held-out words outside the vocabulary are scored by a
+    softmax row no training target ever raised (docs/training.md#the-vocabulary). None otherwise."""
+    totals = manifest["totals"]
+    train, heldout = totals["train"], totals["heldout"]
+    if train["unk_tokens"] or not heldout["unk_tokens"]:
+        return None
+    rule = manifest.get("config", {})
+    setting = ", ".join(f"{k}={rule[k]}" for k in ("min_count", "max_size") if k in rule)
+    return (
+        f"warning: the training split has no <UNK> while {heldout['unk_tokens']:,} of {heldout['tokens']:,} "
+        f"held-out tokens ({heldout['unk_tokens'] / heldout['tokens']:.1%}) are <UNK>, so the biLM scores "
+        f"them by a softmax row it never trained ({setting or 'the vocabulary'}); shard with min_count=3 "
+        "(the default) to leave rare words to <UNK>"
+    )
+
+
 KNESER_NEY_MAX_ORDER = 5
 """The highest n-gram order of the shard stage's Kneser-Ney baseline (``pipeline.formats.kneser_ney``)."""
 
 
-def manifest_kneser_ney(manifest: dict, where: str) -> dict | None:
-    """The Kneser-Ney record of a shard manifest's ``baselines`` (``order``, ``perplexity``,
-    ``targets``, ...), checked; None when its shard stage counted none (turned off, nothing held
-    out, or a manifest from before the baseline). ``where``: the manifest, for the error."""
+def manifest_kneser_ney(manifest: dict, where: str) -> list[dict]:
+    """The Kneser-Ney records of a shard manifest's ``baselines`` (each ``order``, ``perplexity``,
+    ``targets``, ...), checked, in ascending order; empty when its shard stage counted none (turned
+    off, nothing held out, or a manifest from before the baseline). A manifest of format 1 holds one
+    record, later ones a list. ``where``: the manifest, for the error."""
     baselines = manifest.get("baselines", {})
-    record = baselines.get("kneser_ney") if isinstance(baselines, dict) else "?"
-    if record is None:
-        return None
-    ok = isinstance(record, dict)
-    order, ppl, targets = (record.get(k) for k in ("order", "perplexity", "targets")) if ok else (0, 0, 0)
-    if not (
+    records = baselines.get("kneser_ney") if isinstance(baselines, dict) else "?"
+    if records is None:
+        return []
+    if manifest.get("format_version") == 1:
+        records = [records]
+    if not isinstance(records, list) or not all(_kneser_ney_record_ok(r) for r in records):
+        raise FormatError(
+            f"manifest {where}: baselines.kneser_ney needs, for each model, an order in "
+            f"2..{KNESER_NEY_MAX_ORDER}, a finite perplexity >= 1 and a positive count of targets"
+        )
+    orders = [r["order"] for r in records]
+    if orders != sorted(set(orders)):
+        raise FormatError(
+            f"manifest {where}: baselines.kneser_ney lists orders {orders}, not distinct ascending ones"
+        )
+    return records
+
+
+UNIGRAM_METRIC = "eval/unigram_perplexity"
+"""An eval row's entry for the training unigram's held-out perplexity (metrics.jsonl)."""
+
+
+def kneser_ney_metric(order: int) -> str:
+    """An eval row's entry for the held-out perplexity of the manifest's Kneser-Ney model of ``order``."""
+    return f"eval/kneser_ney_{order}gram_perplexity"
+
+
+def row_baselines(row: dict) -> list[tuple[str, float]]:
+    """The held-out baselines an eval row carries, weakest first: ``[("unigram", p), ("Kneser-Ney
+    3-gram", p), ...]``."""
+    found = [("unigram", row[UNIGRAM_METRIC])] if UNIGRAM_METRIC in row else []
+    for order in range(2, KNESER_NEY_MAX_ORDER + 1):
+        if kneser_ney_metric(order) in row:
+            found.append((f"Kneser-Ney {order}-gram", row[kneser_ney_metric(order)]))
+    return found
+
+
+def _kneser_ney_record_ok(record: Any) -> bool:
+    if not isinstance(record, dict):
+        return False
+    order, ppl, targets = (record.get(k) for k in ("order", "perplexity", "targets"))
+    return (
         type(order) is int
         and 2 <= order <= KNESER_NEY_MAX_ORDER
         and isinstance(ppl, int | float)
@@ -504,9 +563,4 @@ def manifest_kneser_ney(manifest: dict, where: str) -> dict | None:
         and ppl >= 1.0
         and type(targets) is int
         and targets > 0
-    ):
-        raise FormatError(
-            f"manifest {where}: baselines.kneser_ney needs an order in 2..{KNESER_NEY_MAX_ORDER}, a finite "
-            "perplexity >= 1 and a positive count of targets"
-        )
-    return record
+    )

@@ -206,7 +206,7 @@ class HelperProcess:
             return future.result(timeout=timeout_s)
         except FutureTimeout:
             pid = self.pid
-            state = _process_state(pid) if pid is not None else "gone"
+            state = process_state(pid)[1] if pid is not None else "gone"
             self.close()
             raise HelperProcessError(
                 f"the helper process {pid} ({state}) did not answer {what} within {timeout_s:g} s; it was ended"
@@ -258,14 +258,19 @@ _STATES = {
 }
 
 
-def _process_state(pid: int) -> str:
-    """What ``/proc/PID/stat`` says the process is doing, in words."""
+STOPPED_STATES = ("T", "t")
+"""The ``/proc/PID/stat`` states of a process that runs no more until it is continued."""
+
+
+def process_state(pid: int) -> tuple[str, str]:
+    """What ``/proc/PID/stat`` says the process is doing: its state's letter and the state in
+    words (``("?", "state unknown")`` when it cannot be read)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             code = f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return "state unknown"
-    return _STATES.get(code, f"state {code}")
+        return "?", "state unknown"
+    return code, _STATES.get(code, f"state {code}")
 
 
 def _send(stream: BinaryIO, message: Any) -> None:

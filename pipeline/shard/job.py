@@ -24,7 +24,7 @@ Flow (every step deterministic, so 1 or N workers give the same bytes):
    shuffles, blocks and writes the tar. Chunks that were not kept (a rerun that reuses the plan,
    or a chunk under :data:`tasks.KEEP_MIN_BYTES`) are read and tokenized again, and checked
    against the counting pass's summary.
-7. Baselines (:mod:`baseline`): the held-out split's Kneser-Ney model of ``kneser_ney_order``,
+7. Baselines (:mod:`baseline`): the held-out split's Kneser-Ney model of each of ``kneser_ney_orders``,
    counted on the training shards (and, with ``kneser_ney_arpa``, written as an ARPA file).
 8. ``manifest.json`` is written last; it marks the output complete. The plan stays beside it, so
    that a rerun after losing the manifest or a shard still knows the shards are its own; it is
@@ -457,27 +457,33 @@ def _count_and_plan(run: _ShardRun, identity: dict) -> _Vocabulary:
 
 
 def _baselines(run: _ShardRun, shards, vocab: Vocabulary) -> tuple[dict, float]:
-    """The manifest's ``baselines`` (the Kneser-Ney model of ``kneser_ney_order``, unless 0 or
-    nothing is held out) and the seconds its pass took."""
-    order = run.config.kneser_ney_order
-    if not order:
+    """The manifest's ``baselines`` (the Kneser-Ney model of each of ``kneser_ney_orders``, in
+    ascending order, unless none is asked for or nothing is held out) and the seconds their passes
+    took. Each order is a pass of its own; only the highest writes the ARPA file."""
+    orders = sorted(run.config.kneser_ney_orders)
+    if not orders:
         return {}, 0.0
     started = time.perf_counter()
     train_tokens = sum(r.tokens for r in shards["train"])
-    plan = BaselinePlan(
-        run.output,
-        order,
-        len(vocab.tokens),
-        kneser_ney.parts_for(train_tokens, order),
-        run.window,
-        run.config.kneser_ney_arpa,
-    )
-    bars = BaselineBars(order, plan.parts, run.config.progress)
-    try:
-        record = kneser_ney_baseline(plan, shards, vocab.tokens, bars)
-    finally:
-        bars.close()
-    return ({"kneser_ney": record} if record else {}), time.perf_counter() - started
+    records = []
+    for order in orders:
+        plan = BaselinePlan(
+            run.output,
+            order,
+            len(vocab.tokens),
+            kneser_ney.parts_for(train_tokens, order),
+            run.window,
+            run.config.kneser_ney_arpa and order == orders[-1],
+        )
+        bars = BaselineBars(order, plan.parts, run.config.progress)
+        try:
+            record = kneser_ney_baseline(plan, shards, vocab.tokens, bars)
+        finally:
+            bars.close()
+        if record is None:  # nothing held out: no order has a baseline
+            return {}, time.perf_counter() - started
+        records.append(record)
+    return {"kneser_ney": records}, time.perf_counter() - started
 
 
 def _unigram(chunks: Sequence[ChunkSummary], vocab: Vocabulary) -> np.ndarray:

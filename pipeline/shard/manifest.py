@@ -33,7 +33,8 @@ from pipeline.shard.vocabulary import Vocabulary
 from pipeline.shard.writer import ShardRecord
 from pipeline.tracking.offline_files import RUNS_PATTERN
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: ``baselines.kneser_ney`` is a list of models (one per ``kneser_ney_orders``); 1 held one."""
 RUN_FILE = "shard_run.json"
 """The run's identity, written before anything else: it makes the folder this stage's
 (``pipeline/output_folder.py``), and a rerun with another identity is refused."""
@@ -160,6 +161,7 @@ def build_manifest(
             "unk_tokens": sum(r.unk_tokens for r in records),
             "bytes": sum(r.bytes for r in records),
         }
+        totals[split]["unk_rate"] = totals[split]["unk_tokens"] / max(1, totals[split]["tokens"])
     lines = _line_record(total)
     lines["read"] = lines.pop("lines")
     lines["longest_sentence_tokens"] = total.max_sentence_tokens

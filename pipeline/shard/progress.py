@@ -7,6 +7,7 @@ import time
 
 from tqdm import tqdm
 
+from pipeline.formats.shard_format import MANIFEST_FILE, manifest_kneser_ney, unlearnable_unk
 from pipeline.formats.unigram import manifest_unigram_perplexity
 
 
@@ -97,7 +98,8 @@ def summary(
     for split in ("train", "heldout"):
         t = totals[split]
         parts.append(
-            f"  {split}: {t['sentences']} sentences, {t['tokens']} tokens ({t['unk_tokens']} <UNK>), {t['shards']} shards"
+            f"  {split}: {t['sentences']} sentences, {t['tokens']} tokens ({t['unk_tokens']} <UNK>: "
+            f"{t['unk_tokens'] / max(1, t['tokens']):.2%}), {t['shards']} shards"
         )
     parts.append(
         f"  vocabulary: {manifest['vocab']['size']} entries ({manifest['vocab']['distinct_train_tokens']} distinct training tokens)"
@@ -105,6 +107,9 @@ def summary(
     parts.append(_baseline_line(manifest, baseline_seconds))
     if reused:
         parts.append(f"  reused {reused} shards already written by an earlier run")
+    warning = unlearnable_unk(manifest)
+    if warning:
+        parts.append(warning)
     return "\n".join(parts)
 
 
@@ -124,9 +129,11 @@ def _baseline_line(manifest: dict, seconds: float) -> str:
     if unigram is None:
         return "  held-out baselines: none (nothing held out)"
     line = f"  held-out baselines: unigram perplexity {unigram:,.1f}"
-    kn = manifest["baselines"].get("kneser_ney")
-    if kn is not None:
-        line += f", Kneser-Ney {kn['order']}-gram {kn['perplexity']:,.1f} (its pass {seconds:.1f}s)"
-        if "arpa" in kn:
-            line += f"; the model as ARPA: {kn['arpa']['file']} ({kn['arpa']['bytes'] / 1e6:,.1f} MB)"
+    models = manifest_kneser_ney(manifest, MANIFEST_FILE)
+    if models:
+        line += ", Kneser-Ney " + ", ".join(f"{kn['order']}-gram {kn['perplexity']:,.1f}" for kn in models)
+        line += f" ({'its pass' if len(models) == 1 else 'their passes'} {seconds:.1f}s)"
+        arpa = next((kn["arpa"] for kn in models if "arpa" in kn), None)
+        if arpa is not None:
+            line += f"; the {models[-1]['order']}-gram model as ARPA: {arpa['file']} ({arpa['bytes'] / 1e6:,.1f} MB)"
     return line

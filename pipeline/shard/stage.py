@@ -5,7 +5,7 @@ the pipeline's wandb group, the output its ``dataset`` artifact) and its closing
 from __future__ import annotations
 
 from pipeline.config import to_dict
-from pipeline.formats.shard_format import MANIFEST_FILE, SPLITS
+from pipeline.formats.shard_format import MANIFEST_FILE, SPLITS, manifest_kneser_ney
 from pipeline.formats.unigram import manifest_unigram_perplexity
 from pipeline.runtime import storage
 from pipeline.runtime.ray_runtime import RaySession
@@ -55,7 +55,8 @@ SHARD = ShardStage()
 
 def shard_summary(manifest: dict, result: StageResult) -> dict[str, float | int]:
     """The run's summary: per split its sentences, tokens and shards, and the duplicates removed;
-    the vocabulary; the held-out baselines (``baselines/*``); this run's seconds and tokens/s."""
+    the vocabulary; the held-out baselines (``baselines/*``, a Kneser-Ney model per order); this
+    run's seconds and tokens/s."""
     summary: dict[str, float | int] = {
         "vocab/size": manifest["vocab"]["size"],
         "vocab/distinct_train_tokens": manifest["vocab"]["distinct_train_tokens"],
@@ -65,7 +66,7 @@ def shard_summary(manifest: dict, result: StageResult) -> dict[str, float | int]
     }
     for split in SPLITS:
         totals = manifest["totals"][split]
-        for key in ("sentences", "tokens", "unk_tokens", "shards"):
+        for key in ("sentences", "tokens", "unk_tokens", "unk_rate", "shards"):
             summary[f"{split}/{key}"] = totals[key]
         removed = manifest["lines"].get("duplicates", {}).get(split)
         if removed is not None:
@@ -74,8 +75,6 @@ def shard_summary(manifest: dict, result: StageResult) -> dict[str, float | int]
     unigram = manifest_unigram_perplexity(manifest)
     if unigram is not None:
         summary["baselines/unigram_perplexity"] = unigram
-    kneser_ney = manifest["baselines"].get("kneser_ney")
-    if kneser_ney is not None:
-        summary["baselines/kneser_ney_perplexity"] = kneser_ney["perplexity"]
-        summary["baselines/kneser_ney_order"] = kneser_ney["order"]
+    for kneser_ney in manifest_kneser_ney(manifest, MANIFEST_FILE):
+        summary[f"baselines/kneser_ney_{kneser_ney['order']}gram_perplexity"] = kneser_ney["perplexity"]
     return summary

@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.formats.shard_format import row_baselines
 from pipeline.tracking import offline_reader
 
 STAGES = ("shards", "train", "embeddings", "probe")
@@ -137,9 +138,10 @@ def _draw_curves(ax, train: StageRecords) -> None:
         [r["tokens"] for r in evals], [r["eval/perplexity"] for r in evals], "o-", label="eval/perplexity"
     )
     last = evals[-1] if evals else {}
-    for key, style in (("eval/unigram_perplexity", ":"), ("eval/kneser_ney_perplexity", "--")):
-        if key in last:
-            ax.axhline(last[key], linestyle=style, color="0.3", label=key.split("/")[1].replace("_", " "))
+    for (label, value), style in zip(
+        row_baselines(last), (":", "--", "-.", (0, (1, 4)), (0, (3, 1, 1, 1))), strict=False
+    ):
+        ax.axhline(value, linestyle=style, color="0.3", label=f"{label} ({value:,.1f})")
     ax.set_yscale("log")
     ax.set_xlabel("tokens (the step metric of every curve)")
     ax.legend(fontsize=7, loc="upper right")
@@ -165,9 +167,11 @@ def _draw_probe(ax, probe: StageRecords) -> None:
 
 
 SUMMARY_KEYS = {
-    "shard": ("train/tokens", "heldout/tokens", "train/duplicate_sentences", "vocab/size",
-              "baselines/unigram_perplexity", "baselines/kneser_ney_perplexity"),
-    "train": ("best/perplexity", "best/perplexity_to_unigram", "best/perplexity_to_kneser_ney", "best/tokens"),
+    "shard": ("train/tokens", "heldout/tokens", "train/unk_rate", "heldout/unk_rate", "vocab/size",
+              "baselines/unigram_perplexity", "baselines/kneser_ney_3gram_perplexity",
+              "baselines/kneser_ney_5gram_perplexity"),
+    "train": ("best/perplexity", "best/perplexity_to_unigram", "best/perplexity_to_kneser_ney_3gram",
+              "best/perplexity_to_kneser_ney_5gram", "best/tokens"),
     "embed": ("output/tokens", "output/shards", "run/tokens_per_s"),
     "probe": ("pos/best_layer", "pos/best_accuracy", "control/pos/best_accuracy", "wsd/best_accuracy"),
 }  # fmt: skip

@@ -224,8 +224,18 @@ class TrainConfig:
         check_rules(
             [
                 *((key, getattr(self, key), getattr(self, key) >= 1, ">= 1") for key in _AT_LEAST_ONE),
-                ("max_steps", self.max_steps, self.max_steps >= 0, ">= 0 (0: max_tokens or n_epochs)"),
-                ("max_tokens", self.max_tokens, self.max_tokens >= 0, ">= 0 (0: n_epochs epochs)"),
+                (
+                    "max_steps",
+                    self.max_steps,
+                    0 <= self.max_steps < 2**63,
+                    "in [0, 2**63 - 1] (0: max_tokens or n_epochs)",
+                ),
+                (
+                    "max_tokens",
+                    self.max_tokens,
+                    0 <= self.max_tokens < 2**63,
+                    "in [0, 2**63 - 1] (0: n_epochs epochs)",
+                ),
                 (
                     "max_tokens",
                     self.max_tokens,

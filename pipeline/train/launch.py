@@ -26,6 +26,7 @@ from elmo_model import BiLMOptions, OptionsError
 from pipeline.config import UseGPU
 from pipeline.errors import PipelineError, Terminated
 from pipeline.formats import shard_format
+from pipeline.formats.shard_format import UNIGRAM_METRIC, kneser_ney_metric
 from pipeline.formats.unigram import heldout_unigram_perplexity
 from pipeline.model_config import to_options
 from pipeline.model_loader import check_files, read_options
@@ -175,12 +176,19 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
 
 
 def _baselines(shards: str, manifest: dict) -> dict:
-    """RunPlan.baselines: the unigram's, and the shard stage's Kneser-Ney model where it counted one."""
-    baselines = {"eval/unigram_perplexity": float(heldout_unigram_perplexity(shards, manifest))}
-    kneser_ney = shard_format.manifest_kneser_ney(manifest, shard_format.manifest_path(shards))
-    if kneser_ney is not None:
-        baselines["eval/kneser_ney_perplexity"] = float(kneser_ney["perplexity"])
-        baselines["eval/kneser_ney_order"] = kneser_ney["order"]
+    """RunPlan.baselines: the unigram's, the shard stage's Kneser-Ney models where it counted them,
+    and each split's ``<UNK>`` rate. Shards whose ``<UNK>`` cannot be learned get a one-line
+    warning, not a refusal: their held-out perplexity is still measured, only pessimistic by the
+    untrained row (docs/training.md#the-vocabulary)."""
+    baselines = {UNIGRAM_METRIC: float(heldout_unigram_perplexity(shards, manifest))}
+    for kneser_ney in shard_format.manifest_kneser_ney(manifest, shard_format.manifest_path(shards)):
+        baselines[kneser_ney_metric(kneser_ney["order"])] = float(kneser_ney["perplexity"])
+    for split in shard_format.SPLITS:
+        totals = manifest["totals"][split]
+        baselines[f"eval/{split}_unk_rate"] = totals["unk_tokens"] / max(1, totals["tokens"])
+    warning = shard_format.unlearnable_unk(manifest)
+    if warning:
+        print(f"{warning.replace('warning: ', f'warning: shards {shards}: ', 1)}", file=sys.stderr)
     return baselines
 
 

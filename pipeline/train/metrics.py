@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from pipeline.config import to_dict
+from pipeline.formats.shard_format import UNIGRAM_METRIC, row_baselines
 from pipeline.probe.live import ProbeRow
 from pipeline.runtime import storage
 from pipeline.runtime.background import WriteQueue
@@ -332,7 +333,8 @@ def _probe_panel(ax, probes: list[dict]) -> None:
 
 
 def plot_perplexity(rows: list[dict], path: str) -> None:
-    """PNG of ``perplexity_series(rows)`` and the held-out baselines (unigram, Kneser-Ney) vs step (log scale);
+    """PNG of ``perplexity_series(rows)`` and the held-out baselines (unigram, each Kneser-Ney order)
+    vs step (log scale), the splits' ``<UNK>`` rates above;
     beside it, when the run probed its layers (``probe_every``), their accuracies vs step."""
     import matplotlib
 
@@ -347,20 +349,17 @@ def plot_perplexity(rows: list[dict], path: str) -> None:
         fig, ax = plt.subplots(figsize=(8, 5))
     for label, steps, values, style, extra in perplexity_series(rows):
         ax.plot(steps, values, style, label=label, **extra)
-    evals = [r for r in rows if r.get("kind") == "eval" and "eval/unigram_perplexity" in r]
-    if evals:
-        ax.axhline(
-            evals[-1]["eval/unigram_perplexity"],
-            color="gray",
-            linestyle="-.",
-            label="held-out unigram baseline",
-        )
-    if evals and "eval/kneser_ney_perplexity" in evals[-1]:
-        ax.axhline(
-            evals[-1]["eval/kneser_ney_perplexity"],
-            color="black",
-            linestyle=":",
-            label=f"held-out Kneser-Ney {evals[-1]['eval/kneser_ney_order']}-gram baseline",
+    evals = [r for r in rows if r.get("kind") == "eval" and UNIGRAM_METRIC in r]
+    styles = iter([("gray", "-."), ("black", ":"), ("black", "--"), ("black", "-."), ("black", (0, (1, 4)))])
+    for label, value in row_baselines(evals[-1]) if evals else []:
+        color, style = next(styles)
+        ax.axhline(value, color=color, linestyle=style, label=f"held-out {label} baseline ({value:,.1f})")
+    if evals and "eval/heldout_unk_rate" in evals[-1]:
+        last = evals[-1]
+        ax.set_title(
+            f"<UNK>: {last['eval/train_unk_rate']:.2%} of the training tokens, "
+            f"{last['eval/heldout_unk_rate']:.2%} of the held-out ones",
+            fontsize=9,
         )
     ax.set_yscale("log")
     ax.set_xlabel("step")

@@ -12,8 +12,8 @@ class RunPlan:
 
     ``options``: the model's inference options.json dict; ``total_steps``: steps of the whole run
     (a resumed run continues up to it); ``baselines``: the held-out baselines as entries of an
-    eval row (``eval/unigram_perplexity``; ``eval/kneser_ney_perplexity`` and
-    ``eval/kneser_ney_order`` when the shard stage counted that model);
+    eval row (``eval/unigram_perplexity``; ``eval/kneser_ney_{N}gram_perplexity`` for each model
+    the shard stage counted; ``eval/train_unk_rate`` and ``eval/heldout_unk_rate``);
     ``wandb_id``: the run's wandb id (``run.json``); ``use_gpu``: from the cluster, set (``dataclasses.replace``) just before launch."""
 
     run_dir: str

@@ -21,6 +21,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from pipeline.formats.shard_format import row_baselines
+
 POLL_SECONDS = 1.0
 """How long one take from the relay waits for rows (the follower then checks whether to stop)."""
 TAKE_SLACK_S = 60.0
@@ -39,12 +41,7 @@ def _duration(seconds: float) -> str:
 
 def baselines_text(row: dict, number: Callable[[float], str] = "{:,.2f}".format) -> str:
     """The held-out baselines of an eval row: ``unigram 812.40, Kneser-Ney 3-gram 190.15``."""
-    text = f"unigram {number(row['eval/unigram_perplexity'])}"
-    if "eval/kneser_ney_perplexity" in row:
-        text += (
-            f", Kneser-Ney {row['eval/kneser_ney_order']}-gram {number(row['eval/kneser_ney_perplexity'])}"
-        )
-    return text
+    return ", ".join(f"{label} {number(value)}" for label, value in row_baselines(row))
 
 
 def _ppl(value: float) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.formats.shard_format import KNESER_NEY_MAX_ORDER, UNIGRAM_METRIC, kneser_ney_metric
 from pipeline.runtime.background import WriteQueue
 from pipeline.tracking.artifacts import OutputArtifact, log_output, use_input
 from pipeline.tracking.config import WandbMode
@@ -142,9 +143,11 @@ def best_summary(row: dict) -> dict:
     best = {"best/perplexity": ppl, "best/step": row["step"]}
     if STEP_METRIC in row:
         best["best/tokens"] = row[STEP_METRIC]
-    for baseline in ("unigram", "kneser_ney"):
-        if f"eval/{baseline}_perplexity" in row:
-            best[f"best/perplexity_to_{baseline}"] = ppl / row[f"eval/{baseline}_perplexity"]
+    for order in range(2, KNESER_NEY_MAX_ORDER + 1):
+        if kneser_ney_metric(order) in row:
+            best[f"best/perplexity_to_kneser_ney_{order}gram"] = ppl / row[kneser_ney_metric(order)]
+    if UNIGRAM_METRIC in row:
+        best["best/perplexity_to_unigram"] = ppl / row[UNIGRAM_METRIC]
     return best
 
 

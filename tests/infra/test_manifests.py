@@ -27,7 +27,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: pytest itself depends on tomli there
     import tomli as tomllib
 
-from jobs.stage_args import flag_overrides, parse_stage_args
+from jobs.stage_args import flag_values, parse_stage_args
 from jobs.stages import stage_schema
 from pipeline.config import resolve_config, to_object
 
@@ -90,9 +90,13 @@ def _check_command(argv: list[str], complete: bool = True) -> None:
     stage = argv[2].removeprefix("jobs.")
     module = importlib.import_module(argv[2])
     args = parse_stage_args(module.build_parser(), argv[3:])
-    overrides = flag_overrides(args, getattr(module, "FLAGS", {})) + list(args.overrides)
     cfg = resolve_config(
-        stage_schema(stage), args.config, overrides, preset=getattr(args, "preset", None), allow_missing=True
+        stage_schema(stage),
+        args.config,
+        list(args.overrides),
+        preset=getattr(args, "preset", None),
+        allow_missing=True,
+        flags=flag_values(args, getattr(module, "FLAGS", {})),
     )
     if complete:  # every required key given: the typed config, its range rules checked
         assert to_object(cfg) is not None

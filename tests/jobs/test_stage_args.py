@@ -1,5 +1,5 @@
 """The command line every stage shares (jobs/stage_args.py): flags as overrides, overrides anywhere,
-values YAML cannot misread, one exit-code policy."""
+flag values as typed, never YAML, one exit-code policy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import dataclasses
 
 import pytest
 
-from jobs.stage_args import flag_overrides, parse_stage_args, resolve, run_main, stage_parser
+from jobs.stage_args import flag_values, parse_stage_args, resolve, run_main, stage_parser
+from pipeline.config import ConfigError
 from pipeline.errors import PipelineError, Terminated
 
 
@@ -37,14 +38,47 @@ def test_overrides_stand_anywhere_and_a_multi_value_flag_never_swallows_one():
     assert args.output == "s3://b/x:y"  # a path is never taken for an override
 
 
-def test_flags_become_overrides_quoted_where_yaml_would_misread_them():
+def test_flag_values_are_what_argparse_made_of_them():
     args = parse_stage_args(parser(), ["--input", "corpus/*.txt", "it's,here", "--output", "s3://b/o"])
-    assert flag_overrides(args, FLAGS) == [
-        "input=['corpus/*.txt','it''s,here']",
-        "output='s3://b/o'",
-    ]
+    assert flag_values(args, FLAGS) == {"input": ["corpus/*.txt", "it's,here"], "output": "s3://b/o"}
     cfg = resolve(args, Schema, FLAGS)
     assert list(cfg.input) == ["corpus/*.txt", "it's,here"] and cfg.output == "s3://b/o"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "1.10",
+        "1.1",
+        "0123",
+        "0x1F",
+        "1e3",
+        "yes",
+        "off",
+        "null",
+        "@c300.txt",
+        "!x",
+        "%41",
+        "`x",
+        "[a]",
+        "a: b",
+    ],
+)
+def test_a_flags_value_is_the_string_typed_never_yaml(path):
+    """Issue 65, item 1: ``--output 0123`` wrote into ``83`` and ``--input 1.10`` read ``1.1``."""
+    args = parse_stage_args(parser(), ["--input", path, "--output", path, "--workers", "3"])
+    cfg = resolve(args, Schema, FLAGS)
+    assert (list(cfg.input), cfg.output, cfg.workers) == ([path], path, 3)
+
+
+def test_a_value_yaml_cannot_read_is_one_line_naming_its_key():
+    for item in ["output=@x", "output=`x", "output=%41", "output=!!python/object:os.system x"]:
+        args = parse_stage_args(parser(), ["--input", "a", item])
+        with pytest.raises(ConfigError, match=r"^cannot read the value of config key 'output' \(") as err:
+            resolve(args, Schema, FLAGS)
+        assert "\n" not in str(err.value)
+    args = parse_stage_args(parser(), ["--input", "a", "output='@x'"])  # quoted: the literal string
+    assert resolve(args, Schema, FLAGS).output == "@x"
 
 
 def test_the_most_specific_setting_wins(tmp_path):

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from polling import wait_until
 
+from pipeline.embed import shard_writers
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.file_format import format_named
 from pipeline.embed.resume import commit_shard
@@ -175,6 +176,36 @@ def test_a_killed_writer_is_named_and_its_shard_left_to_the_rerun(tmp_path):
         with pytest.raises(EmbedError, match=message):
             writers.commit(str(tmp_path), {"index": 3}, shard, "packed", "hdf5")
         assert not tmp_path.joinpath("_progress").exists() and list(tmp_path.iterdir()) == []
+        pool.release(shard)
+    finally:
+        writers.close()
+
+
+@pytest.mark.parametrize("bound", ["stopped", "limit"])
+def test_a_writer_that_does_not_answer_is_ended_and_named(tmp_path, monkeypatch, bound):
+    """Issue 65, item 2: a SIGSTOPped writer (or one blocked in the kernel) held the embed for ever,
+    silently. Stopped, it is ended after ``STOPPED_S``; in any state, past the commit's limit."""
+    monkeypatch.setattr(shard_writers, "POLL_S", 0.05)
+    if bound == "stopped":
+        monkeypatch.setattr(shard_writers, "STOPPED_S", 0.5)
+        expected = "stopped by a signal"
+    else:  # never ended for being stopped: the limit ends it
+        monkeypatch.setattr(shard_writers, "STOPPED_S", 3600.0)
+        monkeypatch.setattr(shard_writers, "ANSWER_MIN_S", 1.0)
+        expected = "stopped by a signal"
+    writers = ShardWriters(1)
+    try:
+        pool = BufferPool(writers.buffers)
+        shard = _shard(pool, 0, [2, 2])
+        (pid,) = writers.pids
+        os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        message = rf"^the writer process of shard 3 \(pid {pid}, {expected}\) did not answer within \d+ s; it was ended; rerun"
+        with pytest.raises(EmbedError, match=message) as err:
+            writers.commit(str(tmp_path), {"index": 3}, shard, "packed", "hdf5")
+        assert time.monotonic() - started < 5.0 and "\n" not in str(err.value)
+        assert not _alive(pid)  # ended, not left stopped
+        assert not tmp_path.joinpath("_progress").exists()
         pool.release(shard)
     finally:
         writers.close()

@@ -98,7 +98,10 @@ def _manifest() -> dict:
     shard = {"name": "train-000000.tar", "sentences": 2, "tokens": 5, "sha256": "ab" * 32}
     return {
         "shards": {"train": [shard], "heldout": []},
-        "totals": {"train": {"sentences": 2, "tokens": 5}, "heldout": {"sentences": 0, "tokens": 0}},
+        "totals": {
+            "train": {"sentences": 2, "tokens": 5, "unk_tokens": 1},
+            "heldout": {"sentences": 0, "tokens": 0, "unk_tokens": 0},
+        },
         "vocab": {"file": "vocab.txt", "counts_file": "vocab_counts.tsv", "size": 9, "sha256": "cd" * 32},
     }
 
@@ -133,6 +136,11 @@ def test_read_manifest_and_shard_urls(tmp_path):
         (lambda m: m["shards"].pop("heldout"), "shards.heldout must be a list"),
         (lambda m: m["shards"]["train"][0].pop("sha256"), r"shards.train\[0\].sha256"),
         (lambda m: m["totals"]["train"].update(tokens="5"), "totals.train"),
+        (lambda m: m["totals"]["heldout"].pop("unk_tokens"), "totals.heldout.sentences/tokens/unk_tokens"),
+        (
+            lambda m: m["totals"]["train"].update(unk_tokens=6),
+            r"totals.train.unk_tokens must be in \[0, tokens\]",
+        ),
         (lambda m: m["vocab"].pop("size"), "vocab.size"),
         # what a stage would read, never trusted: names outside the folder, a check turned off,
         # counts that cannot be
@@ -207,3 +215,48 @@ def test_a_truncated_shard_is_named_truncated(tmp_path, keep):
         f"shard {path} is truncated ({cut:,} bytes, no end-of-archive marker; its sha256 differs from "
         "the manifest's): copy it again or reshard"
     )
+
+
+def test_kneser_ney_models_are_read_as_a_list_from_either_format():
+    record = {"order": 3, "perplexity": 47.8, "targets": 100}
+    assert fmt.manifest_kneser_ney({"format_version": 1, "baselines": {"kneser_ney": record}}, "m") == [
+        record
+    ]
+    five = {**record, "order": 5, "perplexity": 40.4}
+    both = {"format_version": 2, "baselines": {"kneser_ney": [record, five]}}
+    assert fmt.manifest_kneser_ney(both, "m") == [record, five]
+    assert fmt.manifest_kneser_ney({"format_version": 2, "baselines": {}}, "m") == []
+    with pytest.raises(fmt.FormatError, match="not distinct ascending ones"):
+        fmt.manifest_kneser_ney({"format_version": 2, "baselines": {"kneser_ney": [five, record]}}, "m")
+    with pytest.raises(fmt.FormatError, match="for each model, an order in 2..5"):
+        fmt.manifest_kneser_ney({"format_version": 2, "baselines": {"kneser_ney": record}}, "m")
+
+
+def test_an_eval_row_names_its_baselines_weakest_first():
+    row = {"eval/unigram_perplexity": 345.8, fmt.kneser_ney_metric(5): 40.4, fmt.kneser_ney_metric(3): 47.8}
+    assert fmt.row_baselines(row) == [
+        ("unigram", 345.8),
+        ("Kneser-Ney 3-gram", 47.8),
+        ("Kneser-Ney 5-gram", 40.4),
+    ]
+    assert fmt.row_baselines({}) == []
+
+
+def _totals(train_unk: int, heldout_unk: int) -> dict:
+    return {
+        "config": {"min_count": 1, "max_size": 0},
+        "totals": {
+            "train": {"tokens": 1000, "unk_tokens": train_unk},
+            "heldout": {"tokens": 200, "unk_tokens": heldout_unk},
+        },
+    }
+
+
+def test_a_vocabulary_whose_unk_cannot_be_learned_is_one_warning_naming_the_setting():
+    warning = fmt.unlearnable_unk(_totals(0, 25))
+    assert warning.startswith(
+        "warning: the training split has no <UNK> while 25 of 200 held-out tokens (12.5%)"
+    )
+    assert "min_count=1, max_size=0" in warning and "min_count=3" in warning and "\n" not in warning
+    assert fmt.unlearnable_unk(_totals(5, 25)) is None  # the row is trained
+    assert fmt.unlearnable_unk(_totals(0, 0)) is None  # nothing to score by it

@@ -263,3 +263,21 @@ def test_a_sigkilled_embed_driver_mid_commit_leaves_nothing_and_its_rerun_writes
 
     assert shards(out) == shards(tmp_path / "clean")
     assert shards(out)[0]["sentences"] == 4000 and len(shards(out)[1]) == 40
+
+
+def _loaded(pid: int, library: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return library in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("group", [True, False], ids=["to-the-group", "to-the-driver"])
+def test_a_sigterm_stops_the_probe_with_its_word_and_status(tmp_path, group):
+    """Issue 65, item 10: ``elmo probe`` runs no Ray, and a SIGTERM killed it silently."""
+    proc = _run(["-m", "jobs.probe", "--model", str(REFERENCE), "--output", str(tmp_path / "probe")])
+    _wait_for(lambda: _loaded(proc.pid, "libtorch"), proc, "torch loaded (the probe at work)", timeout=120)
+    took, err = _stop(proc, signal.SIGTERM, group=group)
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "terminated", err[-3000:]
+    assert took < GRACE_S and "Traceback" not in err

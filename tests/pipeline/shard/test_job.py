@@ -193,7 +193,7 @@ def _ids_and_lengths(blocks: list[fmt.Block]) -> tuple[np.ndarray, np.ndarray]:
 def test_the_manifest_records_the_kneser_ney_baseline_of_its_shards(baseline):
     # the Ray pass (groups of shards counted, each partition's runs merged) against one count of the whole
     out, manifest = baseline
-    record = manifest["baselines"]["kneser_ney"]
+    (record,) = manifest["baselines"]["kneser_ney"]
     whole = kneser_ney.count_ngrams(*_ids_and_lengths(_all_sentences(out, manifest, "train")), 3)
     model = kneser_ney.build(whole, manifest["vocab"]["size"])
     nll, targets = model.score(*_ids_and_lengths(_all_sentences(out, manifest, "heldout")))
@@ -218,7 +218,7 @@ def test_the_manifests_kneser_ney_perplexity_is_kenlms_on_the_shards_text(baseli
     model = kenlm.query_module().Model(str(tmp_path / "model.arpa"))
     heldout = [" ".join(s) for b in _all_sentences(out, manifest, "heldout") for s in b.sentences]
     log10 = [lp for sentence in heldout for lp, _, _ in model.full_scores(sentence, bos=True, eos=True)]
-    record = manifest["baselines"]["kneser_ney"]
+    (record,) = manifest["baselines"]["kneser_ney"]
     assert record["targets"] == len(log10)
     assert record["perplexity"] == pytest.approx(10 ** (-sum(log10) / len(log10)), rel=1e-6)
 
@@ -229,29 +229,30 @@ def test_the_model_as_arpa_is_read_by_kenlm_with_the_manifests_perplexity(
 ):
     monkeypatch.setattr(kneser_ney, "MIN_PART_TOKENS", 20_000)  # written from several partitions
     out = tmp_path / "arpa"
-    manifest = run([corpus[0]], out, kneser_ney_arpa=True, workers=2)
-    record = manifest["baselines"]["kneser_ney"]
+    manifest = run([corpus[0]], out, kneser_ney_arpa=True, workers=2, kneser_ney_orders=[2, 3])
+    two, record = manifest["baselines"]["kneser_ney"]  # the highest order's model is the one written
+    assert two["order"] == 2 and "arpa" not in two
     assert record["partitions"] > 1 and record["arpa"]["file"] == "kneser_ney.arpa.gz"
     path = out / "kneser_ney.arpa.gz"
     assert record["arpa"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert record["arpa"]["bytes"] == path.stat().st_size
-    assert "the model as ARPA: kneser_ney.arpa.gz" in capsys.readouterr().out
+    assert "the 3-gram model as ARPA: kneser_ney.arpa.gz" in capsys.readouterr().out
     model = kenlm.query_module().Model(str(path))
     heldout = [" ".join(s) for b in _all_sentences(out, manifest, "heldout") for s in b.sentences]
     log10 = [lp for sentence in heldout for lp, _, _ in model.full_scores(sentence, bos=True, eos=True)]
     assert record["perplexity"] == pytest.approx(10 ** (-sum(log10) / len(log10)), rel=1e-6)
     assert model.order == 3
     # off by default
-    assert "arpa" not in run([corpus[0]], tmp_path / "plain")["baselines"]["kneser_ney"]
+    assert "arpa" not in run([corpus[0]], tmp_path / "plain")["baselines"]["kneser_ney"][0]
     assert not (tmp_path / "plain" / "kneser_ney.arpa.gz").exists()
 
 
 def test_the_kneser_ney_baseline_is_the_same_in_partitions(baseline, corpus, tmp_path, monkeypatch):
     out, manifest = baseline
     monkeypatch.setattr(kneser_ney, "MIN_PART_TOKENS", 10_000)  # a partition per 10k tokens: several here
-    record = run([corpus[0]], tmp_path / "parts", workers=2)["baselines"]["kneser_ney"]
+    (record,) = run([corpus[0]], tmp_path / "parts", workers=2)["baselines"]["kneser_ney"]
     assert not (tmp_path / "parts" / "kneser_ney").exists()  # its scratch files: gone with the pass
-    whole = manifest["baselines"]["kneser_ney"]
+    (whole,) = manifest["baselines"]["kneser_ney"]
     assert (
         whole["partitions"] == 1
         and record["partitions"] == manifest["totals"]["train"]["tokens"] // 10_000 > 1
@@ -262,11 +263,50 @@ def test_the_kneser_ney_baseline_is_the_same_in_partitions(baseline, corpus, tmp
     }
 
 
-def test_kneser_ney_order_0_counts_no_baseline(ray_local, corpus, tmp_path, capsys):
-    manifest = run([corpus[0]], tmp_path / "off", kneser_ney_order=0)
+def test_no_kneser_ney_orders_count_no_baseline(ray_local, corpus, tmp_path, capsys):
+    manifest = run([corpus[0]], tmp_path / "off", kneser_ney_orders=[])
     assert manifest["baselines"] == {}
     out = capsys.readouterr().out
     assert "held-out baselines: unigram perplexity" in out and "Kneser-Ney" not in out
+
+
+def test_each_kneser_ney_order_is_a_model_of_its_own(baseline, corpus, tmp_path, capsys):
+    """``kneser_ney_orders=[5,2]``: a 2-gram and a 5-gram, ascending, each the model one count of
+    the whole training split at its order makes (not the 5-gram's lower orders)."""
+    out = tmp_path / "two"
+    manifest = run([corpus[0]], out, kneser_ney_orders=[5, 2])
+    records = manifest["baselines"]["kneser_ney"]
+    assert [r["order"] for r in records] == [2, 5] and manifest["format_version"] == 2
+    train = _ids_and_lengths(_all_sentences(out, manifest, "train"))
+    heldout = _ids_and_lengths(_all_sentences(out, manifest, "heldout"))
+    for record in records:
+        model = kneser_ney.build(kneser_ney.count_ngrams(*train, record["order"]), manifest["vocab"]["size"])
+        assert record["perplexity"] == pytest.approx(kneser_ney.perplexity(*model.score(*heldout)), rel=1e-12)
+    assert records[1]["perplexity"] < records[0]["perplexity"]
+    summary = capsys.readouterr().out
+    assert (
+        f"Kneser-Ney 2-gram {records[0]['perplexity']:,.1f}, 5-gram {records[1]['perplexity']:,.1f} (their passes"
+        in summary
+    )
+
+
+def test_each_splits_unk_rate_is_recorded_and_an_unlearnable_unk_is_one_warning(
+    ray_local, corpus, tmp_path, capsys
+):
+    """The default vocabulary (``min_count=3``) leaves rare words to ``<UNK>`` in both splits;
+    ``min_count=1`` gives the training split none while held-out words are new: one line says so."""
+    manifest = run([corpus[0]], tmp_path / "default")
+    totals = manifest["totals"]
+    for split in fmt.SPLITS:
+        assert totals[split]["unk_tokens"] > 0
+        assert totals[split]["unk_rate"] == totals[split]["unk_tokens"] / totals[split]["tokens"]
+    said = capsys.readouterr().out
+    assert f"({totals['heldout']['unk_tokens']} <UNK>: {totals['heldout']['unk_rate']:.2%})" in said
+    assert "warning" not in said
+    every_word = run([corpus[0]], tmp_path / "every-word", min_count=1)["totals"]
+    assert every_word["train"]["unk_tokens"] == 0 < every_word["heldout"]["unk_tokens"]
+    (warning,) = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
+    assert warning.startswith("warning: the training split has no <UNK> while") and "min_count=1" in warning
 
 
 def test_byte_identical_with_two_workers_and_other_chunking(baseline, corpus, tmp_path):
@@ -291,8 +331,11 @@ def test_the_shard_run_is_on_the_dashboard_and_a_rerun_adds_none(ray_local, corp
         assert got[f"{split}/duplicate_sentences"] == manifest["lines"]["duplicates"][split]["sentences"]
     assert got["vocab/size"] == manifest["vocab"]["size"]
     assert got["baselines/unigram_perplexity"] == pytest.approx(manifest_unigram_perplexity(manifest))
-    assert got["baselines/kneser_ney_perplexity"] == manifest["baselines"]["kneser_ney"]["perplexity"]
-    assert offline_reader.config(recs)["kneser_ney_order"] == 3
+    assert (
+        got["baselines/kneser_ney_3gram_perplexity"] == manifest["baselines"]["kneser_ney"][0]["perplexity"]
+    )
+    assert offline_reader.config(recs)["kneser_ney_orders"] == [3]
+    assert got["heldout/unk_rate"] == manifest["totals"]["heldout"]["unk_rate"]
     # the output as a dataset artifact: the manifest and vocabulary checked, every shard listed
     (artifact,) = offline_reader.artifacts(recs)
     name = f"{out.parent.parent.name}-{out.parent.name}-{out.name}"
@@ -383,9 +426,9 @@ def test_duplicates_go_the_same_whatever_the_workers_and_chunks_and_a_rerun_remo
     text = lines[:1000] + ["In the beginning"] * 3 + lines[1000:] + lines[:300]
     source = tmp_path / "copies.txt"
     source.write_text("\n".join(text) + "\n", encoding="utf-8")
-    one = run([source], tmp_path / "one", workers=1, chunk_bytes=1 << 20, kneser_ney_order=2)
+    one = run([source], tmp_path / "one", workers=1, chunk_bytes=1 << 20, kneser_ney_orders=[2])
     capsys.readouterr()
-    many = run([source], tmp_path / "many", workers=2, chunk_bytes=20_000, kneser_ney_order=2)
+    many = run([source], tmp_path / "many", workers=2, chunk_bytes=20_000, kneser_ney_orders=[2])
     assert "duplicates removed: train " in capsys.readouterr().out
     assert snapshot(tmp_path / "many") == snapshot(tmp_path / "one")
     drop_files = sorted(p.name for p in (tmp_path / "many" / "duplicates").iterdir())
@@ -404,7 +447,7 @@ def test_duplicates_go_the_same_whatever_the_workers_and_chunks_and_a_rerun_remo
     # interrupted in the writing pass: completed from the plan, the duplicates read back
     (tmp_path / "many" / "manifest.json").unlink()
     (tmp_path / "many" / "train-000000.tar").unlink()
-    run([source], tmp_path / "many", workers=2, chunk_bytes=20_000, kneser_ney_order=2)
+    run([source], tmp_path / "many", workers=2, chunk_bytes=20_000, kneser_ney_orders=[2])
     assert snapshot(tmp_path / "many") == snapshot(tmp_path / "one")
     # a damaged record of them is named, not trusted
     for written in [tmp_path / "many" / "manifest.json", *(tmp_path / "many").glob("*.tar")]:
@@ -412,8 +455,8 @@ def test_duplicates_go_the_same_whatever_the_workers_and_chunks_and_a_rerun_remo
     damaged = sorted((tmp_path / "many" / "duplicates").iterdir())[0]
     damaged.write_bytes(damaged.read_bytes()[:-4])
     with pytest.raises(ShardError, match=r"duplicates/chunk-\d+\.u32 holds \d+ bytes, not the \d+ positions"):
-        run([source], tmp_path / "many", workers=2, chunk_bytes=20_000, kneser_ney_order=2)
-    kept = run([source], tmp_path / "kept", dedup=False, kneser_ney_order=2)
+        run([source], tmp_path / "many", workers=2, chunk_bytes=20_000, kneser_ney_orders=[2])
+    kept = run([source], tmp_path / "kept", dedup=False, kneser_ney_orders=[2])
     assert kept["lines"]["duplicates"]["train"] == {"sentences": 0, "tokens": 0}
     assert kept["totals"]["train"]["sentences"] + kept["totals"]["heldout"]["sentences"] == len(text)
     assert not (tmp_path / "kept" / "duplicates").exists()
@@ -453,7 +496,9 @@ def test_bad_input_lines_are_replaced_skipped_and_counted(ray_local, tmp_path):
     data += b"final line"
     path = tmp_path / "bad.txt"
     path.write_bytes(data)
-    manifest = run([path], tmp_path / "out", max_line_bytes=200, chunk_bytes=256, heldout_fraction=0.0)
+    manifest = run(
+        [path], tmp_path / "out", max_line_bytes=200, chunk_bytes=256, heldout_fraction=0.0, min_count=1
+    )
     lines = manifest["lines"]
     assert lines["read"] == 40 + 3 + 1 + 1 + 2 + 1
     assert lines["skipped"] == {"empty": 3, "overlong": 2}

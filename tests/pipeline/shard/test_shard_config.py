@@ -53,8 +53,29 @@ def test_an_arpa_file_without_a_model_to_write_is_refused():
     from pipeline.shard.config import ShardConfig
 
     with pytest.raises(
-        ConfigError, match="config key 'kneser_ney_arpa' must be false when kneser_ney_order=0"
+        ConfigError, match=r"config key 'kneser_ney_arpa' must be false when kneser_ney_orders=\[\]"
     ):
         resolve_config(
-            ShardConfig, overrides=["kneser_ney_order=0", "kneser_ney_arpa=true"], allow_missing=True
+            ShardConfig, overrides=["kneser_ney_orders=[]", "kneser_ney_arpa=true"], allow_missing=True
         )
+
+
+@pytest.mark.parametrize("orders", ["[1]", "[3,6]", "[3,3]"])
+def test_kneser_ney_orders_are_distinct_and_in_range(orders):
+    with pytest.raises(
+        ConfigError, match=r"config key 'kneser_ney_orders' must be distinct orders in 2..5 \(\[\] turns"
+    ):
+        load_config(ShardConfig, overrides=[*BASE, f"kneser_ney_orders={orders}"])
+    assert load_config(ShardConfig, overrides=[*BASE, "kneser_ney_orders=[5,3]"]).kneser_ney_orders == [5, 3]
+
+
+def test_the_old_single_order_key_is_named_with_its_successor():
+    with pytest.raises(
+        ConfigError, match="unknown config key 'kneser_ney_order'.*did you mean 'kneser_ney_orders'"
+    ):
+        load_config(ShardConfig, overrides=[*BASE, "kneser_ney_order=5"])
+
+
+def test_the_default_vocabulary_leaves_rare_words_to_unk():
+    """docs/training.md#the-vocabulary: the 1B Word Benchmark's count >= 3 is the default."""
+    assert load_config(ShardConfig, overrides=BASE).min_count == 3

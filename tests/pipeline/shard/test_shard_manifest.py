@@ -77,7 +77,7 @@ def test_the_manifest_accounts_for_every_line_and_sums_the_shards():
             ShardRecord("heldout-000001.tar", 2, 8, 1, 200, "h1", 1, unigram_nll=17.0),
         ],
     }
-    kneser_ney = {"order": 3, "perplexity": 41.5, "nll": 67.0, "targets": 18}
+    kneser_ney = [{"order": 3, "perplexity": 41.5, "nll": 67.0, "targets": 18}]
     manifest = build_manifest(
         identity, ["a.txt", "h.txt"], 1, CHUNKS, VOCAB, 2, shards, {"kneser_ney": kneser_ney}
     )
@@ -94,7 +94,8 @@ def test_the_manifest_accounts_for_every_line_and_sums_the_shards():
         ("h.txt", "heldout", 4),
     ]
     assert manifest["totals"]["heldout"] == {
-        "sentences": 5, "tokens": 18, "shards": 2, "blocks": 2, "unk_tokens": 1, "bytes": 500,
+        "sentences": 5, "tokens": 18, "shards": 2, "blocks": 2, "unk_tokens": 1, "unk_rate": 1 / 18,
+        "bytes": 500,
     }  # fmt: skip
     assert manifest["shards"]["heldout"][1]["unigram_nll"] == 17.0
     assert "unigram_nll" not in manifest["shards"]["train"][0]  # held-out shards only

@@ -17,7 +17,8 @@ MANIFEST = {
     },
     "vocab": {"size": 900, "distinct_train_tokens": 1200},
     "shards": {"heldout": [{"tokens": 9, "sentences": 1, "unigram_nll": 10 * math.log(80.0)}]},
-    "baselines": {"kneser_ney": {"order": 4, "perplexity": 31.04}},
+    "format_version": 2,
+    "baselines": {"kneser_ney": [{"order": 4, "perplexity": 31.04, "targets": 10}]},
 }  # fmt: skip
 
 
@@ -36,16 +37,26 @@ def test_the_summary_says_where_the_shards_are_and_accounts_for_every_line():
     text = summary(MANIFEST, 4.0, "s3://b/shards", reused=2)
     assert text.splitlines()[0] == "shard: wrote s3://b/shards in 4.0s (500.00k tokens/s)"
     assert "lines read 12: skipped 2 empty, 1 overlong; 3 with invalid UTF-8 replaced" in text
-    assert "  train: 8 sentences, 1500000 tokens (4 <UNK>), 2 shards" in text
+    assert "  train: 8 sentences, 1500000 tokens (4 <UNK>: 0.00%), 2 shards" in text
+    assert "warning" not in text  # held-out words all in the vocabulary: the <UNK> row scores none
     assert "  duplicates removed: train 2 sentences (7 tokens), heldout 0 sentences (0 tokens)" in text
     assert "heldout 0 sentences (0 tokens) (its pass 0.7s)" in summary(
         MANIFEST, 4.0, "out", dedup_seconds=0.7
     )
     kept = summary({**MANIFEST, "config": {"dedup": False}}, 4.0, "out")
     assert "  duplicates: kept (dedup=false)" in kept and "removed" not in kept
-    arpa = {"order": 4, "perplexity": 31.04, "arpa": {"file": "kneser_ney.arpa.gz", "bytes": 2_500_000}}
-    with_arpa = summary({**MANIFEST, "baselines": {"kneser_ney": arpa}}, 4.0, "out")
-    assert "; the model as ARPA: kneser_ney.arpa.gz (2.5 MB)" in with_arpa
+    arpa = {
+        "order": 5,
+        "perplexity": 30.5,
+        "targets": 10,
+        "arpa": {"file": "kneser_ney.arpa.gz", "bytes": 2_500_000},
+    }
+    both = [MANIFEST["baselines"]["kneser_ney"][0], arpa]
+    with_arpa = summary({**MANIFEST, "baselines": {"kneser_ney": both}}, 4.0, "out", baseline_seconds=2.0)
+    assert (
+        "Kneser-Ney 4-gram 31.0, 5-gram 30.5 (their passes 2.0s); the 5-gram model as ARPA: "
+        "kneser_ney.arpa.gz (2.5 MB)" in with_arpa
+    )
     assert "  vocabulary: 900 entries (1200 distinct training tokens)" in text
     assert text.endswith("reused 2 shards already written by an earlier run")
     assert "  held-out baselines: unigram perplexity 80.0, Kneser-Ney 4-gram 31.0 (its pass 1.5s)" in summary(
@@ -63,3 +74,15 @@ def test_a_disabled_bar_prints_nothing_and_still_counts(capsys):
     bar.close()
     assert bar.tokens == 150
     assert capsys.readouterr().err == ""
+
+
+def test_a_training_split_without_unk_beside_held_out_unk_ends_the_summary_with_one_warning():
+    totals = {
+        "train": {"sentences": 8, "tokens": 1_500_000, "unk_tokens": 0, "shards": 2},
+        "heldout": {"sentences": 1, "tokens": 500, "unk_tokens": 20, "shards": 1},
+    }
+    text = summary({**MANIFEST, "totals": totals, "config": {"dedup": True, "min_count": 1}}, 4.0, "out")
+    assert "  heldout: 1 sentences, 500 tokens (20 <UNK>: 4.00%), 1 shards" in text
+    last = text.splitlines()[-1]
+    assert last.startswith("warning: the training split has no <UNK> while 20 of 500 held-out tokens (4.0%)")
+    assert "(min_count=1)" in last and sum("warning" in line for line in text.splitlines()) == 1

@@ -58,30 +58,44 @@ def test_a_launch_reads_no_shard_bytes_on_the_driver(shards, tmp_path):
     listed = manifest["shards"]
     expected = heldout_unigram_perplexity(shards)  # recorded in the manifest by the shard writer
     # the shard stage's Kneser-Ney record, as it writes it
-    manifest["baselines"] = {"kneser_ney": {"order": 4, "perplexity": 123.4, "nll": 1.0, "targets": 2}}
+    manifest["baselines"] = {
+        "kneser_ney": [
+            {"order": 3, "perplexity": 150.5, "nll": 1.0, "targets": 2},
+            {"order": 4, "perplexity": 123.4, "nll": 1.0, "targets": 2},
+        ]
+    }
     storage.write_bytes(os.path.join(shards, "manifest.json"), json.dumps(manifest).encode())
     for entry in listed["train"] + listed["heldout"]:
         storage.write_bytes(os.path.join(shards, entry["name"]), junk)
     before = _bytes_read()
     plan = prepare_run(cfg_for(shards, str(tmp_path / "run"), "softmax.negatives=100"))
     assert _bytes_read() - before < len(junk)  # the manifest and the vocabulary only
+    totals = manifest["totals"]
     assert plan.baselines == {
         "eval/unigram_perplexity": expected,
-        "eval/kneser_ney_perplexity": 123.4,
-        "eval/kneser_ney_order": 4,
+        "eval/kneser_ney_3gram_perplexity": 150.5,
+        "eval/kneser_ney_4gram_perplexity": 123.4,
+        "eval/train_unk_rate": totals["train"]["unk_tokens"] / totals["train"]["tokens"],
+        "eval/heldout_unk_rate": totals["heldout"]["unk_tokens"] / totals["heldout"]["tokens"],
     }
 
 
 @pytest.mark.parametrize(
     "record",
-    [{"order": 7, "perplexity": 90.0, "targets": 5}, {"order": 3, "perplexity": "nan", "targets": 5}, [3]],
+    [
+        [{"order": 7, "perplexity": 90.0, "targets": 5}],
+        [{"order": 3, "perplexity": "nan", "targets": 5}],
+        [3],
+        {"order": 3, "perplexity": 90.0, "targets": 5},  # format 1's one record in a manifest of format 2
+    ],
 )
 def test_a_malformed_kneser_ney_record_is_one_line(shards, tmp_path, record):
     path = os.path.join(shards, "manifest.json")
     manifest = json.loads(storage.read_bytes(path))
     storage.write_bytes(path, json.dumps({**manifest, "baselines": {"kneser_ney": record}}).encode())
     with pytest.raises(
-        FormatError, match=r"manifest .*manifest.json: baselines.kneser_ney needs an order in 2..5"
+        FormatError,
+        match=r"manifest .*manifest.json: baselines.kneser_ney needs, for each model, an order in 2..5",
     ):
         prepare_run(cfg_for(shards, str(tmp_path / "run"), "softmax.negatives=100"))
     assert not (tmp_path / "run").exists()  # refused before the run claims a folder

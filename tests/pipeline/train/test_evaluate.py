@@ -124,8 +124,8 @@ def test_an_evaluation_splits_its_batch_limit_over_the_ranks(lm_and_softmax):
     scored = batches(6)
     baselines = {
         "eval/unigram_perplexity": 300.0,
-        "eval/kneser_ney_perplexity": 150.0,
-        "eval/kneser_ney_order": 3,
+        "eval/kneser_ney_3gram_perplexity": 150.0,
+        "eval/heldout_unk_rate": 0.02,
     }
     evaluator = Evaluator(cfg(eval_max_batches=5), lambda: iter(scored), baselines, world=1)
     result = evaluator.run(lm, softmax, torch.device("cpu"), None)

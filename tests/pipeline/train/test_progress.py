@@ -45,9 +45,10 @@ def test_lines_say_step_rates_and_eta():
         "eval  step 20/400: held-out perplexity 120.5 (fwd 119.0, bwd 122.0; unigram 346.1)"
     ]
     assert lines.lines({"kind": "status", "step": 20}) == []
-    with_kn = {**EVAL, "eval/kneser_ney_perplexity": 180.26, "eval/kneser_ney_order": 3}
+    with_kn = {**EVAL, "eval/kneser_ney_5gram_perplexity": 170.04, "eval/kneser_ney_3gram_perplexity": 180.26}
     assert lines.lines(with_kn) == [
-        "eval  step 20/400: held-out perplexity 120.5 (fwd 119.0, bwd 122.0; unigram 346.1, Kneser-Ney 3-gram 180.3)"
+        "eval  step 20/400: held-out perplexity 120.5 (fwd 119.0, bwd 122.0; unigram 346.1, "
+        "Kneser-Ney 3-gram 180.3, Kneser-Ney 5-gram 170.0)"
     ]
 
 

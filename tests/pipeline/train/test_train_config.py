@@ -19,8 +19,11 @@ BASE = ["shards=s", "output=o"]
         ("batch_size=0", "config key 'batch_size' must be >= 1, got 0"),
         ("unroll_steps=0", "config key 'unroll_steps' must be >= 1"),
         ("keep_checkpoints=0", "config key 'keep_checkpoints' must be >= 1"),
-        ("max_steps=-1", "config key 'max_steps' must be >= 0 (0: max_tokens or n_epochs)"),
-        ("max_tokens=-1", "config key 'max_tokens' must be >= 0 (0: n_epochs epochs)"),
+        ("max_steps=-1", "config key 'max_steps' must be in [0, 2**63 - 1] (0: max_tokens or n_epochs)"),
+        ("max_tokens=-1", "config key 'max_tokens' must be in [0, 2**63 - 1] (0: n_epochs epochs)"),
+        # issue 65, item 11: past int64 a time-budgeted worker failed with an overflow traceback
+        ("max_steps=9223372036854775808", "config key 'max_steps' must be in [0, 2**63 - 1]"),
+        ("max_tokens=99999999999999999999", "config key 'max_tokens' must be in [0, 2**63 - 1]"),
         ("time_budget=2 hours", "config key 'time_budget' must be a duration such as 90s, 45m, 2h"),
         ("time_budget=0", "config key 'time_budget' must be a duration"),
         (
@@ -65,9 +68,9 @@ def test_config_prints_only_what_the_stage_accepts(capsys):
     assert "config key 'optimizer.lr' must be a number > 0, got inf" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("preset", preset_names())
+@pytest.mark.parametrize("preset", [n if n != "bilm-tf" else "tiny,bilm-tf" for n in preset_names()])
 def test_every_preset_passes_the_rules(preset):
-    cfg = load_config(TrainConfig, overrides=BASE, preset=preset)
+    cfg = load_config(TrainConfig, overrides=BASE, preset=preset)  # a recipe after a size
     assert cfg.batch_size >= 1 and cfg.optimizer.lr > 0
 
 
@@ -84,3 +87,29 @@ def test_a_recipe_preset_after_a_size_is_bilm_tfs_recipe_on_that_model():
     )
     with pytest.raises(ConfigError, match="unknown preset 'nope'"):
         load_config(TrainConfig, overrides=BASE, preset="small,nope")
+
+
+def test_an_empty_value_is_the_empty_string_where_the_key_documents_it():
+    """Issue 65, item 13: ``time_budget=`` and ``wandb.entity=`` were refused with a type message."""
+    cfg = load_config(TrainConfig, overrides=[*BASE, "time_budget=", "wandb.entity="])
+    assert (cfg.time_budget, cfg.wandb.entity) == ("", "")
+    with pytest.raises(ConfigError, match="bad value for config key 'workers'"):
+        load_config(TrainConfig, overrides=[*BASE, "workers="])
+
+
+@pytest.mark.parametrize("preset", ["tiny,original", "bilm-tf,small", "bilm-tf", "small,small"])
+def test_a_preset_is_one_size_then_recipes(preset):
+    """Issue 65, item 7: ``tiny,original`` gave the 93.6M model tiny's schedule; ``bilm-tf,small``
+    dropped bilm-tf's recipe without a word."""
+    with pytest.raises(
+        ConfigError, match=rf"--preset '{preset}' must name one model size first, then recipes only"
+    ):
+        load_config(TrainConfig, overrides=BASE, preset=preset)
+    assert (
+        load_config(TrainConfig, overrides=BASE, preset="original,bilm-tf").optimizer.name.value == "adagrad"
+    )
+
+
+def test_a_preset_is_a_name_never_a_path():
+    with pytest.raises(ConfigError, match=r"unknown preset '../../x'; known presets: bilm-tf, medium"):
+        load_config(TrainConfig, overrides=BASE, preset="../../x")

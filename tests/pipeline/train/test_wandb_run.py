@@ -124,13 +124,14 @@ def test_the_summary_keeps_the_best_evaluation_and_its_ratios_to_the_baselines()
         "tokens": 300 * 4096,
         "eval/perplexity": 60.0,
         "eval/unigram_perplexity": 400.0,
-        "eval/kneser_ney_perplexity": 100.0,
-        "eval/kneser_ney_order": 5,
+        "eval/kneser_ney_3gram_perplexity": 120.0,
+        "eval/kneser_ney_5gram_perplexity": 100.0,
     }
     assert best_summary(row) == {
         "best/perplexity": 60.0,
         "best/step": 300,
         "best/tokens": 300 * 4096,
         "best/perplexity_to_unigram": 0.15,
-        "best/perplexity_to_kneser_ney": 0.6,  # the paper's biLM: 0.59 of a 5-gram's
+        "best/perplexity_to_kneser_ney_3gram": 0.5,
+        "best/perplexity_to_kneser_ney_5gram": 0.6,  # the paper's biLM: 0.59 of a 5-gram's
     }

@@ -87,6 +87,13 @@ def write_shard_dir(
         manifest["totals"][split] = {
             "sentences": sum(e["sentences"] for e in entries),
             "tokens": sum(e["tokens"] for e in entries),
+            "unk_tokens": sum(
+                token not in index
+                for shard in splits.get(split, [])
+                for block in shard
+                for sentence in block
+                for token in sentence
+            ),
         }
     if score_heldout:
         train = manifest["totals"]["train"]
