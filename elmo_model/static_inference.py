@@ -26,7 +26,6 @@ layers' arithmetic in float32). The stored dtype of the vectors is a separate ch
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,21 +35,9 @@ import torch
 from elmo_model.bilm import BiLM
 from elmo_model.cuda_graph import GraphedStep
 from elmo_model.lstm import fused_cell_for
+from elmo_model.precision import PRECISIONS
 from elmo_model.static_batches import BOUNDARIES, StaticBatch
 
-
-class Precision(enum.Enum):
-    """A forward's arithmetic: the one list of choices for every caller (embed, probe, benchmarks)."""
-
-    float32 = "float32"
-    """Exact: the original model's arithmetic (TF32 off on GPUs)."""
-    tf32 = "tf32"
-    """TF32 matrix products on CUDA GPUs (the same as float32 on a CPU)."""
-    bf16 = "bf16"
-    """bfloat16 matrix products, the cell state and the outputs' arithmetic in float32."""
-
-
-PRECISIONS = tuple(p.value for p in Precision)
 LAYER_MODES = ("all", "top", "average")
 GRAPH_WARMUP = 2
 """Eager passes of a shape before it is captured (kernels compiled, cuBLAS warmed)."""

@@ -16,12 +16,16 @@ import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from elmo_model import BiLM, BiLMOptions, OptionsError
+from elmo_model.options import BiLMOptions, OptionsError
 from pipeline.errors import PipelineError
 from pipeline.runtime import storage
+
+if TYPE_CHECKING:  # torch loads with the model, not with a stage's config (which names Device)
+    import torch
+
+    from elmo_model import BiLM
 
 OPTIONS_FILE = "options.json"
 WEIGHTS_FILE = "weights.hdf5"
@@ -54,6 +58,8 @@ class Device(enum.Enum):
 
 def pick_device(name: Device | str) -> torch.device:
     """The torch device for ``name`` (``auto``: cuda when this process sees a GPU, else cpu)."""
+    import torch
+
     name = Device(name)
     if name is Device.auto:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -154,6 +160,8 @@ def load_files(options_file: str, weights_file: str, error: type[PipelineError] 
             except storage.StorageError as err:
                 raise error(f"model: {err}") from None
             local.append(path)
+        from elmo_model import BiLM  # torch: here, with the model
+
         try:
             return BiLM.from_files(*local)
         except OptionsError as err:

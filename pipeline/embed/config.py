@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from elmo_model.static_inference import Precision
+from elmo_model.precision import Precision
 from pipeline.config import ConfigError, UseGPU, check_rules
 from pipeline.embed.file_format import FileFormat
 from pipeline.tracking.config import WandbConfig

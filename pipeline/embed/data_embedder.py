@@ -98,7 +98,16 @@ class ElmoEmbedder:
         self.work = work_settings(self.settings)
 
     def __call__(self, batch: Any) -> pa.Table:
-        table = _as_table(batch)
+        try:
+            table = _as_table(batch)
+        except EmbedError:
+            # Arrow blames the first cell that does not fit the ones before it; in the text column
+            # the first cell that is not text is the one to name ({'text': [5, 'a b']}: row 0)
+            columns = batch if isinstance(batch, dict) else getattr(batch, "columns", ())  # a DataFrame's
+            if not self.tokens_column and self.text_column in columns:
+                for row, text in enumerate(batch[self.text_column]):
+                    _raw_line(text, row, self.text_column)
+            raise
         if self.output_column in table.column_names:
             raise EmbedError(
                 f"ElmoEmbedder: the batch already has a column {self.output_column!r}; set output_column= "

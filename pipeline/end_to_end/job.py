@@ -146,9 +146,7 @@ def summary(results: dict[str, Any]) -> str:
     if syncs:
         lines += ["", f"wandb (offline, group '{cfg.train.wandb.group}'): upload each run with"]
         lines += [f"  {stage:<6} {command}" for stage, command in syncs]
-    if "probe" in results:
-        from pipeline.probe.stage import PROBE
-
-        lines += ["", "what the layers know:", PROBE.summary(cfg.probe, results["probe"])]
+    if "probe" in results:  # its table is the probe stage's closing lines, just above: printed once
+        lines.append(f"probe       {results['probe'].output} (what the layers know: the table above)")
     lines.append("=" * 72)
     return "\n".join(lines)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from elmo_model.static_inference import Precision
+from elmo_model.precision import Precision
 from pipeline.config import check_rules, seed_rule
 from pipeline.model_loader import Device
 from pipeline.tracking.config import WandbConfig

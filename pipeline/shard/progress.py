@@ -127,7 +127,12 @@ def _duplicates_line(manifest: dict, seconds: float | None) -> str:
 def _baseline_line(manifest: dict, seconds: float) -> str:
     unigram = manifest_unigram_perplexity(manifest)
     if unigram is None:
-        return "  held-out baselines: none (nothing held out)"
+        arpa = manifest["config"].get("kneser_ney_arpa")  # asked for, but no model was counted
+        return "  held-out baselines: none (nothing held out)" + (
+            "; no ARPA file either: the Kneser-Ney model is counted only beside a held-out split"
+            if arpa
+            else ""
+        )
     line = f"  held-out baselines: unigram perplexity {unigram:,.1f}"
     models = manifest_kneser_ney(manifest, MANIFEST_FILE)
     if models:

@@ -39,6 +39,11 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
+def _when(seconds: float) -> str:
+    """A deadline ``seconds`` from now, in words: ``in 12 s`` or ``12 s past``."""
+    return f"in {seconds:.0f} s" if seconds >= 0 else f"{-seconds:.0f} s past"
+
+
 def baselines_text(row: dict, number: Callable[[float], str] = "{:,.2f}".format) -> str:
     """The held-out baselines of an eval row: ``unigram 812.40, Kneser-Ney 3-gram 190.15``."""
     return ", ".join(f"{label} {number(value)}" for label, value in row_baselines(row))
@@ -87,6 +92,14 @@ class ProgressLines:
         self.total_steps = int(row["plan/total_steps"])
         if not row.get("plan/first"):
             return []
+        spare = row["plan/deadline_in_s"] - row["plan/end_s"]
+        if spare < 0:  # the start-up (and the first steps) took the budget: say so, and by how much
+            return [
+                f"plan  step {row['step']}: the time budget is spent: its deadline is "
+                f"{_when(row['plan/deadline_in_s'])} and the final evaluation and export need "
+                f"{row['plan/end_s']:.0f} s, so the run overruns it by about {-spare:.0f} s; it ends at step "
+                f"{self.total_steps:,} (a larger time_budget trains for longer)"
+            ]
         return [
             f"plan  step {row['step']}: the time budget fits {self.total_steps:,} steps (ends in "
             f"{_duration(max(0.0, row['plan/deadline_in_s']))}, {row['plan/end_s']:.0f} s of it kept for the final "

@@ -44,7 +44,7 @@ def test_misspelled_workers_key_is_one_line_with_a_suggestion():
 @pytest.mark.parametrize(
     "stage, override, message",
     [
-        ("train", "max_steps=-1", "'max_steps' must be >= 0"),
+        ("train", "max_steps=-1", "'max_steps' must be in [0, 2**63 - 1]"),
         ("train", "optimizer.lr=nan", "'optimizer.lr' must be a number > 0, got nan"),
         ("train", "batch_size=0", "'batch_size' must be >= 1"),
         ("train", "checkpoint_every=-3", "'checkpoint_every' must be >= 1"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import h5py
 import pytest
@@ -49,10 +50,16 @@ def test_pipeline_end_to_end_on_s3(
         "eval  step 12/12: held-out perplexity " + progress[-1].split("perplexity ")[1].split(" (")[0],
     ], progress
     assert "held-out perplexity" in out and "unigram baseline" in out
-    # the shard stage's Kneser-Ney baseline, through the eval rows to the summary
-    assert "Kneser-Ney 3-gram " in out and "Kneser-Ney 3-gram " in progress[-1]
+    # the shard stage's Kneser-Ney baselines (the pipeline counts the 3- and 5-gram), through the eval
+    # rows to the summary, with each split's <UNK> rate (issue 61)
+    assert "Kneser-Ney 3-gram baseline" in out and "Kneser-Ney 5-gram baseline" in out
+    assert "Kneser-Ney 3-gram " in progress[-1] and "Kneser-Ney 5-gram " in progress[-1]
+    assert re.search(r"<UNK> +\d+\.\d\d% of the training tokens, \d+\.\d\d% of the held-out ones", out), out[
+        -3000:
+    ]
     # the probe of the trained model beside a random one, its report on the same storage
     assert "part of speech (model)" in out and "part of speech (random control)" in out
+    assert out.count("part of speech (model)") == 1  # issue 65, item 20: the table was printed twice
     run = f"{root}/e2e"
     probe = json.loads(storage.read_bytes(f"{run}/probe/probe.json"))
     assert set(probe["probes"]) == set(probe["control"]) == {"pos", "wsd"}

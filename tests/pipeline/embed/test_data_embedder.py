@@ -111,8 +111,11 @@ def test_what_is_not_text_or_not_a_choice_is_one_line():
         np.array(rows[0]), expected_value(model, b"In the beginning", "top"), atol=1e-6
     )
     assert len(rows[1]) == 2 and rows[2] == []
-    with pytest.raises(EmbedError, match=r"row 1 of column 'text' is int, not str as the rows before it"):
+    with pytest.raises(EmbedError, match=r"row 1 of column 'text' is int, not text"):
         embed({"text": np.array(["a", 7], dtype=object)})
+    # issue 65, item 19: the first cell that is not text is named, not the text Arrow refuses after it
+    with pytest.raises(EmbedError, match=r"row 0 of column 'text' is int, not text"):
+        embed({"text": [5, "a b"]})
     # Arrow holds ints and floats in one column: the row it refuses is the text after them
     with pytest.raises(
         EmbedError, match=r"row 2 of column 'n' is str, not float or int as the rows before it"

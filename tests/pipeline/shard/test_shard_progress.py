@@ -64,6 +64,9 @@ def test_the_summary_says_where_the_shards_are_and_accounts_for_every_line():
     )
     nothing_held_out = {**MANIFEST, "shards": {"heldout": []}, "baselines": {}}
     assert "  held-out baselines: none (nothing held out)" in summary(nothing_held_out, 4.0, "out")
+    # issue 65, item 18: an ARPA file asked for and not written was not said
+    arpa_asked = {**nothing_held_out, "config": {"dedup": True, "kneser_ney_arpa": True}}
+    assert "none (nothing held out); no ARPA file either" in summary(arpa_asked, 4.0, "out")
     assert "reused" not in summary(MANIFEST, 4.0, "out")
 
 

@@ -238,7 +238,7 @@ def test_manifest_counts_that_disagree_with_a_shard_fail_the_run_with_one_line(
         ("wandb.mode=cloud", "'wandb.mode' must be one of offline, online, disabled"),
         ("use_gpu=maybe", "'use_gpu' must be one of auto, true, false"),
         ("batch_size=0", "'batch_size' must be >= 1"),
-        ("max_steps=-1", "'max_steps' must be >= 0"),
+        ("max_steps=-1", "'max_steps' must be in \\[0, 2\\*\\*63 - 1\\]"),
         ("dropout=1.5", "'dropout' must be in \\[0, 1\\)"),
     ],
 )

@@ -207,7 +207,7 @@ def test_the_dashboard_run_joins_its_group_against_tokens_with_the_best_perplexi
     assert got["best/step"] == best["step"] and got["best/tokens"] == best["tokens"]
     ratio = best["eval/perplexity"] / best["eval/unigram_perplexity"]
     assert got["best/perplexity_to_unigram"] == pytest.approx(ratio, rel=1e-9)
-    assert "best/perplexity_to_kneser_ney" not in got  # these shards have no Kneser-Ney baseline
+    assert not [k for k in got if k.startswith("best/perplexity_to_kneser_ney")]  # these shards have none
 
 
 def test_checkpoints_keep_the_last_two_and_the_export_reproduces_the_model(trained, tmp_path):

@@ -52,6 +52,33 @@ def test_lines_say_step_rates_and_eta():
     ]
 
 
+def _plan(deadline_in_s: float, first: int = 1) -> dict:
+    return {
+        "kind": "plan",
+        "step": 16,
+        "plan/total_steps": 187,
+        "plan/first": first,
+        "plan/end_s": 4.0,
+        "plan/deadline_in_s": deadline_in_s,
+    }
+
+
+def test_a_time_budgets_first_plan_is_one_line_and_a_spent_budget_says_by_how_much():
+    """Issue 65, item 8: ``time_budget=1s`` said a 24 s run of 18 steps "fits the time budget"."""
+    lines = ProgressLines(total_steps=12170)
+    (line,) = lines.lines(_plan(38.0))
+    assert line.startswith("plan  step 16: the time budget fits 187 steps (ends in 0m38s, 4 s of it kept")
+    assert lines.total_steps == 187 and lines.lines(_plan(30.0, first=0)) == []
+    (spent,) = ProgressLines(total_steps=12170).lines({**_plan(-20.0), "plan/total_steps": 16})
+    assert spent == (
+        "plan  step 16: the time budget is spent: its deadline is 20 s past and the final evaluation and "
+        "export need 4 s, so the run overruns it by about 24 s; it ends at step 16 (a larger time_budget "
+        "trains for longer)"
+    )
+    (tight,) = ProgressLines(total_steps=100).lines({**_plan(2.5), "plan/total_steps": 16})
+    assert "its deadline is in 2 s" in tight and "overruns it by about 2 s" in tight
+
+
 def test_waiting_for_checkpoint_saves_is_said_once_past_five_percent():
     lines = ProgressLines(total_steps=400)
     assert len(lines.lines({**train_row(10, 10.0), "checkpoint/wait_s": 0.49})) == 1  # 4.9% of 10 s
