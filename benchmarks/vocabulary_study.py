@@ -175,18 +175,27 @@ def main(argv=None) -> int:
     parser.add_argument("--budgets", default="demo,3epochs", help="demo and/or Nepochs")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--results", type=Path, default=None, help="write the study's rows here (JSON)")
+    parser.add_argument(
+        "--report", action="store_true", help="run nothing: the table of the cells OUT already holds"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for corpus in args.corpus:
         for min_count in map(int, args.min_counts.split(",")):
-            shards = shard(corpus, min_count, args.out)
+            shards = (
+                args.out / f"{corpus.name}-mc{min_count}"
+                if args.report
+                else shard(corpus, min_count, args.out)
+            )
             manifest = shard_format.read_manifest(str(shards))
             for budget in args.budgets.split(","):
                 cell = f"{'demo' if budget == 'demo' else 'ep' + budget.removesuffix('epochs')}-{corpus.name}-mc{min_count}"
-                train(shards, budget_tokens(budget, manifest), args.seeds, args.out, cell)
+                if not args.report:
+                    train(shards, budget_tokens(budget, manifest), args.seeds, args.out, cell)
                 targets, runs = cell_runs(args.out, cell)
-                rows.append(cell_row(corpus.name, min_count, budget, manifest, targets, runs))
+                if runs:
+                    rows.append(cell_row(corpus.name, min_count, budget, manifest, targets, runs))
     print(table(rows))
     if args.results:
         args.results.write_text(json.dumps(rows, indent=1) + "\n")

@@ -164,7 +164,10 @@ SHARD_MANIFEST = {
         "train": [{"name": "train-000000.tar", "sentences": 2, "tokens": 5, "sha256": "0" * 64}],
         "heldout": [],
     },
-    "totals": {"train": {"sentences": 2, "tokens": 5}, "heldout": {"sentences": 0, "tokens": 0}},
+    "totals": {
+        "train": {"sentences": 2, "tokens": 5, "unk_tokens": 0},
+        "heldout": {"sentences": 0, "tokens": 0, "unk_tokens": 0},
+    },
     "vocab": {"file": "vocab.txt", "counts_file": "vocab_counts.tsv", "size": 8, "sha256": "0" * 64},
 }
 """A shard stage manifest.json with the fields of the shard format's contract (``shard_format``)."""

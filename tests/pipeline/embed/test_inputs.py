@@ -131,8 +131,9 @@ def write_shard_dir(root: str, tars: list[list[list[list[str]]]]) -> None:
             "train": {
                 "sentences": sum(e["sentences"] for e in entries),
                 "tokens": sum(e["tokens"] for e in entries),
+                "unk_tokens": sum(e["tokens"] for e in entries),  # the vocabulary holds the specials only
             },
-            "heldout": {"sentences": 0, "tokens": 0},
+            "heldout": {"sentences": 0, "tokens": 0, "unk_tokens": 0},
         },
         "vocab": {
             "file": shard_format.VOCAB_FILE,
