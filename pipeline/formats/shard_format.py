@@ -486,6 +486,11 @@ def read_shard_vocab(shard_dir: str, manifest: dict | None = None) -> tuple[byte
     return data, parse_vocab(text, path)
 
 
+def unk_rate(total: dict) -> float:
+    """The share of a split's tokens that are ``<UNK>``, from its ``totals`` record (0 when empty)."""
+    return total["unk_tokens"] / max(1, total["tokens"])
+
+
 def unlearnable_unk(manifest: dict) -> str | None:
     """The warning for shards whose ``<UNK>`` the biLM cannot learn: none of the training tokens is
     ``<UNK>`` while some held-out ones are, so held-out words outside the vocabulary are scored by a
@@ -498,7 +503,7 @@ def unlearnable_unk(manifest: dict) -> str | None:
     setting = ", ".join(f"{k}={rule[k]}" for k in ("min_count", "max_size") if k in rule)
     return (
         f"warning: the training split has no <UNK> while {heldout['unk_tokens']:,} of {heldout['tokens']:,} "
-        f"held-out tokens ({heldout['unk_tokens'] / heldout['tokens']:.1%}) are <UNK>, so the biLM scores "
+        f"held-out tokens ({unk_rate(heldout):.1%}) are <UNK>, so the biLM scores "
         f"them by a softmax row it never trained ({setting or 'the vocabulary'}); shard with min_count=3 "
         "(the default) to leave rare words to <UNK>"
     )

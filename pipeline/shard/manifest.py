@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.formats.shard_format import COUNTS_FILE, MANIFEST_FILE, SPLITS, VOCAB_FILE
+from pipeline.formats.shard_format import COUNTS_FILE, MANIFEST_FILE, SPLITS, VOCAB_FILE, unk_rate
 from pipeline.output_folder import LEASE_FILE, OwnFiles
 from pipeline.shard.baseline import ARPA_FILE
 from pipeline.shard.config import RUNTIME_KEYS
@@ -161,7 +161,7 @@ def build_manifest(
             "unk_tokens": sum(r.unk_tokens for r in records),
             "bytes": sum(r.bytes for r in records),
         }
-        totals[split]["unk_rate"] = totals[split]["unk_tokens"] / max(1, totals[split]["tokens"])
+        totals[split]["unk_rate"] = unk_rate(totals[split])
     lines = _line_record(total)
     lines["read"] = lines.pop("lines")
     lines["longest_sentence_tokens"] = total.max_sentence_tokens

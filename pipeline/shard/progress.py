@@ -7,7 +7,7 @@ import time
 
 from tqdm import tqdm
 
-from pipeline.formats.shard_format import MANIFEST_FILE, manifest_kneser_ney, unlearnable_unk
+from pipeline.formats.shard_format import MANIFEST_FILE, manifest_kneser_ney, unk_rate, unlearnable_unk
 from pipeline.formats.unigram import manifest_unigram_perplexity
 
 
@@ -99,7 +99,7 @@ def summary(
         t = totals[split]
         parts.append(
             f"  {split}: {t['sentences']} sentences, {t['tokens']} tokens ({t['unk_tokens']} <UNK>: "
-            f"{t['unk_tokens'] / max(1, t['tokens']):.2%}), {t['shards']} shards"
+            f"{unk_rate(t):.2%}), {t['shards']} shards"
         )
     parts.append(
         f"  vocabulary: {manifest['vocab']['size']} entries ({manifest['vocab']['distinct_train_tokens']} distinct training tokens)"

@@ -184,8 +184,7 @@ def _baselines(shards: str, manifest: dict) -> dict:
     for kneser_ney in shard_format.manifest_kneser_ney(manifest, shard_format.manifest_path(shards)):
         baselines[kneser_ney_metric(kneser_ney["order"])] = float(kneser_ney["perplexity"])
     for split in shard_format.SPLITS:
-        totals = manifest["totals"][split]
-        baselines[f"eval/{split}_unk_rate"] = totals["unk_tokens"] / max(1, totals["tokens"])
+        baselines[f"eval/{split}_unk_rate"] = shard_format.unk_rate(manifest["totals"][split])
     warning = shard_format.unlearnable_unk(manifest)
     if warning:
         print(f"{warning.replace('warning: ', f'warning: shards {shards}: ', 1)}", file=sys.stderr)
