@@ -8,6 +8,7 @@ so the most specific thing a user typed wins.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import sys
@@ -112,6 +113,7 @@ def run_main(body: Callable[[], int | None]) -> int:
     traceback."""
     _hear_ctrl_c()
     _hear_sigterm()
+    _hear_hang_up()
     try:
         return int(body() or 0)
     except PipelineError as err:
@@ -155,6 +157,22 @@ def _hear_sigterm() -> None:
 
 def _raise_terminated(signum, frame) -> None:
     raise Terminated()
+
+
+def _hear_hang_up() -> None:
+    """A closed terminal (SIGHUP) stops a stage as SIGTERM does, by sending this process a SIGTERM:
+    whichever SIGTERM handler is in place then (this module's, a Ray session's, train's graceful
+    stop) ends the work, so outputs are left whole and checkpoints kept, where the default action
+    killed the driver at once without a word. A SIGHUP ignored (``nohup``) stays ignored."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGHUP) in (
+        signal.SIG_DFL,
+        None,
+    ):
+        signal.signal(signal.SIGHUP, _hang_up_as_sigterm)
+
+
+def _hang_up_as_sigterm(signum, frame) -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main_argv(argv: Sequence[str] | None) -> list[str]:

@@ -184,7 +184,13 @@ def complete_shards(
 
 def commit_shard(output: str, stats: dict, shard: ShardVectors, layout: str, fmt: ShardFormat) -> dict:
     """Write a shard in format ``fmt`` (hashed as it is written; ``layout`` for HDF5), then its
-    entry (both atomic); returns the entry."""
+    entry (both atomic); returns the entry. The output folder is the run's claim's: a commit never
+    creates it, so a folder moved away mid-run is not re-created without its ``run.json``."""
+    if not storage.is_s3(output) and not os.path.exists(output):
+        raise EmbedError(
+            f"output {output}: the folder is gone (moved or deleted while the run wrote it), and a commit "
+            "never creates it: move it back and rerun, or rerun into a new output"
+        )
     index = stats["index"]
     with storage.open_write(manifest.shard_path(output, index, fmt.name)) as out:
         digest = fmt.write(shard, layout, out)

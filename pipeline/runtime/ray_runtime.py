@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -129,15 +130,46 @@ def as_heard(stop: KeyboardInterrupt) -> KeyboardInterrupt:
     return stop
 
 
+class RayStartError(PipelineError):
+    """Ray could not start (an embedded cluster) or be joined (an address)."""
+
+
 def _init_or_terminated(**kwargs):
     """``ray.init``, whose own SIGTERM handler (in place once its processes start) exits the process
-    from inside it: that exit is a `Terminated` like any other SIGTERM."""
+    from inside it: that exit is a `Terminated` like any other SIGTERM. A start that fails is one
+    line (`RayStartError`), not Ray's traceback of 50 lines with its process's log inside."""
     try:
-        return ray.init(**kwargs)
+        with logger_level(SERVICES_LOGGER, logging.CRITICAL):  # its lines repeat the error below
+            return ray.init(**kwargs)
     except SystemExit as exit_:
         if exit_.code in (signal.SIGTERM, 128 + signal.SIGTERM):
             raise Terminated() from None
         raise
+    except Exception as err:
+        raise RayStartError(_start_failure(err, kwargs.get("address"))) from err
+
+
+SERVICES_LOGGER = "ray._private.services"
+"""Ray's logger that prints a failed process's log before ``ray.init`` raises it again."""
+
+
+def _start_failure(err: Exception, address: str | None) -> str:
+    """One line for a failed ``ray.init``: what failed, the last line Ray gave, and the file size
+    limit where one is set (Ray's processes write logs and spill objects, and die past it)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    said = lines[-1] if lines else type(err).__name__
+    what = (
+        f"could not join the Ray cluster at {address}"
+        if address
+        else "the embedded Ray cluster could not start"
+    )
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:
+        said += (
+            f"; the file size limit (ulimit -f) is {limit:,} bytes, which Ray's logs and spilled objects "
+            "outgrow: raise it (ulimit -f unlimited)"
+        )
+    return f"{what}: {said}"
 
 
 def _raise_on_sigterm():

@@ -37,6 +37,7 @@ from pipeline.stage import StageResult
 from pipeline.tracking.config import WandbMode
 from pipeline.tracking.offline_files import sync_command
 from pipeline.train import export as export_mod
+from pipeline.train.checkpoint import latest_checkpoint
 from pipeline.train.config import NAME_RULE, TrainConfig, budget_seconds, run_name_ok
 from pipeline.train.data import steps_per_epoch
 from pipeline.train.errors import TrainError
@@ -250,6 +251,12 @@ def run_training(
         finally:
             ray.kill(relay)
     final = final_status(follower.status, stopped_by)
+    if stopped_by is not None:  # the stop came at the last step: the run finished within its grace period
+        print(
+            f"{signal.Signals(stopped_by).name} came at the run's last step: it finished, evaluated and "
+            "exported within the grace period",
+            file=sys.stderr,
+        )
     if cfg.wandb.mode is WandbMode.offline:
         final["wandb_sync"] = sync_command(
             RunDir(plan.run_dir).wandb, plan.wandb_id, cfg.wandb.project, cfg.wandb.entity
@@ -298,6 +305,8 @@ class GracefulStop:
 
     def __init__(self, relay):
         self.relay, self.received, self._abort, self._timer = relay, None, None, None
+        self.grace_over = False
+        """Whether the grace period ran out (rather than a second signal coming)."""
 
     def install(self, abort=None) -> None:
         """Handle SIGINT and SIGTERM (main thread only); ``abort``: Ray Train's SIGINT handler,
@@ -317,13 +326,32 @@ class GracefulStop:
                 file=sys.stderr,
                 flush=True,
             )
-            self._timer = threading.Timer(GRACE_S, os.kill, (os.getpid(), signal.SIGINT))
+            self._timer = threading.Timer(GRACE_S, self._run_out)
             self._timer.daemon = True
             self._timer.start()
             return
         if self._abort is None:
             raise stop_error(self.received)
         self._abort(signal.SIGINT, frame)
+
+    def _run_out(self) -> None:
+        self.grace_over = True
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def aborted(self, run_dir: str) -> str:
+        """What an aborted stop kept: the latest complete checkpoint, and no export."""
+        why = (
+            f"no step boundary within the {GRACE_S:.0f} s grace period: a long step, or the final evaluation "
+            "and export"
+            if self.grace_over
+            else "a second signal"
+        )
+        kept = (
+            f"the latest checkpoint {kept} is kept"
+            if (kept := latest_checkpoint(run_dir))
+            else "no checkpoint"
+        )
+        return f"aborted ({why}); {kept}, the run is not exported; rerun the same command to continue"
 
     def done(self) -> None:
         """The run ended: no grace period left to run out."""
@@ -394,7 +422,7 @@ def _fit(cfg: TrainConfig, plan: RunPlan, relay) -> int | None:
         # Ray Train's own SIGINT handler aborted the run (its workers stop; the latest complete
         # checkpoint stays as it was) and then exits the process; here that is a Ctrl-C (or a
         # SIGTERM) like any other, which the entry point reports with exit status 130 (or 143).
-        raise stop_error(graceful.received) from None
+        raise stop_error(graceful.received, graceful.aborted(plan.run_dir)) from None
     except Exception:
         if graceful.received is not None:  # the run failed while stopping: stopped, not restarted
             raise stop_error(graceful.received) from None

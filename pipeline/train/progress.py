@@ -90,6 +90,12 @@ class ProgressLines:
         """A time budget's plan: the new last step; a line for the first plan only (the later ones
         adjust it as the pace becomes better known: in metrics.jsonl)."""
         self.total_steps = int(row["plan/total_steps"])
+        if row.get("plan/resumed"):
+            unused = "; this invocation's time_budget is not used" if row.get("plan/budget_unused") else ""
+            return [
+                f"plan  step {row['step']}: resumed with the first invocation's plan, which is kept: the run "
+                f"ends at step {self.total_steps:,}{unused}"
+            ]
         if not row.get("plan/first"):
             return []
         spare = row["plan/deadline_in_s"] - row["plan/end_s"]

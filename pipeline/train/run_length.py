@@ -63,6 +63,11 @@ class RunLength:
         self.clock = time.time
         """The wall clock the deadline is on (a test gives it one of its own)."""
 
+    @property
+    def resumed_plan(self) -> bool:
+        """Whether this run resumed with its first invocation's plan (which it keeps)."""
+        return self._resumed_plan
+
     # -- the schedule's view ------------------------------------------------------------------------
     @property
     def schedule_steps(self) -> int | None:

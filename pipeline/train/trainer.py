@@ -195,6 +195,8 @@ class Trainer:
         # The step never waits for the device; the loop does, only where a component is due (a log
         # line, an evaluation, a checkpoint), so the host prepares the next batches meanwhile.
         length = self.length
+        if length.resumed_plan:
+            self._say_kept_plan()
         components = (log, self.evaluator, self.checkpointer, self.probe)
         compute, steps_timed, start = 0.0, 0, time.perf_counter()
         window = start
@@ -267,6 +269,21 @@ class Trainer:
                 }
             )
         return self.step >= total
+
+    def _say_kept_plan(self) -> None:
+        """A resumed run keeps its first invocation's plan (`RunLength`): the driver's progress is
+        told the planned last step (it knows only the ceiling), and whether this invocation's own
+        time budget goes unused. Not on the dashboard: its history has this step already."""
+        self.log.emit(
+            {
+                "kind": "plan",
+                "step": self.step,
+                "plan/total_steps": self.length.total_steps,
+                "plan/resumed": 1,
+                "plan/budget_unused": int(bool(self.plan.deadline)),
+            },
+            to_wandb=False,
+        )
 
     def _end_cost(self, eval_row: dict) -> float:
         """Seconds the end of the run should take, from an evaluation during it (``eval_row``): the

@@ -16,6 +16,7 @@ environment (inherited from the driver on an embedded cluster; see ``pipeline.ru
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from collections.abc import Iterable, Iterator
@@ -216,6 +217,8 @@ def _expand_one(item: str) -> list[str]:
     backend = _backend(item)
     if not has_glob(item):
         if not backend.is_object(item):
+            if not is_s3(item) and os.path.islink(item):
+                raise StorageError(_broken_link(item))
             if not is_s3(item) and os.path.isdir(item):
                 raise StorageError(
                     f"{item}: a folder, not a file; name its files or a glob ({join(item, '*.txt')})"
@@ -228,6 +231,16 @@ def _expand_one(item: str) -> list[str]:
     if not hits:
         raise StorageError(f"{item}: no file or object matches this pattern")
     return hits
+
+
+def _broken_link(path: str) -> str:
+    """What is wrong with a symbolic link that names no file (a loop, or a missing target)."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"{path}: a symbolic link loop (it leads back to itself); name the file it should reach"
+    return f"{path}: a symbolic link to {os.readlink(path)!r}, which does not exist"
 
 
 def _copy(source: str, target: str) -> None:

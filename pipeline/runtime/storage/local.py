@@ -145,11 +145,15 @@ class _LocalWrite:
             raise
 
     def discard(self) -> None:
-        self.file.close()
         try:
-            os.remove(self.tmp)
-        except FileNotFoundError:
-            pass
+            self.file.close()
+        except OSError:
+            pass  # its flush of buffered bytes failed (a full disk); the descriptor is closed all the same
+        finally:
+            try:
+                os.remove(self.tmp)
+            except FileNotFoundError:
+                pass
 
 
 class LocalBackend:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ def specs(count: int, lines: int = 10) -> list[ShardSpec]:
 
 
 def commit(output: str, spec: ShardSpec, fill: float = 1.0) -> dict:
+    os.makedirs(output, exist_ok=True)  # the run's claim makes it: a commit never does
     shard = shard_of(spec.first_line, [np.full((2, 4), fill, dtype=np.float32)] * spec.num_lines)
     return resume.commit_shard(
         output,
@@ -103,6 +105,25 @@ def test_a_changed_input_is_refused_not_mixed(tmp_path):
     changed = [*shards[:2], ShardSpec(2, 20, 10, segments=(), input_sha256="other")]
     with pytest.raises(EmbedError, match="input lines 20-29 changed since the previous run"):
         resume.complete_shards(out, changed, verify=False)
+
+
+def test_a_commit_never_creates_the_output_folder_moved_away_mid_run(tmp_path):
+    """Issue 65, item 4: the other writer re-created a moved-away output with shards and progress
+    records but no ``run.json``, which the rerun refused; now the commit names the folder gone."""
+    out = str(tmp_path / "emb")
+    resume.claim_output(out, RUN)
+    commit(out, specs(2)[0])
+    os.rename(out, tmp_path / "moved")
+    shard = shard_of(10, [np.zeros((2, 4), np.float32)] * 10)
+    with pytest.raises(EmbedError) as caught:
+        resume.commit_shard(out, {"index": 1, "input_sha256": "in1"}, shard, "packed", format_named("hdf5"))
+    assert str(caught.value) == (
+        f"output {out}: the folder is gone (moved or deleted while the run wrote it), and a commit never "
+        "creates it: move it back and rerun, or rerun into a new output"
+    )
+    assert not os.path.exists(out)
+    os.rename(tmp_path / "moved", out)  # moved back: the rerun resumes it
+    assert list(resume.complete_shards(out, specs(2), verify=True)) == [0]
 
 
 def test_a_failed_run_takes_back_its_claim_and_its_folders_unless_it_committed(tmp_path):

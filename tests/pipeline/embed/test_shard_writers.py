@@ -83,6 +83,7 @@ def test_a_writer_commits_the_bytes_and_entry_the_actor_would(
     pool = BufferPool(writers.buffers)
     shard = _shard(pool, 40, [3, 0, 5, 1, 7], row_shape, pooled)
     stats = {"index": 1, "sentences": 5}
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()  # a run's claim makes its folder: a commit never does
     entry = writers.commit(str(tmp_path / "a"), stats, shard, layout, file_format)
     own = commit_shard(str(tmp_path / "b"), stats, shard, layout, format_named(file_format))
     assert entry == own and entry["name"] == f"embeddings-000001.{file_format}"
@@ -95,6 +96,7 @@ def test_several_writers_commit_at_once_each_shard_once(writers, tmp_path):
     pool = BufferPool(writers.buffers)
     sizes = [int(n) for n in np.random.default_rng(1).integers(0, 30, 200)]
     entries, errors = {}, []
+    (tmp_path / "own").mkdir(), (tmp_path / "out").mkdir()
 
     def commit(index: int) -> None:
         try:
@@ -151,6 +153,7 @@ def test_a_writers_error_comes_back_as_one_line_and_it_serves_on(writers, tmp_pa
     with pytest.raises(EmbedError, match=r"^\S*a-file/embeddings-000000\.hdf5: .*$") as err:
         writers.commit(str(blocked), {"index": 0}, shard, "packed", "hdf5")
     assert "\n" not in str(err.value)
+    (tmp_path / "out").mkdir()
     assert writers.commit(str(tmp_path / "out"), {"index": 0}, shard, "packed", "hdf5")["index"] == 0
     # both writers have served (and are ready); a Ctrl-C is not theirs to act on: they are not in
     # the job's process group, and ignore one sent to them
@@ -233,6 +236,7 @@ print("committed", flush=True)
 @pytest.mark.subprocess
 def test_writers_stop_when_their_actor_is_killed_mid_commit_leaving_no_partial_file(tmp_path):
     out = tmp_path / "out"
+    out.mkdir()
     actor = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(ACTOR), str(out)],
         cwd=REPO,

@@ -101,3 +101,36 @@ def test_one_session_per_command_started_when_a_stage_needs_it_and_closed_with_t
     lines = done.stdout.splitlines()
     assert lines[0].startswith("refused: no Ray session: call ray.init() first")
     assert lines[1:] == ["before start: False", "started: True 1.0", "after: False"]
+
+
+FAILED_START = """
+import resource, sys
+from pipeline.runtime.ray_runtime import RaySession, RayStartError
+
+if sys.argv[1] != "unlimited":
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    with RaySession("localhost:notaport") as session:
+        session.start()
+except RayStartError as err:
+    print(err)
+"""
+
+
+@pytest.mark.parametrize("limit", ["unlimited", str(1 << 30)])
+def test_a_ray_start_that_fails_is_one_line_naming_a_file_size_limit(limit):
+    """Issue 65, item 17: under ``ulimit -f`` Ray's start failed with its 50-line traceback. (An
+    embedded cluster's start under a limit takes half a minute to fail, so the line is made from an
+    address Ray refuses at once: the same ``ray.init`` call; in a process of its own, as this
+    session's Ray runs.)"""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "TMPDIR")}
+    done = subprocess.run(
+        [sys.executable, "-c", FAILED_START, limit], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    (line,) = done.stdout.splitlines()
+    assert line.startswith(
+        "could not join the Ray cluster at localhost:notaport: Unable to parse port number from notaport"
+    )
+    hint = "; the file size limit (ulimit -f) is 1,073,741,824 bytes, which Ray's logs and spilled objects"
+    assert (hint in line) == (limit != "unlimited"), line

@@ -273,11 +273,16 @@ def _loaded(pid: int, library: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize("group", [True, False], ids=["to-the-group", "to-the-driver"])
-def test_a_sigterm_stops_the_probe_with_its_word_and_status(tmp_path, group):
-    """Issue 65, item 10: ``elmo probe`` runs no Ray, and a SIGTERM killed it silently."""
+@pytest.mark.parametrize(
+    "signum, group",
+    [(signal.SIGTERM, True), (signal.SIGTERM, False), (signal.SIGHUP, True)],
+    ids=["sigterm-to-the-group", "sigterm-to-the-driver", "sighup-to-the-group"],
+)
+def test_a_sigterm_or_hang_up_stops_the_probe_with_its_word_and_status(tmp_path, signum, group):
+    """Issue 65, items 10 and 14: ``elmo probe`` runs no Ray, and a SIGTERM killed it silently; a
+    closed terminal's SIGHUP killed any stage at once. Both stop it as SIGTERM does."""
     proc = _run(["-m", "jobs.probe", "--model", str(REFERENCE), "--output", str(tmp_path / "probe")])
     _wait_for(lambda: _loaded(proc.pid, "libtorch"), proc, "torch loaded (the probe at work)", timeout=120)
-    took, err = _stop(proc, signal.SIGTERM, group=group)
+    took, err = _stop(proc, signum, group=group)
     assert proc.returncode == 143 and err.strip().splitlines()[-1] == "terminated", err[-3000:]
     assert took < GRACE_S and "Traceback" not in err

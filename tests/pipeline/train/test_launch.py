@@ -572,3 +572,22 @@ def test_no_placement_group_cleaner_where_no_state_api_answers(monkeypatch):
     monkeypatch.setattr(ray_runtime, "state_api_available", lambda: False)
     got = names()
     assert "PlacementGroupCleanerCallback" not in got and "BackendSetupCallback" in got
+
+
+def test_an_aborted_stop_says_what_it_kept_and_that_no_export_was_written(tmp_path):
+    """Issue 65, item 12: a stop whose grace period ran out in the final evaluation printed a bare
+    ``terminated``: it now names why it was aborted, the checkpoint kept and the missing export."""
+    from pipeline.train.launch import GRACE_S, GracefulStop
+
+    run = str(tmp_path / "run")
+    graceful = GracefulStop(None)
+    assert graceful.aborted(run) == (
+        "aborted (a second signal); no checkpoint, the run is not exported; rerun the same command to continue"
+    )
+    ckpt.mark_complete(ckpt.checkpoint_path(run, 40), 40, 1)
+    graceful.grace_over = True
+    assert graceful.aborted(run) == (
+        f"aborted (no step boundary within the {GRACE_S:.0f} s grace period: a long step, or the final "
+        f"evaluation and export); the latest checkpoint {ckpt.checkpoint_path(run, 40)} is kept, the run is "
+        "not exported; rerun the same command to continue"
+    )

@@ -15,6 +15,7 @@ from pipeline.train.config import Schedule, TrainConfig, budget_seconds
 from pipeline.train.launch import prepare_run
 from pipeline.train.metrics import read_metrics
 from pipeline.train.optimization import lr_factor
+from pipeline.train.progress import ProgressLines
 from pipeline.train.run_dir import RunDir
 from pipeline.train.run_length import END_SLACK_S, RunLength
 from pipeline.train.trainer import Trainer
@@ -122,6 +123,24 @@ def test_a_run_with_a_time_budget_ends_on_time_with_its_schedule_finished(tmp_pa
     assert trains[-1]["train/lr"] == pytest.approx(0.1 * peak, rel=0.05)
     assert (tmp_path / "run" / "export" / "weights.hdf5").exists()
     assert [r for r in rows if r["kind"] == "eval"][-1]["train_s"] > 0  # the training clock
+    # Issue 65, item 9: run again with another budget, it keeps its plan, and its progress says so (it
+    # printed the ceiling, 12170 steps in the issue, with an ETA to it)
+    again = _config(
+        tmp_path,
+        "time_budget=1h",
+        "optimizer.schedule=cosine",
+        "optimizer.warmup_steps=4",
+        "optimizer.final_lr_fraction=0.1",
+        "log_every=2",
+    )
+    assert Trainer(again, prepare_run(again), CPU).run()["step"] == status["step"]
+    (kept,) = [r for r in read_metrics(RunDir(plan.run_dir).metrics) if r.get("plan/resumed")]
+    lines = ProgressLines(total_steps=plan.total_steps)
+    assert lines.lines(kept) == [
+        f"plan  step {status['step']}: resumed with the first invocation's plan, which is kept: the run ends "
+        f"at step {status['step']}; this invocation's time_budget is not used"
+    ]
+    assert lines.total_steps == status["step"]
 
 
 def test_a_run_with_a_token_budget_ends_there_with_its_schedule_finished(tmp_path):
