@@ -16,7 +16,10 @@ Modules, in the order a run uses them:
   input-order batches: ``batching``) -> values;
 - ``shard_vectors``: a shard's vectors assembled from the passes; ``hdf5_shard``: AllenNLP's HDF5 layout
   and the packed one; ``parquet_shard``: the Parquet form; ``manifest``: output names and manifest.json;
-- ``single_file``: one AllenNLP-style file with ``sentence_to_index``; ``runner``: all of it, in order.
+- ``single_file``: one AllenNLP-style file with ``sentence_to_index``; ``runner``: all of it, in order;
+- ``file_format``: the output formats (HDF5, Parquet) as objects a shard is written by;
+  ``pass_size``: a pass's rows and tokens sized to the device; ``startup``: the run's start-up
+  phases, timed and said; ``errors``: EmbedError; ``stage``: the stage's closing lines.
 
 Public, for users: ``read_embeddings(output)`` (``reader``: any output, in line order) and
 ``ElmoEmbedder`` (``data_embedder``: a step of one's own Ray Data pipeline). They are imported on

@@ -190,14 +190,22 @@ def test_a_sigterm_while_the_driver_waits_on_ray_is_a_termination(tmp_path):
     assert _nothing_left(proc.pid) == []
 
 
-def test_a_sigterm_to_the_group_while_ray_starts_stops_everything_it_started(shards, tmp_path):
+@pytest.mark.parametrize(
+    ("sig", "status", "word"), [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")]
+)
+def test_a_signal_to_the_group_while_ray_starts_stops_everything_it_started(
+    shards, tmp_path, sig, status, word
+):
+    """Nothing left running, and (issue 65, item 15) nothing of the run's left in its folder: its
+    ``run.json`` and ``lease.json`` are taken back, as the run wrote nothing else."""
     run_dir = str(tmp_path / "run")
     proc = _start(shards, run_dir)
     _wait_for(lambda: _cluster_pids(proc.pid), proc, "Ray process")  # Ray is starting its processes
-    took, err = _stop(proc, signal.SIGTERM, group=True)
-    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "terminated", err[-3000:]
+    took, err = _stop(proc, sig, group=True)
+    assert proc.returncode == status and err.strip().splitlines()[-1] == word, err[-3000:]
     assert took < GRACE_S and "Traceback" not in err
     assert _nothing_left(proc.pid) == []
+    assert not os.path.exists(run_dir) or os.listdir(run_dir) == []
 
 
 @pytest.mark.parametrize(("sig", "status", "word"), [(signal.SIGTERM, 143, "terminated")])
