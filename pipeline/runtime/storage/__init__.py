@@ -217,7 +217,7 @@ def _expand_one(item: str) -> list[str]:
     backend = _backend(item)
     if not has_glob(item):
         if not backend.is_object(item):
-            if not is_s3(item) and os.path.islink(item):
+            if not is_s3(item) and os.path.islink(item) and not os.path.exists(item):
                 raise StorageError(_broken_link(item))
             if not is_s3(item) and os.path.isdir(item):
                 raise StorageError(
