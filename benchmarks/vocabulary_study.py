@@ -201,8 +201,8 @@ def main(argv=None) -> int:
                 if not args.report:
                     train(shards, budget_tokens(budget, manifest), args.seeds, args.out, cell)
                 targets, runs = cell_runs(args.out, cell)
-                targets = targets or manifest_targets(shards)  # a cell whose runs were cut short
                 if runs:
+                    targets = targets or manifest_targets(shards)  # a cell whose runs were cut short
                     rows.append(cell_row(corpus.name, min_count, budget, manifest, targets, runs))
     print(table(rows))
     if args.results:
