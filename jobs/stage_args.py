@@ -148,11 +148,7 @@ def _hear_sigterm() -> None:
     place while it runs and restores this one): by `Terminated`, so the stage ends its work the way
     a Ctrl-C does and the run says ``terminated`` and exits 143. Without it a stage that runs no
     Ray (``elmo probe``) was killed by the signal, silently."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) in (
-        signal.SIG_DFL,
-        None,
-    ):
-        signal.signal(signal.SIGTERM, _raise_terminated)
+    _handle_if_default(signal.SIGTERM, _raise_terminated)
 
 
 def _raise_terminated(signum, frame) -> None:
@@ -164,15 +160,21 @@ def _hear_hang_up() -> None:
     whichever SIGTERM handler is in place then (this module's, a Ray session's, train's graceful
     stop) ends the work, so outputs are left whole and checkpoints kept, where the default action
     killed the driver at once without a word. A SIGHUP ignored (``nohup``) stays ignored."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGHUP) in (
-        signal.SIG_DFL,
-        None,
-    ):
-        signal.signal(signal.SIGHUP, _hang_up_as_sigterm)
+    _handle_if_default(signal.SIGHUP, _hang_up_as_sigterm)
 
 
 def _hang_up_as_sigterm(signum, frame) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _handle_if_default(signum: int, handler: Callable) -> None:
+    """Put ``handler`` on ``signum`` where the signal still has its default action (main thread
+    only): a handler someone set, or an ignore (``nohup``), is theirs to keep."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signum) in (
+        signal.SIG_DFL,
+        None,
+    ):
+        signal.signal(signum, handler)
 
 
 def main_argv(argv: Sequence[str] | None) -> list[str]:
