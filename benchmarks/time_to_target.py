@@ -162,8 +162,8 @@ def run(args, recipe: Recipe, seed: int, out: Path) -> dict:
     cmd = [
         sys.executable, "-m", "jobs.train", "--shards", args.shards, "--output", str(run_dir),
         "--preset", preset, *common, *device, *run_length_keys(args, cfg), f"seed={seed}",
-        f"eval_interval_batches={args.eval_batches}", f"checkpoint_every={args.checkpoint_every}",
-        f"log_every={args.log_every}", "wandb.mode=disabled",
+        f"eval_interval_batches={args.eval_batches}", f"log_every={args.log_every}", "wandb.mode=disabled",
+        *([f"checkpoint_every={args.checkpoint_every}"] if args.checkpoint_every else []),
     ]  # fmt: skip
     started = time.time()
     output = timed_output(cmd, args.run_timeout_s)
@@ -175,9 +175,24 @@ def run(args, recipe: Recipe, seed: int, out: Path) -> dict:
     if output.returncode != 0:
         tail = "\n".join(line for _, line in output.lines[-40:])
         raise RuntimeError(f"{recipe.name} seed {seed} failed:\n{tail}")
-    rows = read_metrics(RunDir(str(run_dir)).metrics)
+    return run_record(args, recipe, seed, run_dir, output.lines, wall)
+
+
+def run_record(
+    args, recipe: Recipe, seed: int, run_dir: Path, lines: list[tuple[float, str]], wall: float
+) -> dict:
+    """A finished run of ``recipe`` read back from ``run_dir`` (``lines``: its timed output)."""
+    preset = recipe.preset or args.preset
+    common = [f"workers={args.workers}", *recipe.overrides]
+    cfg = load_config(TrainConfig, preset=preset, overrides=["shards=x", "output=x", *common])
+    rows = trained_tokens(read_metrics(RunDir(str(run_dir)).metrics))
     evals = [r for r in rows if r["kind"] == "eval"]
     trains = [r for r in rows if r["kind"] == "train"]
+    guard = [
+        {"step": int(r["step"]), "action": r["action"], "message": r["message"]}
+        for r in rows
+        if r["kind"] == "guard"
+    ]
     return {
         "recipe": recipe.name,
         "overrides": list(recipe.overrides),
@@ -189,12 +204,28 @@ def run(args, recipe: Recipe, seed: int, out: Path) -> dict:
         "steps": int(evals[-1]["step"]),
         # the last evaluation is the end-of-run one, of the whole held-out split
         "evals": [[int(r["step"]), int(r["tokens"]), float(r["train_s"]), float(r["eval/perplexity"])] for r in evals],
+        # the divergence guard's verdicts (the tokens a rollback discarded are in the later rows')
+        "guard": guard,
         "final": float(evals[-1]["eval/perplexity"]),
         "train_s": float(evals[-1]["train_s"]),
-        "startup_s": startup_seconds(output.lines, trains),
+        "startup_s": startup_seconds(lines, trains),
         "wall_s": wall,
         "tokens_per_s": float(np.median([r["train/tokens_per_s"] for r in trains])) if trains else None,
     }  # fmt: skip
+
+
+def trained_tokens(rows: list[dict]) -> list[dict]:
+    """``rows`` (metrics.jsonl's, in order) with ``tokens`` counting every token trained on: after a
+    rollback the steps since its checkpoint are trained again, so the tokens of the discarded ones
+    are added to every later row (the seconds, ``train_s``, count them already)."""
+    discarded, out = 0, []
+    for row in rows:
+        if row["kind"] == "guard" and "to_step" in row:
+            discarded += (
+                (int(row["step"]) - int(row["to_step"])) * int(row["tokens"]) // max(1, int(row["step"]))
+            )
+        out.append({**row, "tokens": int(row.get("tokens", 0)) + discarded} if "tokens" in row else row)
+    return out
 
 
 def startup_seconds(lines: list[tuple[float, str]], trains: list[dict]) -> float | None:
@@ -377,7 +408,12 @@ def main(argv=None) -> int:
         help="NAME=PERPLEXITY,... instead of the shards' baselines (e.g. for --previous runs)",
     )
     parser.add_argument("--log-every", type=int, default=20)
-    parser.add_argument("--checkpoint-every", type=int, default=100_000)
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="steps between checkpoints (0: the preset's; the divergence guard rolls back to one)",
+    )
     parser.add_argument("--run-timeout-s", type=int, default=1800)
     parser.add_argument(
         "--log-dir", type=Path, default=None, help="keep each run's output here, every line timed"

@@ -148,6 +148,8 @@ def cell_row(
         "to_kn3": [to_target(r, kn3) for r in runs] if kn3 else [],
         "to_kn5": [to_target(r, kn5) for r in runs] if kn5 else [],
         "tokens": max((int(r["evals"][-1][1]) for r in runs), default=0),
+        # the divergence guard's verdicts per seed; None: a run from before they were recorded
+        "guard": [[(g["step"], g["action"]) for g in r["guard"]] if "guard" in r else None for r in runs],
     }
 
 
@@ -155,11 +157,18 @@ def _reached(values: list) -> str:
     return " / ".join("never" if v is None else f"{v[0] / 1000:,.0f}k, {v[1]:,.0f} s" for v in values)
 
 
+def _guarded(values: list) -> str:
+    """Per seed: ``none``, each divergence as ``STEP ACTION``, or ``-`` (not recorded)."""
+    return " / ".join(
+        "-" if v is None else ", ".join(f"{step} {action}" for step, action in v) or "none" for v in values
+    )
+
+
 def table(rows: list[dict]) -> str:
     lines = [
         "| corpus | min_count | vocabulary | <UNK> train / held-out | budget (tokens) | held-out ppl, seeds "
-        "| KN-3 / KN-5 | ppl / KN-3 | to KN-3: tokens, training s | to KN-5 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| KN-3 / KN-5 | ppl / KN-3 | to KN-3: tokens, training s | to KN-5 | divergences |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratios = " / ".join(f"{f / r['kn3']:.2f}x" for f in r["final"])
@@ -167,7 +176,8 @@ def table(rows: list[dict]) -> str:
             f"| {r['corpus']} | {r['min_count']} | {r['vocab']:,} | {r['train_unk_rate']:.2%} / "
             f"{r['heldout_unk_rate']:.2%} | {r['budget']} ({r['tokens'] / 1e6:.2f}M) | "
             + " / ".join(f"{f:,.1f}" for f in r["final"])
-            + f" | {r['kn3']:,.1f} / {r['kn5']:,.1f} | {ratios} | {_reached(r['to_kn3'])} | {_reached(r['to_kn5'])} |"
+            + f" | {r['kn3']:,.1f} / {r['kn5']:,.1f} | {ratios} | {_reached(r['to_kn3'])} | {_reached(r['to_kn5'])} "
+            f"| {_guarded(r.get('guard', [None] * len(r['final'])))} |"
         )
     return "\n".join(lines)
 

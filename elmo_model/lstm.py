@@ -295,10 +295,6 @@ class StackedBiLSTM(nn.Module):
         offsets = torch.tensor([[0], [rows.shape[0]]], device=x.device)
         return products, inverse.view(2, -1) + offsets
 
-    def release_workspace(self) -> None:
-        """Free the reused gate buffer (it stays as large as the largest batch seen)."""
-        self._workspace = torch.empty(0)
-
     SPLIT_ROWS = 32
     """CPU: once fewer rows than this are still running, each direction finishes its steps alone."""
 

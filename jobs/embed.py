@@ -63,12 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         from pipeline.embed.stage import EMBED  # torch and Ray only once the arguments parse
-        from pipeline.runtime.ray_runtime import RaySession
-        from pipeline.stage import run_stage
+        from pipeline.stage import run_alone
 
-        cfg = resolve(args, EmbedConfig, FLAGS)
-        with RaySession(cfg.ray_address or None, cfg.num_cpus or None) as session:
-            result = run_stage(EMBED, cfg, session)
+        result = run_alone(EMBED, resolve(args, EmbedConfig, FLAGS))
         return 0 if result.complete else 3
 
     return run_main(body)

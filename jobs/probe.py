@@ -37,9 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         from pipeline.probe.stage import PROBE  # torch only once the arguments parse
-        from pipeline.stage import run_stage
+        from pipeline.stage import run_alone
 
-        run_stage(PROBE, stage_args.resolve(args, ProbeConfig, FLAGS))
+        run_alone(PROBE, stage_args.resolve(args, ProbeConfig, FLAGS))
         return 0
 
     return stage_args.run_main(body)

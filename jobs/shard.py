@@ -38,13 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         # Ray only once the arguments parse
-        from pipeline.runtime.ray_runtime import RaySession
         from pipeline.shard.stage import SHARD
-        from pipeline.stage import run_stage
+        from pipeline.stage import run_alone
 
-        cfg = resolve(args, SHARD.schema, FLAGS)
-        with RaySession(cfg.ray_address or None, cfg.workers or None) as session:
-            run_stage(SHARD, cfg, session)
+        run_alone(SHARD, resolve(args, SHARD.schema, FLAGS))
         return 0
 
     return run_main(body)

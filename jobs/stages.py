@@ -1,27 +1,23 @@
-"""The stages the entry points know by name, each with its config schema (``elmo config STAGE``, the
-infra manifests' checks). The registry lives here, with the entry points, not in ``pipeline.config``:
-the config base knows no stage."""
+"""The names ``elmo config`` knows: every stage of ``pipeline.stage.STAGES`` and ``pipeline`` (the
+whole job), each with its config schema (``elmo config NAME``, the infra manifests' checks).
+Schemas are imported lazily, so that ``elmo config shard`` imports neither torch nor Ray."""
 
 from __future__ import annotations
 
-import importlib
-
 from pipeline.config import ConfigError
+from pipeline.stage import STAGES as STAGE_NAMES
+from pipeline.stage import schema_named
 
-STAGES = {
-    "shard": "pipeline.shard.config:ShardConfig",
-    "train": "pipeline.train.config:TrainConfig",
-    "embed": "pipeline.embed.config:EmbedConfig",
-    "pipeline": "pipeline.end_to_end.config:PipelineConfig",
-    "probe": "pipeline.probe.config:ProbeConfig",
-}
-"""Stage name -> ``module:Class`` of its schema, imported lazily so that ``elmo config shard``
-does not import torch or Ray."""
+STAGES = (*STAGE_NAMES, "pipeline")
+"""What ``elmo config`` knows: the stages and the whole pipeline."""
 
 
 def stage_schema(stage: str) -> type:
-    """The schema dataclass of a stage name (``shard``, ``train``, ``embed``, ``pipeline``, ``probe``)."""
+    """The schema dataclass of a stage name (``shard``, ``train``, ``embed``, ``probe``, ``pipeline``)."""
     if stage not in STAGES:
         raise ConfigError(f"unknown stage {stage!r}; choose one of {', '.join(STAGES)}")
-    module_name, class_name = STAGES[stage].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    if stage == "pipeline":
+        from pipeline.end_to_end.config import PipelineConfig
+
+        return PipelineConfig
+    return schema_named(stage)

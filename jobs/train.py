@@ -43,13 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         # torch and Ray only once the arguments parse
-        from pipeline.runtime.ray_runtime import RaySession
-        from pipeline.stage import run_stage
+        from pipeline.stage import run_alone
         from pipeline.train.stage import TRAIN
 
-        cfg = resolve(args, TRAIN.schema, FLAGS, preset=args.preset)
-        with RaySession(cfg.ray_address or None) as session:
-            run_stage(TRAIN, cfg, session)
+        run_alone(TRAIN, resolve(args, TRAIN.schema, FLAGS, preset=args.preset))
         return 0
 
     return run_main(body)

@@ -1,5 +1,6 @@
 """Locating, checking, fingerprinting and loading a trained biLM, and the device it runs on: one
-implementation for ``elmo embed``, ``ElmoEmbedder`` and ``elmo probe``.
+implementation for every stage that reads a model (embed and its ``ElmoEmbedder``, probe, and
+train's ``init_from`` and export).
 
 A model is ``options.json`` + ``weights.hdf5`` in one folder (what training exports), or the two
 files named one by one; either may be local or on S3. Both are checked to exist and the options

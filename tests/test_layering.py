@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.stage import STAGES
+
 REPO = Path(__file__).resolve().parents[1]
-STAGES = ("shard", "train", "embed", "probe")
 ALLOWED = {("train", "probe")}
 """Stage pairs the docs allow: train's live probe is the probe stage's (docs/architecture.md)."""
 
@@ -52,17 +53,24 @@ def test_no_stage_imports_another_or_a_tool(stage):
     assert violations(f"pipeline/{stage}", lambda m: under(m, *banned)) == []
 
 
+BASE_MODULES = tuple(sorted(p.relative_to(REPO).as_posix() for p in (REPO / "pipeline").glob("*.py")))
+"""The base's root modules (``pipeline/config.py``, ``stage.py``, ``model_loader.py`` ...): every
+stage may import them, so they import none."""
+
+
 def test_the_shared_floors_know_no_stage():
     banned = (*(f"pipeline.{s}" for s in STAGES), "pipeline.end_to_end", "pipeline.tools", "jobs")
-    floors = (
-        "pipeline/runtime",
-        "pipeline/formats",
-        "pipeline/tracking",
-        "pipeline/config.py",
-        "pipeline/stage.py",
-    )
+    floors = ("pipeline/runtime", "pipeline/formats", "pipeline/tracking", *BASE_MODULES)
+    assert "pipeline/stage.py" in floors and "pipeline/model_loader.py" in floors
     for folder in floors:
         assert violations(folder, lambda m: under(m, *banned)) == [], folder
+
+
+@pytest.mark.parametrize("floor", ["pipeline/runtime", "pipeline/formats"])
+def test_the_lowest_floors_know_no_tracking(floor):
+    """Storage, Ray and the file formats are below the dashboard: ``tracking`` reads them, never
+    the other way round (docs/architecture.md)."""
+    assert violations(floor, lambda m: under(m, "pipeline.tracking")) == []
 
 
 FRONT_DOORS = ("stage", "config")

@@ -1,6 +1,7 @@
 """Exactly-once output: committing shards, and finding what a previous run already finished.
 
-A shard is committed in two atomic writes: the HDF5 file, then its entry under ``_progress/``. A
+A shard is committed in two atomic writes: its file (HDF5 or Parquet, the run's format), then its
+entry under ``_progress/``. A
 shard counts as complete only when its entry exists (so a job killed between the two writes redoes
 that shard, overwriting the file atomically), its input hash matches, and, with ``verify``, the
 file's sha256 matches the entry (a damaged file is redone). Shard k always holds the same lines, so

@@ -9,6 +9,7 @@ only when every shard is complete.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from pipeline.embed.resume import (
 )
 from pipeline.embed.settings import EmbedSettings
 from pipeline.embed.single_file import delete_parts, merge, parts_path
-from pipeline.embed.startup import StartupClock
+from pipeline.embed.startup import AfterFirstCommit, StartupClock
 from pipeline.model_loader import ModelSource, load_bilm, resolve_model
 from pipeline.output_folder import Claim, taken_back_on_failure
 from pipeline.runtime import cluster_capacity, ray_runtime
@@ -132,15 +133,38 @@ def choose_pass_size(cfg, source: ModelSource, gpus: float) -> PassSize:
     return pass_size(0, cfg.max_batch_sentences, "cuda", gpu_free_bytes(gpus), position)
 
 
+@dataclass(frozen=True)
+class EmbedDetails:
+    """What an embed run did beyond the counts every stage gives."""
+
+    shards: int
+    """The output's shards, done before or now."""
+    new_shards: int
+    """Shards this run committed."""
+    totals: dict
+    """The output's totals so far (``manifest.totals``: sentences, tokens, what was repaired)."""
+    model: ModelSource
+    """The model read."""
+    input_kind: str
+    """``text`` or ``shards``."""
+    input_paths: tuple[str, ...]
+    """The input's resolved paths (a shard directory: itself)."""
+    startup: dict[str, float]
+    """Where the start-up went (`StartupClock.startup`); empty where no shard was committed."""
+    after_first_commit: AfterFirstCommit | None
+    """The run's pace after its first commit; None where no shard was committed."""
+    manifest: dict | None = None
+    """The output's manifest, once the output is complete."""
+
+
 def run_embed(
     cfg: EmbedConfig, session: RaySession | None = None, tracking: StageRun | None = None
-) -> StageResult:
+) -> StageResult[EmbedDetails]:
     """The embed stage's work: embed ``cfg.input`` into ``cfg.output``; resumes a run killed
     earlier with the same settings. Ray: the entry point's ``session``, started only when a shard
     is left to embed (default: the Ray this process initialised). ``tracking``: the stage's wandb
     run, a row per committed shard (none: no rows); its dashboard and closing lines are
-    ``pipeline/embed/stage.py``'s. The result's ``details`` name the model and input read
-    (``model``: its two files; ``input``: ``kind`` and ``paths``) for the dashboard's lineage.
+    ``pipeline/embed/stage.py``'s.
 
     An output that is not this stage's own is refused before anything is written; a run that fails
     before committing a shard leaves the output as it found it (no claim, no new folder)."""
@@ -155,10 +179,7 @@ def run_embed(
     job = _EmbedJob(cfg, single, target, source, kind, paths, session or RaySession.joined(), tracking, clock)
     # the claim is the run's once it wrote run.json (a resumed run's is an earlier run's)
     with taken_back_on_failure(target, OWN_FILES, claimed=False) as claim:
-        result = _run(job, claim)
-    result.details["model"] = {"options_file": source.options_file, "weights_file": source.weights_file}
-    result.details["input"] = {"kind": kind, "paths": paths}
-    return result
+        return _run(job, claim)
 
 
 @dataclass(frozen=True)
@@ -179,7 +200,7 @@ class _EmbedJob:
     """Where the start-up goes (startup.py)."""
 
 
-def _run(job: _EmbedJob, claim: Claim) -> StageResult:
+def _run(job: _EmbedJob, claim: Claim) -> StageResult[EmbedDetails]:
     cfg, single, target, source, kind, paths = (
         job.cfg,
         job.single,
@@ -246,13 +267,17 @@ def _run(job: _EmbedJob, claim: Claim) -> StageResult:
 
     entries = [done[i] for i in sorted(done)]
     totals = manifest.totals(entries)
-    details = {
-        "shards": len(specs),
-        "new_shards": new_shards,
-        "totals": totals,
-        **job.clock.details(new_tokens),
-    }
-    result = StageResult("embed", cfg.output, seconds, new_tokens, complete=not stopped, details=details)
+    details = EmbedDetails(
+        len(specs),
+        new_shards,
+        totals,
+        source,
+        kind,
+        tuple(paths),
+        job.clock.startup(),
+        job.clock.after_first_commit(new_tokens),
+    )
+    result = StageResult("embed", cfg.output, seconds, new_tokens, details, complete=not stopped)
     if stopped:
         return result
     missing = sorted(set(range(len(specs))) - set(done))
@@ -260,7 +285,7 @@ def _run(job: _EmbedJob, claim: Claim) -> StageResult:
         raise EmbedError(f"output {target}: shards {missing[:5]} were not written; rerun to finish")
     document = manifest.build_manifest(run, source.to_dict(), entries, to_dict(cfg))
     manifest.write_json(manifest.manifest_path(target), document)
-    result.details["manifest"] = document
+    result.details = dataclasses.replace(details, manifest=document)
     if single:
         merge(
             target,

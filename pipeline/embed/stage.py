@@ -8,41 +8,45 @@ from __future__ import annotations
 from pipeline.config import to_dict
 from pipeline.embed import manifest
 from pipeline.embed.config import EmbedConfig, is_single_file
-from pipeline.embed.runner import run_embed
+from pipeline.embed.runner import EmbedDetails, run_embed
 from pipeline.embed.startup import summary_lines
 from pipeline.formats.shard_format import read_manifest
 from pipeline.runtime import storage
 from pipeline.runtime.ray_runtime import RaySession
-from pipeline.stage import Stage, StageResult
+from pipeline.stage import Stage, StageContext, StageResult
 from pipeline.tracking.artifacts import OutputArtifact, artifact_name, dataset_artifact, model_artifact
-from pipeline.tracking.stage_run import StageLog, StageRun
+from pipeline.tracking.stage_run import StageLog
 
 
-class EmbedStage(Stage):
+class EmbedStage(Stage[EmbedConfig, EmbedDetails]):
     name = "embed"
     schema = EmbedConfig
     system_stats = True  # the node's charts (a GPU's among them) beside the stage's curves
 
-    def run(self, cfg: EmbedConfig, session: RaySession, tracking: StageRun) -> StageResult:
-        return run_embed(cfg, session, tracking)
+    def session(self, cfg: EmbedConfig) -> RaySession:
+        return RaySession(cfg.ray_address or None, cfg.num_cpus or None)
+
+    def run(self, cfg: EmbedConfig, ctx: StageContext) -> StageResult[EmbedDetails]:
+        return run_embed(cfg, ctx.session, ctx.tracking)
 
     def tracking_folder(self, cfg: EmbedConfig) -> str | None:
         # the wandb run's files live in the output folder; a single file's parts folder is no place for them
         return None if is_single_file(cfg.output) else cfg.output
 
-    def dashboard(self, cfg: EmbedConfig, result: StageResult) -> StageLog | None:
+    def dashboard(self, cfg: EmbedConfig, result: StageResult[EmbedDetails]) -> StageLog | None:
         """None for a rerun that found every shard done."""
         if not result.tokens:
             return None
-        model = result.details["model"]
-        uses = (model_artifact(model["options_file"], model["weights_file"]),)
-        if result.details["input"]["kind"] == "shards":
-            shards = result.details["input"]["paths"][0]
+        details = result.details
+        uses = (model_artifact(details.model.options_file, details.model.weights_file),)
+        if details.input_kind == "shards":
+            shards = details.input_paths[0]
             uses += (dataset_artifact(shards, read_manifest(shards)),)
         return embed_log(cfg, result, uses)
 
-    def summary(self, cfg: EmbedConfig, result: StageResult) -> str:
-        t, d = result.details["totals"], result.details
+    def summary(self, cfg: EmbedConfig, result: StageResult[EmbedDetails]) -> str:
+        d = result.details
+        t = d.totals
         state = (
             "complete"
             if result.complete
@@ -51,11 +55,11 @@ class EmbedStage(Stage):
         return "\n".join(
             [
                 f"embed {state}: {result.output}",
-                f"  shards {d['shards']} ({d['new_shards']} written now), sentences {t['sentences']:,}, tokens {t['tokens']:,}",
+                f"  shards {d.shards} ({d.new_shards} written now), sentences {t['sentences']:,}, tokens {t['tokens']:,}",
                 f"  empty sentences {t['empty_sentences']}, invalid UTF-8 lines {t['invalid_utf8_lines']}, "
                 f"lines with control characters {t['control_char_lines']}, split sentences {t['split_sentences']}",
                 f"  {result.tokens:,} tokens in {result.seconds:.1f} s = {result.tokens_per_second:,.0f} tokens/s",
-                *summary_lines(result.details),
+                *summary_lines(d.startup, d.after_first_commit),
             ]
         )
 
@@ -74,28 +78,30 @@ def embeddings_artifact(folder: str, document: dict) -> OutputArtifact:
     )
 
 
-def embed_log(config: EmbedConfig, result: StageResult, uses: tuple[OutputArtifact, ...]) -> StageLog:
+def embed_log(
+    config: EmbedConfig, result: StageResult[EmbedDetails], uses: tuple[OutputArtifact, ...]
+) -> StageLog:
     """The ``embed`` run of ``result``: the output's totals (sentences, tokens, shards and what was
     repaired in the input), this run's shards, tokens, seconds and tokens/s (and after its first
     shard, start-up apart), its start-up phases (``startup/*``), and whether it ran to the end
     (``complete``: a run stopped with ``stop_after_shards`` is not); ``uses``: the model and the
     dataset it read; a complete output is its ``embeddings`` artifact."""
-    totals = result.details["totals"]
-    summary: dict[str, float | int] = {f"output/{key}": value for key, value in totals.items()}
+    details = result.details
+    summary: dict[str, float | int] = {f"output/{key}": value for key, value in details.totals.items()}
     summary.update(
         {
-            "run/shards": result.details["new_shards"],
+            "run/shards": details.new_shards,
             "run/tokens": result.tokens,
             "run/seconds": result.seconds,
             "run/tokens_per_s": result.tokens_per_second,
             "complete": int(result.complete),
         }
     )
-    summary.update({f"startup/{phase}": s for phase, s in result.details.get("startup", {}).items()})
-    after = result.details.get("after_first_commit")
-    if after and after["seconds"] > 0:
-        summary["run/tokens_per_s_after_first_shard"] = after["tokens"] / after["seconds"]
+    summary.update({f"startup/{phase}": s for phase, s in details.startup.items()})
+    after = details.after_first_commit
+    if after is not None and after.seconds > 0:
+        summary["run/tokens_per_s_after_first_shard"] = after.tokens_per_second
     produces = None
     if result.complete:
-        produces = embeddings_artifact(config.output, result.details["manifest"])
+        produces = embeddings_artifact(config.output, details.manifest)
     return StageLog("embed", to_dict(config), summary, uses=uses, produces=produces)

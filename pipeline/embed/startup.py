@@ -54,20 +54,35 @@ class StartupClock:
             self.first_commit = self._last
             self.first_tokens = entry["tokens"]
 
-    def details(self, tokens: int) -> dict:
-        """The run's ``startup`` (phase -> seconds, the actor's phases as ``actor_*``, and
-        ``first_commit_s``: from the start) and ``after_first_commit`` (``tokens``, ``seconds``):
-        empty where no shard was committed."""
+    def startup(self) -> dict[str, float]:
+        """Phase -> seconds (``checks_s``, ``ray_s``, ``first_shard_s``, the actor's phases as
+        ``actor_*_s``, and ``first_commit_s``: from the start); empty where no shard was committed."""
         if self.first_commit is None:
             return {}
         startup = {f"{phase}_s": round(s, 3) for phase, s in self.phases.items()}
         startup.update({f"actor_{phase}_s": round(s, 3) for phase, s in self.actor.items()})
         startup["first_commit_s"] = round(self.first_commit - self.started, 3)
-        after = {
-            "tokens": tokens - self.first_tokens,
-            "seconds": round(time.monotonic() - self.first_commit, 3),
-        }
-        return {"startup": startup, "after_first_commit": after}
+        return startup
+
+    def after_first_commit(self, tokens: int) -> AfterFirstCommit | None:
+        """The run's pace from its first commit to now (``tokens``: the run's in all); None where
+        no shard was committed."""
+        if self.first_commit is None:
+            return None
+        return AfterFirstCommit(tokens - self.first_tokens, round(time.monotonic() - self.first_commit, 3))
+
+
+@dataclass(frozen=True)
+class AfterFirstCommit:
+    """Tokens and seconds from a run's first committed shard to its end: the pace a long job runs
+    at, start-up apart."""
+
+    tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 _ACTOR_PHASES = (
@@ -79,10 +94,10 @@ _ACTOR_PHASES = (
 """An actor's start-up phases, in their order, as the closing line says them."""
 
 
-def summary_lines(details: dict) -> list[str]:
-    """The closing lines of a run's start-up and its pace after it (none where nothing was committed)."""
-    startup, after = details.get("startup"), details.get("after_first_commit")
-    if not startup:
+def summary_lines(startup: dict[str, float], after: AfterFirstCommit | None) -> list[str]:
+    """The closing lines of a run's ``startup`` (`StartupClock.startup`) and its pace ``after`` it
+    (none where nothing was committed)."""
+    if not startup or after is None:
         return []
     parts = [
         f"{words} {startup[f'actor_{phase}_s']:.1f} s"
@@ -94,9 +109,9 @@ def summary_lines(details: dict) -> list[str]:
         f"  start-up: checks {startup['checks_s']:.1f} s, Ray {startup['ray_s']:.1f} s, first shard "
         f"{startup['first_shard_s']:.1f} s{actor}: committed {startup['first_commit_s']:.1f} s after the start"
     ]
-    if after["tokens"] and after["seconds"] > 0:
-        rate = after["tokens"] / after["seconds"]
+    if after.tokens and after.seconds > 0:
         lines.append(
-            f"  after the first shard: {after['tokens']:,} tokens in {after['seconds']:.1f} s = {rate:,.0f} tokens/s"
+            f"  after the first shard: {after.tokens:,} tokens in {after.seconds:.1f} s = "
+            f"{after.tokens_per_second:,.0f} tokens/s"
         )
     return lines

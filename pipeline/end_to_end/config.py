@@ -1,9 +1,10 @@
-"""PipelineConfig: the whole pipeline (shard -> train -> evaluate -> export -> embed) as one job.
+"""PipelineConfig: the whole pipeline (shard -> train -> evaluate -> export -> embed, then the probe
+unless ``run_probe=false``) as one job.
 
-It nests the three stage configs unchanged, so every stage key is settable as ``shard.*``,
-``train.*`` or ``embed.*``, and adds the few keys that tie the stages together: where the run
-lives (``storage``, ``name``) and what corpus goes in. Paths between stages are derived from
-``storage``/``name`` unless a user sets them.
+It nests the four stage configs unchanged, so every stage key is settable as ``shard.*``,
+``train.*``, ``embed.*`` or ``probe.*``, and adds the few keys that tie the stages together: where
+the run lives (``storage``, ``name``) and what corpus goes in. Paths between stages are derived
+from ``storage``/``name`` unless a user sets them.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class PipelineConfig:
     storage: str = "runs"
     """Root of everything the run writes: a local directory or an ``s3://bucket/prefix``."""
     name: str = "demo"
-    """Run name; outputs go to ``<storage>/<name>/{shards,train,embeddings}``."""
+    """Run name; outputs go to ``<storage>/<name>/{shards,train,embeddings,probe}``."""
     embed_split: EmbedSplit = EmbedSplit.heldout
     """Which shard split the embed stage embeds (``heldout`` or ``train``)."""
     ray_address: str = ""

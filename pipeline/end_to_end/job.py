@@ -22,7 +22,7 @@ from pipeline.config import check_complete, to_object
 from pipeline.formats.shard_format import row_baselines
 from pipeline.runtime import storage
 from pipeline.runtime.ray_runtime import RaySession
-from pipeline.stage import run_stage
+from pipeline.stage import STAGES, run_stage, stage_named
 
 SAMPLE_CORPUS = Path(__file__).resolve().parents[1] / "data" / "kjv-sample.txt.gz"
 """The shipped sample corpus (a slice of the King James Version, public domain)."""
@@ -65,22 +65,17 @@ def derive_stage_configs(cfg: DictConfig) -> DictConfig:
 def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
     """Run every stage; returns ``{"config"}`` (the derived PipelineConfig) and each stage's
     `StageResult` under its name (``"shard"``, ``"train"``, ``"embed"``, ``"probe"``)."""
-    from pipeline.embed.stage import EMBED
-    from pipeline.shard.stage import SHARD
-    from pipeline.train.stage import TRAIN
-
+    shard, train, embed, probe = (stage_named(name) for name in STAGES)
     cfg = to_object(derive_stage_configs(cfg))  # a PipelineConfig: typed stage configs, rules checked
     results: dict[str, Any] = {"config": cfg}
     with RaySession(cfg.ray_address or None, cfg.num_cpus or None) as session:
-        results["shard"] = run_stage(SHARD, cfg.shard, session)
-        results["train"] = run_stage(TRAIN, cfg.train, session)
-        cfg.embed = _reading(cfg.embed, results["train"].details["export"])
-        results["embed"] = run_stage(EMBED, cfg.embed, session)
+        results["shard"] = run_stage(shard, cfg.shard, session)
+        results["train"] = run_stage(train, cfg.train, session)
+        cfg.embed = _reading(cfg.embed, results["train"].details.export)
+        results["embed"] = run_stage(embed, cfg.embed, session)
     if cfg.run_probe:  # one process, after Ray has given its cores back
-        from pipeline.probe.stage import PROBE
-
-        cfg.probe = _reading(cfg.probe, results["train"].details["export"])
-        results["probe"] = run_stage(PROBE, cfg.probe)
+        cfg.probe = _reading(cfg.probe, results["train"].details.export)
+        results["probe"] = run_stage(probe, cfg.probe)
     return results
 
 
@@ -109,17 +104,17 @@ def _baseline_lines(final: dict, ppl: float) -> list[str]:
 
 def _wandb_syncs(results: dict[str, Any]) -> list[tuple[str, str]]:
     """(stage, sync command) of each stage that logged an offline wandb run this time."""
-    syncs = []
-    for stage in ("shard", "train", "embed", "probe"):
-        result = results.get(stage)
-        if result is not None and result.details.get("wandb_sync"):
-            syncs.append((stage, result.details["wandb_sync"]))
-    return syncs
+    return [
+        (stage, results[stage].wandb_sync)
+        for stage in STAGES
+        if stage in results and results[stage].wandb_sync
+    ]
 
 
 def summary(results: dict[str, Any]) -> str:
     """The closing summary ``elmo pipeline`` prints."""
-    cfg, train = results["config"], results["train"].details
+    cfg, details = results["config"], results["train"].details
+    train = details.final
     ppl = train["eval/perplexity"]
     lines = [
         "",
@@ -131,16 +126,16 @@ def summary(results: dict[str, Any]) -> str:
         "",
         "stage   seconds   tokens/s   (train: tokens per direction, startup and evaluation included)",
     ]
-    for stage in ("shard", "train", "embed"):
+    for stage in (s for s in STAGES if s != "probe"):  # the probe's figures are its table's, above
         result = results[stage]
         lines.append(f"{stage:<6} {result.seconds:8.1f} {result.tokens_per_second:10,.0f}")
     lines += [
         "",
         f"shards      {results['shard'].output}",
-        f"weights     {storage.join(train['export'], 'options.json')} + weights.hdf5",
+        f"weights     {storage.join(details.export, 'options.json')} + weights.hdf5",
         f"embeddings  {results['embed'].output}",
-        f"plot        {train['plot']}",
-        f"metrics     {train['metrics']}",
+        f"plot        {details.plot}",
+        f"metrics     {details.metrics}",
     ]
     syncs = _wandb_syncs(results)
     if syncs:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -95,10 +96,20 @@ def probe_model(
     return report.probes(pos_result, wsd_result)
 
 
-def run_probe(cfg: ProbeConfig) -> StageResult:
+@dataclass(frozen=True)
+class ProbeDetails:
+    """What a probe run found and wrote."""
+
+    report: dict
+    """``probe.json``'s document (``pipeline/probe/report.py``): the model read, each probe's
+    accuracy per layer (and the random control's), the probe set, the seconds."""
+    written: tuple[str, str]
+    """The paths of ``probe.json`` and ``probe.png``."""
+
+
+def run_probe(cfg: ProbeConfig) -> StageResult[ProbeDetails]:
     """Probe ``cfg``'s model (and, with ``control``, a random one of its size); write the report to
-    ``cfg.output``. The result's ``details``: the report (``report``'s ``probe.json`` document) and
-    ``written``, the paths of its two files; its tokens: those the probes embedded, per model."""
+    ``cfg.output``. Its tokens: those the probes embedded, per model."""
     started = time.perf_counter()
     output = cfg.output.rstrip("/")
     options_file, weights_file = model_paths(cfg.model, cfg.options_file, cfg.weights_file, ProbeError)
@@ -129,7 +140,6 @@ def run_probe(cfg: ProbeConfig) -> StageResult:
         "wsd_examples": len(probe_set.wsd.sentences),
     }
     result["seconds"] = round(time.perf_counter() - started, 1)
-    json_path, png_path = write_report(output, result)
-    result["written"] = [json_path, png_path]
+    written = write_report(output, result)
     tokens = sum(map(len, probe_set.train.sentences + probe_set.test.sentences + probe_set.wsd.sentences))
-    return StageResult("probe", output, time.perf_counter() - started, tokens, details=result)
+    return StageResult("probe", output, time.perf_counter() - started, tokens, ProbeDetails(result, written))

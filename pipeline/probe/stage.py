@@ -8,33 +8,35 @@ from __future__ import annotations
 from pipeline.config import to_dict
 from pipeline.probe import report
 from pipeline.probe.config import ProbeConfig
-from pipeline.probe.runner import run_probe
+from pipeline.probe.runner import ProbeDetails, run_probe
 from pipeline.runtime import storage
-from pipeline.runtime.ray_runtime import RaySession
-from pipeline.stage import Stage, StageResult
+from pipeline.stage import Stage, StageContext, StageResult
 from pipeline.tracking.artifacts import OutputArtifact, artifact_name, model_artifact
-from pipeline.tracking.stage_run import StageLog, StageRun
+from pipeline.tracking.stage_run import StageLog
 
 
-class ProbeStage(Stage):
+class ProbeStage(Stage[ProbeConfig, ProbeDetails]):
     name = "probe"
     schema = ProbeConfig
 
-    def run(self, cfg: ProbeConfig, session: RaySession, tracking: StageRun) -> StageResult:
+    def session(self, cfg: ProbeConfig) -> None:
+        return None  # one process: no Ray
+
+    def run(self, cfg: ProbeConfig, ctx: StageContext) -> StageResult[ProbeDetails]:
         return run_probe(cfg)
 
     def tracking_folder(self, cfg: ProbeConfig) -> str | None:
         return cfg.output.rstrip("/")
 
-    def dashboard(self, cfg: ProbeConfig, result: StageResult) -> StageLog:
+    def dashboard(self, cfg: ProbeConfig, result: StageResult[ProbeDetails]) -> StageLog:
         png = storage.read_bytes(storage.join(result.output, report.PLOT_FILE))
-        return probe_log(cfg, result.details, png)
+        return probe_log(cfg, result.details.report, png)
 
-    def summary(self, cfg: ProbeConfig, result: StageResult) -> str:
+    def summary(self, cfg: ProbeConfig, result: StageResult[ProbeDetails]) -> str:
         return "\n".join(
             [
-                report.table(result.details),
-                f"probe done in {result.seconds:.0f} s: {', '.join(result.details['written'])}",
+                report.table(result.details.report),
+                f"probe done in {result.seconds:.0f} s: {', '.join(result.details.written)}",
             ]
         )
 

@@ -327,13 +327,24 @@ def _cluster_workers(requested: int) -> int:
     return requested or max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
-def run_shard(cfg: ShardConfig, session: RaySession | None = None) -> StageResult:
+@dataclass(frozen=True)
+class ShardDetails:
+    """What a shard run did beyond the counts every stage gives."""
+
+    manifest: dict
+    """The output's manifest (also of a no-op rerun, which processed 0 tokens)."""
+    reused: int = 0
+    """Shards an earlier run of the same output wrote."""
+    baseline_seconds: float = 0.0
+    """The Kneser-Ney pass's share of the run's seconds."""
+    dedup_seconds: float | None = None
+    """The deduplicating pass's seconds; None where it did not run (a rerun from the plan)."""
+
+
+def run_shard(cfg: ShardConfig, session: RaySession | None = None) -> StageResult[ShardDetails]:
     """The shard stage's work for a resolved ShardConfig in the entry point's Ray ``session``
     (started only when there is work; default: the Ray this process initialised); its dashboard
-    and closing lines are ``pipeline/shard/stage.py``'s. The result's ``details``: ``manifest``,
-    the output's (also on a no-op rerun, which processed 0 tokens), and, of a run that wrote,
-    ``reused`` (shards an earlier run wrote), ``baseline_seconds`` and ``dedup_seconds`` (None
-    where the deduplicating pass did not run).
+    and closing lines are ``pipeline/shard/stage.py``'s.
 
     A run that fails before writing anything (an empty corpus, an unreadable input) leaves no
     folder it created; one that wrote something keeps it, for a rerun to complete."""
@@ -341,7 +352,7 @@ def run_shard(cfg: ShardConfig, session: RaySession | None = None) -> StageResul
         return _run_shard(cfg, session or RaySession.joined())
 
 
-def _run_shard(config: ShardConfig, session: RaySession) -> StageResult:
+def _run_shard(config: ShardConfig, session: RaySession) -> StageResult[ShardDetails]:
     started = time.perf_counter()
     output = config.output
     inputs = resolve_inputs(config.input, "input")
@@ -358,7 +369,7 @@ def _run_shard(config: ShardConfig, session: RaySession) -> StageResult:
     lease.check()  # a run still writing this folder: refused, whatever its files say so far
     manifest, _ = inspect_output(output, identity)
     if manifest is not None and is_complete(output, manifest):
-        return StageResult("shard", output, time.perf_counter() - started, 0, details={"manifest": manifest})
+        return StageResult("shard", output, time.perf_counter() - started, 0, ShardDetails(manifest))
     _check_writable(output)
     # one run writes a folder at a time; what it finds is looked at again once it holds the lease
     with lease:
@@ -395,13 +406,8 @@ def _run_shard(config: ShardConfig, session: RaySession) -> StageResult:
         lease.verify()  # still this run's folder (not taken over while it was stopped): then commit
         storage.write_bytes(storage.join(output, MANIFEST_FILE), encode_json(manifest))
         seconds = time.perf_counter() - started
-        details = {
-            "manifest": manifest,
-            "reused": len(done),
-            "baseline_seconds": baseline_seconds,
-            "dedup_seconds": counted.dedup_seconds,
-        }
-        return StageResult("shard", output, seconds, total_tokens, details=details)
+        details = ShardDetails(manifest, len(done), baseline_seconds, counted.dedup_seconds)
+        return StageResult("shard", output, seconds, total_tokens, details)
 
 
 @dataclass

@@ -11,24 +11,27 @@ from pipeline.runtime import storage
 from pipeline.runtime.ray_runtime import RaySession
 from pipeline.shard import progress
 from pipeline.shard.config import ShardConfig
-from pipeline.shard.job import run_shard
-from pipeline.stage import Stage, StageResult
+from pipeline.shard.job import ShardDetails, run_shard
+from pipeline.stage import Stage, StageContext, StageResult
 from pipeline.tracking.artifacts import dataset_artifact
-from pipeline.tracking.stage_run import StageLog, StageRun
+from pipeline.tracking.stage_run import StageLog
 
 
-class ShardStage(Stage):
+class ShardStage(Stage[ShardConfig, ShardDetails]):
     name = "shard"
     schema = ShardConfig
 
-    def run(self, cfg: ShardConfig, session: RaySession, tracking: StageRun) -> StageResult:
-        return run_shard(cfg, session)
+    def session(self, cfg: ShardConfig) -> RaySession:
+        return RaySession(cfg.ray_address or None, cfg.workers or None)  # an embedded one: a CPU a task
 
-    def dashboard(self, cfg: ShardConfig, result: StageResult) -> StageLog | None:
+    def run(self, cfg: ShardConfig, ctx: StageContext) -> StageResult[ShardDetails]:
+        return run_shard(cfg, ctx.session)
+
+    def dashboard(self, cfg: ShardConfig, result: StageResult[ShardDetails]) -> StageLog | None:
         """The ``shard`` run of ``result``; none for a rerun that found its output complete."""
         if not result.tokens:
             return None
-        manifest = result.details["manifest"]
+        manifest = result.details.manifest
         return StageLog(
             "shard",
             to_dict(cfg),
@@ -36,24 +39,24 @@ class ShardStage(Stage):
             produces=dataset_artifact(cfg.output, manifest),
         )
 
-    def summary(self, cfg: ShardConfig, result: StageResult) -> str:
+    def summary(self, cfg: ShardConfig, result: StageResult[ShardDetails]) -> str:
         if not result.tokens:
             return f"shard: {result.output} is already complete ({storage.join(result.output, MANIFEST_FILE)}); nothing to do"
         details = result.details
         return progress.summary(
-            details["manifest"],
+            details.manifest,
             result.seconds,
             result.output,
-            reused=details["reused"],
-            baseline_seconds=details["baseline_seconds"],
-            dedup_seconds=details["dedup_seconds"],
+            reused=details.reused,
+            baseline_seconds=details.baseline_seconds,
+            dedup_seconds=details.dedup_seconds,
         )
 
 
 SHARD = ShardStage()
 
 
-def shard_summary(manifest: dict, result: StageResult) -> dict[str, float | int]:
+def shard_summary(manifest: dict, result: StageResult[ShardDetails]) -> dict[str, float | int]:
     """The run's summary: per split its sentences, tokens and shards, and the duplicates removed;
     the vocabulary; the held-out baselines (``baselines/*``, a Kneser-Ney model per order); this
     run's seconds and tokens/s."""

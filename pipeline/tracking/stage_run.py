@@ -224,9 +224,3 @@ class StageRun:
         finally:
             self.run = None
             self._files.close()
-
-
-def log_stage_run(settings: WandbConfig, output: str, log: StageLog) -> str | None:
-    """Log ``log`` as one wandb run (nothing for ``wandb.mode=disabled``), its offline files under
-    ``output``'s ``wandb/`` (local or ``s3://``). Returns the offline run's sync command, else None."""
-    return StageRun(settings, output, log.job_type, log.config).finish(log)

@@ -102,7 +102,8 @@ class OnDivergence(enum.Enum):
     """Say so and end the run (status ``diverged``); its checkpoints stay."""
     rollback = "rollback"
     """Reload the last checkpoint saved before the divergence, scale the learning rate by
-    ``guard.lr_factor`` and train on; stop after ``guard.max_rollbacks``."""
+    ``guard.lr_factor`` and train on; stop after ``guard.max_rollbacks``. With no checkpoint yet
+    (a divergence before the first save) the run says so and trains on, as ``warn``."""
 
 
 @dataclass
@@ -117,9 +118,9 @@ class GuardConfig:
     the held-out evaluation scores them: the first ``batches`` tokens of every row)."""
     factor: float = 3.0
     """A direction diverges when its guard perplexity exceeds ``factor`` x its best so far."""
-    on_divergence: OnDivergence = OnDivergence.warn
-    """``warn`` (the default: rollbacks did not rescue the runs measured, docs/training.md#divergence),
-    ``stop`` or ``rollback``."""
+    on_divergence: OnDivergence = OnDivergence.rollback
+    """``rollback`` (the default: it rescued the seed that diverged at three epochs of the sample
+    corpus, docs/training.md#divergence), ``warn`` or ``stop``."""
     lr_factor: float = 0.5
     """Learning-rate multiplier each rollback applies (kept by later checkpoints and resumes)."""
     max_rollbacks: int = 3

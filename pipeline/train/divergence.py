@@ -62,6 +62,9 @@ class GuardDecision:
     def stopped(self, why: str) -> GuardDecision:
         return GuardDecision(OnDivergence.stop, f"{self.message}; {why}")
 
+    def trained_on(self, why: str) -> GuardDecision:
+        return GuardDecision(OnDivergence.warn, f"{self.message}; {why}: trained on")
+
     def noting(self, what: str) -> GuardDecision:
         return GuardDecision(self.action, f"{self.message}; {what}")
 

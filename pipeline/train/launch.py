@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 
 import ray
 
@@ -227,14 +228,30 @@ def _failure_message(err: BaseException) -> str:
     return lines[-1].strip() if lines else type(err).__name__
 
 
+@dataclass(frozen=True)
+class TrainDetails:
+    """What a training run leaves beyond the counts every stage gives: its final row and where a
+    later stage (embed, probe) and a user find its results."""
+
+    final: dict
+    """The run's final status row of ``metrics.jsonl`` (the end-of-run held-out perplexities under
+    their metric names, ``eval/perplexity`` ..., the baselines and ``<UNK>`` rates of its split)."""
+    export: str
+    """The exported model's folder (``options.json`` + ``weights.hdf5``)."""
+    plot: str
+    """``perplexity.png``."""
+    metrics: str
+    """``metrics.jsonl``."""
+    wandb_sync: str | None
+    """The command that uploads the run's offline wandb files; None unless ``wandb.mode=offline``."""
+
+
 def run_training(
     cfg: TrainConfig, plan: RunPlan | None = None, session: RaySession | None = None
-) -> StageResult:
+) -> StageResult[TrainDetails]:
     """Run (or resume) a training run in the entry point's Ray ``session`` (default: the Ray this
-    process initialised). ``plan``: from ``prepare_run(cfg)`` (computed here when None). The
-    result's ``details`` are the final status row (end-of-run held-out perplexities, and
-    ``wandb_sync`` for an offline run) and the run's ``export``, ``plot`` and ``metrics`` paths;
-    its tokens are this run's positions of one direction (a resumed run counts only the steps it ran)."""
+    process initialised). ``plan``: from ``prepare_run(cfg)`` (computed here when None). Its
+    tokens are this run's positions of one direction (a resumed run counts only the steps it ran)."""
     plan = prepare_run(cfg) if plan is None else plan
     with taken_back_on_failure(plan.run_dir, OWN_FILES):  # a run that wrote nothing does not hold the folder
         (session or RaySession.joined()).start()
@@ -257,15 +274,13 @@ def run_training(
             "exported within the grace period",
             file=sys.stderr,
         )
-    if cfg.wandb.mode is WandbMode.offline:
-        final["wandb_sync"] = sync_command(
-            RunDir(plan.run_dir).wandb, plan.wandb_id, cfg.wandb.project, cfg.wandb.entity
-        )
-    steps = int(final["step"]) - steps_before
-    tokens = steps * cfg.tokens_per_step(cfg.workers)
-    run_dir = RunDir(plan.run_dir)  # where a later stage (embed, probe) and a user find the run's results
-    details = {**final, "export": run_dir.export, "plot": run_dir.plot, "metrics": run_dir.metrics}
-    return StageResult("train", plan.run_dir, time.perf_counter() - started, tokens, details=details)
+    run_dir = RunDir(plan.run_dir)
+    sync = None
+    if cfg.wandb.mode is WandbMode.offline:  # rank 0 logged the run as it went, into the run directory
+        sync = sync_command(run_dir.wandb, plan.wandb_id, cfg.wandb.project, cfg.wandb.entity)
+    tokens = (int(final["step"]) - steps_before) * cfg.tokens_per_step(cfg.workers)
+    details = TrainDetails(final, run_dir.export, run_dir.plot, run_dir.metrics, sync)
+    return StageResult("train", plan.run_dir, time.perf_counter() - started, tokens, details, wandb_sync=sync)
 
 
 def _fit_with_restarts(cfg: TrainConfig, plan: RunPlan, relay) -> int | None:
@@ -517,4 +532,4 @@ def final_status(status: dict | None, stopped_by: int | None = None) -> dict:
     return status
 
 
-__all__ = ["TrainError", "RunPlan", "prepare_run", "run_training", "final_status"]
+__all__ = ["TrainError", "TrainDetails", "RunPlan", "prepare_run", "run_training", "final_status"]

@@ -43,7 +43,7 @@ class RunLength:
 
     ``ceiling``: the steps of ``max_steps`` / ``max_tokens`` / ``n_epochs``; ``deadline``: the
     ``time.time()`` by which the run must have ended (0: no time budget); ``log_every``: the loop's
-    log interval, at which a budgeted run plans again; ``world``: the ranks that share the plan.
+    log interval, at which a budgeted run plans again (every rank takes rank 0's plan, broadcast).
     """
 
     optional = True  # a checkpoint written before time budgets lacks this part

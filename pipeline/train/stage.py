@@ -4,24 +4,22 @@ logged as it goes by rank 0 (``wandb_run.py``), so the stage logs nothing once d
 
 from __future__ import annotations
 
-from pipeline.runtime.ray_runtime import RaySession
-from pipeline.stage import Stage, StageResult
-from pipeline.tracking.stage_run import StageRun
+from pipeline.stage import Stage, StageContext, StageResult
 from pipeline.train.config import TrainConfig
-from pipeline.train.launch import prepare_run, run_training
+from pipeline.train.launch import TrainDetails, prepare_run, run_training
 from pipeline.train.progress import baselines_text
 
 
-class TrainStage(Stage):
+class TrainStage(Stage[TrainConfig, TrainDetails]):
     name = "train"
     schema = TrainConfig
 
-    def run(self, cfg: TrainConfig, session: RaySession, tracking: StageRun) -> StageResult:
-        return run_training(cfg, prepare_run(cfg), session)  # bad input fails before Ray starts
+    def run(self, cfg: TrainConfig, ctx: StageContext) -> StageResult[TrainDetails]:
+        return run_training(cfg, prepare_run(cfg), ctx.session)  # bad input fails before Ray starts
 
-    def summary(self, cfg: TrainConfig, result: StageResult) -> str:
+    def summary(self, cfg: TrainConfig, result: StageResult[TrainDetails]) -> str:
         """The end-of-run held-out perplexities and where the run is."""
-        final = result.details
+        final = result.details.final
         return (
             f"trained to step {final.get('step')}: held-out perplexity {final['eval/perplexity']:.2f} "
             f"(fwd {final['eval/perplexity_fwd']:.2f}, bwd {final['eval/perplexity_bwd']:.2f}; "

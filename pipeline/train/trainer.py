@@ -309,8 +309,8 @@ class Trainer:
         if decision.action is OnDivergence.rollback:
             self.checkpointer.wait()
             restored = guard.roll_back(self.checkpointer.restore)
-            if restored is None:
-                decision = decision.stopped("no checkpoint to roll back to")
+            if restored is None:  # diverged before the first save: nothing is lost by training on
+                decision = decision.trained_on("no checkpoint to roll back to")
             else:
                 runner.step, runner.lr_scale = restored, guard.lr_scale
                 runner.reset_graph()  # the optimizer's state tensors are new ones

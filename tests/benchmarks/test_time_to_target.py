@@ -17,6 +17,7 @@ from benchmarks.time_to_target import (
     split_ids,
     startup_seconds,
     target_names,
+    trained_tokens,
     verdicts,
 )
 from pipeline.formats import kneser_ney, shard_format
@@ -50,6 +51,21 @@ def test_the_start_up_is_the_first_train_line_less_the_loops_clock():
     lines = [(3.0, "ray dashboard: ..."), (21.5, "train step 20/400 (epoch 0.03) | ..."), (30.0, "eval")]
     assert startup_seconds(lines, [{"time": 1.5}]) == pytest.approx(20.0)
     assert startup_seconds(lines[:1], [{"time": 1.5}]) is None
+
+
+def test_the_tokens_a_rollback_discarded_count_toward_the_target():
+    """Rolled back from step 980 to 900 (80 steps of 1,280 tokens): every later row has trained
+    102,400 tokens more than its step says; the rows before it are as logged."""
+    rows = [
+        {"kind": "eval", "step": 832, "tokens": 1_064_960},
+        {"kind": "guard", "step": 980, "tokens": 1_254_400, "to_step": 900, "action": "rollback"},
+        {"kind": "eval", "step": 936, "tokens": 1_198_080},
+        {"kind": "status", "step": 2094},
+    ]
+    assert [r.get("tokens") for r in trained_tokens(rows)] == [1_064_960, 1_356_800, 1_300_480, None]
+    warned = [{**rows[1], "action": "warn"}]
+    del warned[0]["to_step"]  # a warning discards nothing
+    assert trained_tokens(warned) == warned
 
 
 def _runs(name: str, finals: list[float]) -> list[dict]:

@@ -54,15 +54,17 @@ def test_every_embed_flag_lands_on_its_key():
 
 def test_the_train_summary_says_where_the_run_is_and_how_to_upload_it():
     from pipeline.stage import StageResult, closing_lines
+    from pipeline.train.launch import TrainDetails
     from pipeline.train.stage import TRAIN
 
     final = {"step": 400, "eval/perplexity": 98.449, "eval/perplexity_fwd": 97.94, "eval/perplexity_bwd": 98.96,
              "eval/unigram_perplexity": 346.09}  # fmt: skip
-    result = StageResult("train", "runs/demo/train", 60.0, 1000, details=final)
+    details = TrainDetails(final, "runs/demo/train/export", "p.png", "metrics.jsonl", None)
+    result = StageResult("train", "runs/demo/train", 60.0, 1000, details)
     assert closing_lines(TRAIN, None, result) == (
         "trained to step 400: held-out perplexity 98.45 (fwd 97.94, bwd 98.96; unigram 346.09); "
         "run directory runs/demo/train"
     )
-    result.details["wandb_sync"] = "wandb sync --id x ..."
+    result.wandb_sync = "wandb sync --id x ..."
     offline = closing_lines(TRAIN, None, result)
     assert offline.splitlines()[1] == "  wandb: offline; upload it with: wandb sync --id x ..."

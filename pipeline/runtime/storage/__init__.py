@@ -279,20 +279,3 @@ def sha256(path: str | os.PathLike) -> str:
 def download_file(path: str | os.PathLike, local_path: str | os.PathLike) -> None:
     """Copy ``path`` (S3 or local) to a local file, atomically."""
     _copy(_path(path), _local_only(local_path, "download target"))
-
-
-def _gopen_s3(url: str, mode: str = "rb", bufsize: int = 8192, **kwargs) -> BinaryIO:
-    if mode != "rb":
-        raise StorageError(f"{url}: webdataset can only read s3:// urls here; write with storage.open_write")
-    return open_read(url)
-
-
-def register_webdataset_s3() -> None:
-    """Let ``webdataset`` open ``s3://`` urls through boto3 (its gopen has no s3 scheme).
-
-    Per process: call it in each Ray worker that builds a ``WebDataset`` over S3 urls.
-    """
-    # the module, not webdataset.gopen (the package rebinds that name to the function)
-    from webdataset.gopen import gopen_schemes
-
-    gopen_schemes["s3"] = _gopen_s3

@@ -101,7 +101,7 @@ def test_the_embed_run_is_on_the_dashboard_and_a_rerun_adds_none(ray_local, tmp_
     assert got["run/tokens_per_s"] == pytest.approx(result.tokens_per_second) and got["complete"] == 1
     assert "wandb sync --id" in closing_lines(EMBED, cfg, result)
     # where its start-up went, and its pace after the first shard, start-up apart
-    startup = result.details["startup"]
+    startup = result.details.startup
     actor_phases = {"actor_start_s", "actor_model_load_s", "actor_first_passes_s", "actor_first_write_s"}
     assert {"checks_s", "ray_s", "first_shard_s", *actor_phases} <= set(startup)
     # the actor's phases happen within the first shard's (its start is counted from Ray's being up)
@@ -138,18 +138,18 @@ def test_killed_run_on_s3_finishes_exactly_once(ray_local, s3_prefix, model):
     args = {"model": model_dir, "input": [corpus], "output": output}
 
     first = run_embed(_config(**args, stop_after_shards=1))  # "killed" after its first shard
-    assert not first.complete and first.details["new_shards"] == 1
+    assert not first.complete and first.details.new_shards == 1
     assert not storage.exists(manifest.manifest_path(output))
     # shards already in flight when the driver stopped may have been committed too
     done = storage.list_prefix(storage.join(output, "embeddings-"))
     entries = storage.list_prefix(storage.join(output, "_progress", "embeddings-"))
-    assert first.details["new_shards"] <= len(entries) <= len(done) <= 4
+    assert first.details.new_shards <= len(entries) <= len(done) <= 4
     storage.write_bytes(done[0], b"not hdf5: damaged after the kill")  # verify_resume must redo it
 
     second = run_embed(_config(**args))
     # the damaged shard is redone; at most the shards without an entry when we looked (a file whose
     # entry was not yet written counts as missing) are added to it
-    assert second.complete and 1 <= second.details["new_shards"] <= 4 - len(entries) + 1
+    assert second.complete and 1 <= second.details.new_shards <= 4 - len(entries) + 1
 
     pairs = _shard_values(output)
     keys = [k for k, _ in pairs]
@@ -189,7 +189,7 @@ def test_killed_run_on_s3_finishes_exactly_once(ray_local, s3_prefix, model):
     assert doc["layers"] == "all" and doc["dtype"] == "float32" and len(doc["model"]["sha256"]) == 64
 
     third = run_embed(_config(**args))  # a rerun of a finished output redoes nothing
-    assert third.complete and third.details["new_shards"] == 0
+    assert third.complete and third.details.new_shards == 0
     assert json.loads(storage.read_bytes(manifest.manifest_path(output)))["shards"] == doc["shards"]
 
 
@@ -203,7 +203,7 @@ def test_packed_mean_pooled_run_on_a_shard_of_lines(ray_local, tmp_path, model):
     out = tmp_path / "out"
     args = {"options_file": str(OPTIONS), "weights_file": str(WEIGHTS), "input": [str(corpus)]}
     result = run_embed(_config(**args, output=str(out), layout="packed", pool="mean", lines_per_shard=16))
-    assert result.complete and result.details["shards"] == 2
+    assert result.complete and result.details.shards == 2
     document = json.loads((out / "manifest.json").read_text())
     assert document["layout"] == "packed" and document["pool"] == "mean"
     assert {(e["layout"], e["pool"]) for e in document["shards"]} == {("packed", "mean")}
@@ -239,7 +239,7 @@ def test_single_file_has_allennlp_layout(ray_local, tmp_path, model):
     assert out.read_bytes() == b"an older file" and not (tmp_path / "out.hdf5.parts").exists()
     # wandb offline, as by default: a single file logs no run (no folder of its own for the files)
     result = run_embed(_config(**args, overwrite=True, **{"wandb.mode": "offline"}))
-    assert result.complete and result.details["shards"] == 3 and "wandb_sync" not in result.details
+    assert result.complete and result.details.shards == 3 and result.wandb_sync is None
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "in.txt",
         "out.hdf5",
@@ -277,7 +277,7 @@ def test_stateful_run_reproduces_the_original_fixture(ray_local, tmp_path):
             max_sentence_tokens=1000,
         )
     )
-    assert result.complete and result.details["shards"] == 5
+    assert result.complete and result.details.shards == 5
     values = dict(_shard_values(str(out)))
     expected = fixture_expected()  # E[row][batch]; line i = batch i // 3, row i % 3
     worst = max(float(np.abs(values[i] - expected[i % 3][i // 3]).max()) for i in range(30))
@@ -334,7 +334,7 @@ def test_a_killed_parquet_run_resumed_writes_each_line_once(ray_local, tmp_path)
     first = run_embed(_config(**args, output=out, format="parquet", lines_per_shard=20, stop_after_shards=1))
     assert not first.complete and not (tmp_path / "out" / "manifest.json").exists()
     second = run_embed(_config(**args, output=out, format="parquet", lines_per_shard=20))
-    assert second.complete and second.details["new_shards"] <= 4
+    assert second.complete and second.details.new_shards <= 4
     assert [line for line, _ in read_embeddings(out)] == list(range(len(lines)))
     with pytest.raises(EmbedError, match=r"other settings \(file_format: 'parquet', now 'hdf5'\)"):
         run_embed(_config(**args, output=out, lines_per_shard=20))

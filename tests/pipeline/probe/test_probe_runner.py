@@ -36,9 +36,14 @@ def test_a_probe_reports_every_layer_against_its_baselines_and_the_same_again(tm
         assert 0.0 <= value <= 1.0
     assert pos["test"] > 1000 and pos["train"] > 3000 and 50 < wsd["test"] <= 400
     assert set(written["control"]) == {"pos", "wsd"} and written["seconds"] > 0
-    assert result.details["probes"] == written["probes"] and result.tokens > pos["train"] + pos["test"]
+    assert result.details.report["probes"] == written["probes"] and result.tokens > pos["train"] + pos["test"]
+    assert result.details.written == (
+        str(tmp_path / "probe" / "probe.json"),
+        str(tmp_path / "probe" / "probe.png"),
+    )
     again = run_probe(_config(tmp_path / "probe", "control=true"))  # an earlier probe's folder: rewritten
-    assert again.details["probes"] == written["probes"] and again.details["control"] == written["control"]
+    assert again.details.report["probes"] == written["probes"]
+    assert again.details.report["control"] == written["control"]
 
 
 def test_the_cli_prints_the_table_and_refuses_what_it_cannot_probe_in_one_line(tmp_path, capsys):

@@ -16,7 +16,6 @@ import boto3
 import numpy as np
 import pytest
 import torch
-import webdataset as wds
 from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError, ResponseStreamingError
@@ -270,22 +269,6 @@ def test_interrupted_write_leaves_nothing(root, size):
     assert not storage.exists(fresh)
     assert storage.read_bytes(existing) == b"old content"
     assert storage.list_prefix(root) == [existing]  # no temp files or partial objects visible
-
-
-def test_webdataset_streams_a_tar(root):
-    storage.register_webdataset_s3()
-    url = join(root, "shard-000000.tar")
-    with storage.open_write(url) as stream:
-        writer = wds.TarWriter(stream)
-        for i in range(3):
-            writer.write(
-                {"__key__": f"sample-{i}", "txt": f"text {i}", "npy": np.arange(i + 1, dtype=np.int32)}
-            )
-        writer.close()
-    samples = list(wds.WebDataset(url, shardshuffle=False).decode())
-    assert [s["__key__"] for s in samples] == ["sample-0", "sample-1", "sample-2"]
-    assert [s["txt"] for s in samples] == ["text 0", "text 1", "text 2"]
-    np.testing.assert_array_equal(samples[2]["npy"], [0, 1, 2])
 
 
 def test_torch_checkpoint_through_a_stream(root):

@@ -53,7 +53,7 @@ def _config(inputs, output, **overrides) -> ShardConfig:
 
 def run(inputs, output, **overrides) -> dict:
     """The manifest of a shard run (its StageResult's details)."""
-    return run_shard(_config(inputs, output, **overrides)).details["manifest"]
+    return run_shard(_config(inputs, output, **overrides)).details.manifest
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
@@ -324,7 +324,7 @@ def test_byte_identical_with_two_workers_and_other_chunking(baseline, corpus, tm
 def test_the_shard_run_is_on_the_dashboard_and_a_rerun_adds_none(ray_local, corpus, tmp_path, capsys):
     out = tmp_path / "shards"
     result = run_shard(_config([corpus[0]], out, workers=2, **{"wandb.mode": "offline", "wandb.group": "g1"}))
-    manifest = result.details["manifest"]
+    manifest = result.details.manifest
     (path,) = offline_reader.run_files(out / "wandb")
     recs = offline_reader.records(path)
     run = offline_reader.run_record(recs)
@@ -349,10 +349,10 @@ def test_the_shard_run_is_on_the_dashboard_and_a_rerun_adds_none(ray_local, corp
     contents = {c["path"]: c["ref"] for c in artifact["manifest"]["contents"]}
     assert sorted(contents) == sorted(["manifest.json", "vocab.txt", *shards])
     assert contents["manifest.json"] == f"file://{out}/manifest.json"
-    assert f"upload it with: {result.details['wandb_sync']}" in capsys.readouterr().out
+    assert f"upload it with: {result.wandb_sync}" in capsys.readouterr().out
     # the output is still the stage's own, and a rerun that finds it complete logs no second run
     again = run_shard(_config([corpus[0]], out, **{"wandb.mode": "offline", "wandb.group": "g1"}))
-    assert again.tokens == 0 and "wandb_sync" not in again.details
+    assert again.tokens == 0 and again.wandb_sync is None
     assert [p.name for p in (out / "wandb").iterdir()] == ["attempt-001"]
 
 

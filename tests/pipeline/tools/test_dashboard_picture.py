@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from offline_runs import log_stage_run
+
 from pipeline.tools.dashboard_picture import draw, lineage, read_stage
 from pipeline.tracking.artifacts import OutputArtifact
 from pipeline.tracking.config import WandbConfig
-from pipeline.tracking.stage_run import StageLog, log_stage_run
+from pipeline.tracking.stage_run import StageLog
 
 
 def test_the_lineage_reads_runs_to_what_they_logged_and_artifacts_to_the_runs_that_used_them(tmp_path):

@@ -9,12 +9,13 @@ import struct
 import zlib
 
 import pytest
+from offline_runs import log_stage_run
 
 from pipeline.tools.dashboard_picture import main as picture_main
 from pipeline.tracking import offline_reader
 from pipeline.tracking.config import WandbConfig
 from pipeline.tracking.offline_reader import OfflineFileError
-from pipeline.tracking.stage_run import StageLog, log_stage_run
+from pipeline.tracking.stage_run import StageLog
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,12 @@ import json
 import os
 
 import pytest
+from offline_runs import log_stage_run
 
 from pipeline.runtime import storage
 from pipeline.tracking import offline_reader
 from pipeline.tracking.config import WandbConfig, WandbMode
-from pipeline.tracking.stage_run import StageLog, log_stage_run
+from pipeline.tracking.stage_run import StageLog
 
 
 def _png() -> bytes:

@@ -102,7 +102,7 @@ def _run(cfg):
 
 def test_rollback_reloads_the_last_good_checkpoint_and_lowers_the_rate(shards, tmp_path, drift_once):
     run_dir = str(tmp_path / "run")
-    status = _run(_config(shards, run_dir, "guard.on_divergence=rollback"))
+    status = _run(_config(shards, run_dir))  # rollback is the default
     assert drift_once == [9]
     assert status["status"] == "done" and status["step"] == 16
     rows = read_metrics(f"{run_dir}/{METRICS_FILE}")
@@ -132,7 +132,7 @@ def test_stop_ends_the_run_with_a_clear_error(shards, tmp_path, drift_once):
 
 def test_warn_says_so_once_and_trains_on(shards, tmp_path, drift_once):
     run_dir = str(tmp_path / "run")
-    status = _run(_config(shards, run_dir))  # warn is the default
+    status = _run(_config(shards, run_dir, "guard.on_divergence=warn"))
     assert status["status"] == "done"
     rows = read_metrics(f"{run_dir}/{METRICS_FILE}")
     guard = [r for r in rows if r["kind"] == "guard"]
@@ -141,10 +141,13 @@ def test_warn_says_so_once_and_trains_on(shards, tmp_path, drift_once):
     assert later and min(later) > 3 * min(r["guard/perplexity_fwd"] for r in rows if r["kind"] == "train")
 
 
-def test_rollback_without_a_checkpoint_stops(shards, tmp_path, drift_once):
+def test_rollback_without_a_checkpoint_says_so_and_trains_on(shards, tmp_path, drift_once):
     run_dir = str(tmp_path / "run")
-    status = _run(_config(shards, run_dir, "checkpoint_every=100", "guard.on_divergence=rollback"))
-    assert status["status"] == "diverged" and "no checkpoint to roll back to" in status["message"]
+    status = _run(_config(shards, run_dir, "checkpoint_every=100"))  # rollback is the default
+    assert status["status"] == "done" and status["step"] == 16
+    [guard] = [r for r in read_metrics(f"{run_dir}/{METRICS_FILE}") if r["kind"] == "guard"]
+    assert guard["step"] == 10 and guard["action"] == "warn"
+    assert guard["message"].endswith("no checkpoint to roll back to: trained on")
 
 
 @pytest.mark.parametrize("action", ["stop", "rollback"])

@@ -79,7 +79,7 @@ def trained(tmp_path_factory, shards, ray_local):
     result = run_training(cfg)
     assert result.stage == "train" and result.output == run_dir and result.complete
     assert result.tokens == STEPS * 32 * 20 * 2  # this run's steps x batch x unroll x workers
-    return run_dir, result.details
+    return run_dir, result.details.final
 
 
 def wandb_records(run_dir: str) -> list[dict]:
@@ -399,7 +399,8 @@ def test_killed_worker_restarts_from_checkpoint_on_s3(shards, s3_prefix, ray_loc
 
     killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
     killer.start()
-    final = run_training(cfg).details
+    result = run_training(cfg)
+    final = result.details.final
     killer.join(timeout=5)
     assert killed, "no Ray Train worker was found to kill"
     # a crash loses at most one interval on s3: the rows and the wandb history of the checkpoint's step
@@ -424,7 +425,8 @@ def test_killed_worker_restarts_from_checkpoint_on_s3(shards, s3_prefix, ray_loc
     }
     assert len(attempts) == 2 and all(a.endswith(f"-{wandb_id}") for a in attempts), attempts
     assert sorted(a.split("/")[0] for a in attempts) == ["attempt-001", "attempt-002"]
-    assert final["wandb_sync"].endswith(f"./wandb-{wandb_id}/attempt-*/wandb/offline-run-*-{wandb_id}")
+    assert result.wandb_sync == result.details.wandb_sync
+    assert result.wandb_sync.endswith(f"./wandb-{wandb_id}/attempt-*/wandb/offline-run-*-{wandb_id}")
     # the offline wandb run of an s3 run directory is written locally, then uploaded at the end
     # (wandb runs in the workers only: it is never started in this test process)
     runs = [p for p in storage.list_prefix(storage.join(run_dir, "wandb") + "/") if p.endswith(".wandb")]
