@@ -242,8 +242,6 @@ class TrainDetails:
     """``perplexity.png``."""
     metrics: str
     """``metrics.jsonl``."""
-    wandb_sync: str | None
-    """The command that uploads the run's offline wandb files; None unless ``wandb.mode=offline``."""
 
 
 def run_training(
@@ -277,9 +275,10 @@ def run_training(
     run_dir = RunDir(plan.run_dir)
     sync = None
     if cfg.wandb.mode is WandbMode.offline:  # rank 0 logged the run as it went, into the run directory
+        # (the stage logs no run of its own: the result carries this one's sync command)
         sync = sync_command(run_dir.wandb, plan.wandb_id, cfg.wandb.project, cfg.wandb.entity)
     tokens = (int(final["step"]) - steps_before) * cfg.tokens_per_step(cfg.workers)
-    details = TrainDetails(final, run_dir.export, run_dir.plot, run_dir.metrics, sync)
+    details = TrainDetails(final, run_dir.export, run_dir.plot, run_dir.metrics)
     return StageResult("train", plan.run_dir, time.perf_counter() - started, tokens, details, wandb_sync=sync)
 
 

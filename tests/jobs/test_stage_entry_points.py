@@ -59,7 +59,7 @@ def test_the_train_summary_says_where_the_run_is_and_how_to_upload_it():
 
     final = {"step": 400, "eval/perplexity": 98.449, "eval/perplexity_fwd": 97.94, "eval/perplexity_bwd": 98.96,
              "eval/unigram_perplexity": 346.09}  # fmt: skip
-    details = TrainDetails(final, "runs/demo/train/export", "p.png", "metrics.jsonl", None)
+    details = TrainDetails(final, "runs/demo/train/export", "p.png", "metrics.jsonl")
     result = StageResult("train", "runs/demo/train", 60.0, 1000, details)
     assert closing_lines(TRAIN, None, result) == (
         "trained to step 400: held-out perplexity 98.45 (fwd 97.94, bwd 98.96; unigram 346.09); "

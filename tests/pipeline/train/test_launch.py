@@ -425,7 +425,6 @@ def test_killed_worker_restarts_from_checkpoint_on_s3(shards, s3_prefix, ray_loc
     }
     assert len(attempts) == 2 and all(a.endswith(f"-{wandb_id}") for a in attempts), attempts
     assert sorted(a.split("/")[0] for a in attempts) == ["attempt-001", "attempt-002"]
-    assert result.wandb_sync == result.details.wandb_sync
     assert result.wandb_sync.endswith(f"./wandb-{wandb_id}/attempt-*/wandb/offline-run-*-{wandb_id}")
     # the offline wandb run of an s3 run directory is written locally, then uploaded at the end
     # (wandb runs in the workers only: it is never started in this test process)
