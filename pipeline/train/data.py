@@ -330,17 +330,3 @@ def open_lm_batches(
         sizes=sizes,
         prefetch=prefetch,
     )
-
-
-def steps_per_epoch(manifest: dict, batch_size: int, unroll_steps: int, world_size: int) -> int:
-    """bilm-tf's ``n_batches_per_epoch`` (docs/training.md#schedule-and-checkpoints): ``int(n_train_tokens / (B * U * W))`` with
-    the training token count (words, no boundaries) from the manifest. Every rank gets the same
-    number; it may be 0 for a corpus smaller than one global batch."""
-    for name, value in (
-        ("batch_size", batch_size),
-        ("unroll_steps", unroll_steps),
-        ("world_size", world_size),
-    ):
-        if value < 1:
-            raise ValueError(f"steps_per_epoch: {name} must be >= 1, got {value}")
-    return int(manifest["totals"]["train"]["tokens"] / (batch_size * unroll_steps * world_size))

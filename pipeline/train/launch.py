@@ -38,9 +38,9 @@ from pipeline.stage import StageResult
 from pipeline.tracking.config import WandbMode
 from pipeline.tracking.offline_files import sync_command
 from pipeline.train import export as export_mod
+from pipeline.train import run_length
 from pipeline.train.checkpoint import latest_checkpoint
-from pipeline.train.config import NAME_RULE, TrainConfig, budget_seconds, run_name_ok
-from pipeline.train.data import steps_per_epoch
+from pipeline.train.config import NAME_RULE, TrainConfig, run_name_ok
 from pipeline.train.errors import TrainError
 from pipeline.train.evaluate import check_heldout_split
 from pipeline.train.metrics import read_metrics, repair_metrics
@@ -139,10 +139,8 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
     _check_shards(shards, manifest)
     baselines = _baselines(shards, manifest)
     workers, batch, unroll = cfg.workers, cfg.batch_size, cfg.unroll_steps
-    per_epoch = steps_per_epoch(manifest, batch, unroll, workers)
-    total = cfg.max_steps or -(-cfg.max_tokens // cfg.tokens_per_step(workers)) or cfg.n_epochs * per_epoch
-    budget = budget_seconds(cfg.time_budget)
-    if total <= 0:
+    ceiling, per_epoch = run_length.ceiling_steps(cfg, manifest)
+    if ceiling <= 0:
         raise TrainError(
             f"{manifest['totals']['train']['tokens']} training tokens are less than one global batch "
             f"(batch_size {batch} x unroll_steps {unroll} x workers {workers}); set max_steps or shrink the batch"
@@ -166,14 +164,14 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
         shards=shards,
         manifest=manifest,
         vocab_size=len(vocab),
-        total_steps=total,
+        ceiling_steps=ceiling,
         steps_per_epoch=per_epoch,
         baselines=baselines,
         options=options,
         init_from=storage.absolute(cfg.init_from),
         storage_endpoint=cfg.storage_endpoint,
         wandb_id=wandb_id,
-        deadline=time.time() + budget if budget else 0.0,
+        deadline=run_length.deadline(cfg, time.time()),
     )
 
 
@@ -261,7 +259,7 @@ def run_training(
             with run_lease(plan.run_dir) as lease:
                 plan = dataclasses.replace(plan, lease_owner=lease.owner)  # every write checks it
                 steps_before = _logged_steps(plan.run_dir)
-                with RelayFollower(relay, plan.total_steps, from_step=steps_before) as follower:
+                with RelayFollower(relay, plan.ceiling_steps, from_step=steps_before) as follower:
                     stopped_by = _fit_with_restarts(cfg, plan, relay)
         finally:
             ray.kill(relay)

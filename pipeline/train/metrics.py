@@ -219,11 +219,10 @@ class RunLog:
             if plan.init_from:
                 self.wandb.use(model_artifact(*export_files(plan.init_from)))
         self.tokens_per_step = cfg.tokens_per_step(world)
-        total_steps = plan.total_steps
         if self.metrics is not None:
             if resumed_from is None:
                 self.metrics.append(
-                    {"kind": "config", "step": 0, "config": config, "total_steps": total_steps}
+                    {"kind": "config", "step": 0, "config": config, "total_steps": plan.ceiling_steps}
                 )
             else:
                 self.metrics.append(

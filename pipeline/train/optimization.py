@@ -146,15 +146,15 @@ def takes_sparse_gradients(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def lr_factor(
-    step: int, total_steps: int | None, schedule: Schedule, warmup_steps: int, final_fraction: float
+    step: int, schedule_steps: int | None, schedule: Schedule, warmup_steps: int, final_fraction: float
 ) -> float:
-    """Multiplier of the peak lr for the optimizer step numbered ``step`` (0-based) of ``total_steps``
+    """Multiplier of the peak lr for the optimizer step numbered ``step`` (0-based) of ``schedule_steps``
     (None: not yet known, as before a time budget's first plan: the peak after warm-up)."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
-    if schedule is Schedule.constant or total_steps is None:
+    if schedule is Schedule.constant or schedule_steps is None:
         return 1.0
-    span = max(total_steps - warmup_steps, 1)
+    span = max(schedule_steps - warmup_steps, 1)
     progress = min(max(step - warmup_steps, 0) / span, 1.0)
     if schedule is Schedule.linear:
         return 1.0 - (1.0 - final_fraction) * progress

@@ -10,8 +10,9 @@ class RunPlan:
     """Facts the driver resolves once and hands to every worker, as they are (frozen: no worker
     changes them).
 
-    ``options``: the model's inference options.json dict; ``total_steps``: steps of the whole run
-    (a resumed run continues up to it); ``baselines``: the held-out baselines as entries of an
+    ``options``: the model's inference options.json dict; ``ceiling_steps``: the run's steps as its
+    config asks (``run_length.ceiling_steps``; a time budget may plan fewer, and a resumed run
+    continues up to its plan); ``baselines``: the held-out baselines as entries of an
     eval row (``eval/unigram_perplexity``; ``eval/kneser_ney_{N}gram_perplexity`` for each model
     the shard stage counted; ``eval/train_unk_rate`` and ``eval/heldout_unk_rate``);
     ``wandb_id``: the run's wandb id (``run.json``); ``use_gpu``: from the cluster, set (``dataclasses.replace``) just before launch."""
@@ -21,7 +22,7 @@ class RunPlan:
     shards: str
     manifest: dict
     vocab_size: int
-    total_steps: int
+    ceiling_steps: int
     steps_per_epoch: int
     baselines: dict
     options: dict

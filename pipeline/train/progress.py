@@ -56,11 +56,11 @@ def _ppl(value: float) -> str:
 class ProgressLines:
     """Turns metrics rows into console lines; remembers the previous train row for the ETA.
 
-    ``total_steps``: the run's last step (for ``step/total`` and the ETA).
+    ``last_step``: the run's last step (for ``step/total`` and the ETA; a time budget's plan moves it).
     """
 
-    def __init__(self, total_steps: int):
-        self.total_steps = total_steps
+    def __init__(self, last_step: int):
+        self.last_step = last_step
         self._last: tuple[int, float] | None = None  # (step, time) of the previous train row
         self._warned_checkpoints = False
 
@@ -74,12 +74,12 @@ class ProgressLines:
             if "eval/batches" in row and "eval/seconds" in row:
                 scope = f" [{row['eval/batches']} batches, {row['eval/seconds']:.1f} s]"
             return [
-                f"eval  step {row['step']}/{self.total_steps}: held-out perplexity "
+                f"eval  step {row['step']}/{self.last_step}: held-out perplexity "
                 f"{_ppl(row['eval/perplexity'])} (fwd {_ppl(row['eval/perplexity_fwd'])}, "
                 f"bwd {_ppl(row['eval/perplexity_bwd'])}; {baselines_text(row, _ppl)}){scope}"
             ]
         if row.get("kind") == "guard":
-            return [f"guard step {row['step']}/{self.total_steps}: {row['message']} [{row['action']}]"]
+            return [f"guard step {row['step']}/{self.last_step}: {row['message']} [{row['action']}]"]
         if row.get("kind") == "probe":
             return [self._probe(row)]
         if row.get("kind") == "plan":
@@ -89,12 +89,12 @@ class ProgressLines:
     def _plan(self, row: dict) -> list[str]:
         """A time budget's plan: the new last step; a line for the first plan only (the later ones
         adjust it as the pace becomes better known: in metrics.jsonl)."""
-        self.total_steps = int(row["plan/total_steps"])
+        self.last_step = int(row["plan/total_steps"])
         if row.get("plan/resumed"):
             unused = "; this invocation's time_budget is not used" if row.get("plan/budget_unused") else ""
             return [
                 f"plan  step {row['step']}: resumed with the first invocation's plan, which is kept: the run "
-                f"ends at step {self.total_steps:,}{unused}"
+                f"ends at step {self.last_step:,}{unused}"
             ]
         if not row.get("plan/first"):
             return []
@@ -104,10 +104,10 @@ class ProgressLines:
                 f"plan  step {row['step']}: the time budget is spent: its deadline is "
                 f"{_when(row['plan/deadline_in_s'])} and the final evaluation and export need "
                 f"{row['plan/end_s']:.0f} s, so the run overruns it by about {-spare:.0f} s; it ends at step "
-                f"{self.total_steps:,} (a larger time_budget trains for longer)"
+                f"{self.last_step:,} (a larger time_budget trains for longer)"
             ]
         return [
-            f"plan  step {row['step']}: the time budget fits {self.total_steps:,} steps (ends in "
+            f"plan  step {row['step']}: the time budget fits {self.last_step:,} steps (ends in "
             f"{_duration(max(0.0, row['plan/deadline_in_s']))}, {row['plan/end_s']:.0f} s of it kept for the final "
             "evaluation and export); the learning rate's schedule decays over them"
         ]
@@ -118,7 +118,7 @@ class ProgressLines:
             return " / ".join(f"{100 * row[k]:.1f}" for k in found)
 
         return (
-            f"probe step {row['step']}/{self.total_steps}: part of speech by layer {layers('pos')}% "
+            f"probe step {row['step']}/{self.last_step}: part of speech by layer {layers('pos')}% "
             f"(baseline {100 * row['probe/pos_baseline']:.1f}%), word sense {layers('wsd')}% "
             f"(baseline {100 * row['probe/wsd_baseline']:.1f}%) [{row['probe/pos_test_tokens']:,} test tokens, "
             f"{row['probe/wsd_examples']:,} examples, {row['probe/seconds']:.1f} s]"
@@ -129,7 +129,7 @@ class ProgressLines:
         eta, since = "", elapsed  # the time since the previous row (or since the attempt started)
         if self._last is not None and step > self._last[0] and elapsed > self._last[1]:
             since = elapsed - self._last[1]
-            eta = f" | ETA {_duration(since / (step - self._last[0]) * (self.total_steps - step))}"
+            eta = f" | ETA {_duration(since / (step - self._last[0]) * (self.last_step - step))}"
         self._last = (step, elapsed)
         guard = ""
         if "guard/perplexity_fwd" in row:
@@ -139,7 +139,7 @@ class ProgressLines:
             )
         # the sampled softmax's loss is no perplexity of the model: said so, beside the full-softmax one
         line = (
-            f"train step {step}/{self.total_steps} (epoch {row['epoch']:.2f}) | sampled perplexity fwd "
+            f"train step {step}/{self.last_step} (epoch {row['epoch']:.2f}) | sampled perplexity fwd "
             f"{_ppl(row['train/sampled_perplexity_fwd'])} bwd {_ppl(row['train/sampled_perplexity_bwd'])} | "
             f"{guard}{row['train/tokens_per_s']:,.0f} tok/s | MFU {100 * row['train/mfu']:.2f}%{eta}"
         )
@@ -278,7 +278,7 @@ def relay_actor():
 
 
 class RelayFollower:
-    """While the body of ``with RelayFollower(relay, total_steps):`` runs, print the rows the run
+    """While the body of ``with RelayFollower(relay, last_step):`` runs, print the rows the run
     hands to ``relay`` (those of steps after ``from_step``) as lines on ``out``; what is left is
     printed on exit. A rollback of the divergence guard logs its steps again: printed again.
     ``status``: the last ``status`` row the run handed over (its verdict), None before one came."""
@@ -286,13 +286,13 @@ class RelayFollower:
     def __init__(
         self,
         relay,
-        total_steps: int,
+        last_step: int,
         from_step: int = 0,
         out: Callable[[str], None] | None = None,
         poll_s: float = POLL_SECONDS,
     ):
         self.relay, self.poll_s = relay, poll_s
-        self.lines = ProgressLines(total_steps)
+        self.lines = ProgressLines(last_step)
         self.out = out or (lambda text: print(text, file=sys.stderr, flush=True))
         self._printed: set[tuple[str, int, int]] = set()
         self._taken = 0  # rows of the relay printed so far

@@ -5,7 +5,7 @@ Rank split: with at least as many shards as ranks, rank r reads shards ``r, r+W,
 manifest order). With fewer shards than ranks every rank reads every shard but keeps only the
 sentences whose index within the shard is ``r mod W``; sentences rather than blocks, so that even a
 one-block shard splits evenly and no rank is left without data. Training streams cycle forever,
-so ranks with more data never outlast the others: the step count (``data.steps_per_epoch``) is the
+so ranks with more data never outlast the others: the step count (``run_length.steps_per_epoch``) is the
 same on every rank and uneven shards cannot hang DDP.
 
 When a :class:`SentenceSource` starts a shard it has the next shard of its order read and laid out

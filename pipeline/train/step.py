@@ -224,9 +224,9 @@ class StepRunner:
         return int(self.nonfinite.item())
 
     # -- one step ------------------------------------------------------------------------------
-    def train_step(self, batch: LMBatch, total_steps: int | None) -> StepResult:
+    def train_step(self, batch: LMBatch, schedule_steps: int | None) -> StepResult:
         """Forward, backward, softmax gradient exchange, clipping and the update for one batch;
-        the learning rate's schedule decays over ``total_steps`` (None: not yet planned).
+        the learning rate's schedule decays over ``schedule_steps`` (None: not yet planned).
 
         Returns without waiting for the device; a non-finite step changes nothing and counts in
         ``nonfinite``.
@@ -235,7 +235,7 @@ class StepRunner:
         lr = (
             self.peak_lr
             * self.lr_scale
-            * lr_factor(self.step, total_steps, opt.schedule, opt.warmup_steps, opt.final_lr_fraction)
+            * lr_factor(self.step, schedule_steps, opt.schedule, opt.warmup_steps, opt.final_lr_fraction)
         )
         self.optimizer.set_lr(lr)
         negatives = (

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -38,13 +38,19 @@ from pipeline.train.evaluate import EVAL_UNROLL_STEPS, Evaluator, final_eval_bat
 from pipeline.train.metrics import RunLog, measure_matmul_peak, plot_perplexity
 from pipeline.train.plan import RunPlan
 from pipeline.train.run_dir import RunDir, RunWriter
-from pipeline.train.run_length import RunLength
+from pipeline.train.run_length import RunLength, end_cost_s
 from pipeline.train.sentence_source import ReadAhead
 from pipeline.train.step import StepResult, StepRunner
 from pipeline.train.stop import StopCheck
 
-EXPORT_BYTES_PER_S = 50e6
-"""A cautious write speed of the export's files, for the time a budgeted run keeps for its end."""
+
+class Due(NamedTuple):
+    """Which of the loop's components are due after a step (each decides its own timing)."""
+
+    log: bool
+    evaluate: bool
+    checkpoint: bool
+    probe: bool
 
 
 class Trainer:
@@ -68,7 +74,7 @@ class Trainer:
         self.batches = self._batches("train", cfg.batch_size, cfg.unroll_steps, seed=cfg.seed)
         self.guard = DivergenceGuard(cfg.guard, self._guard_sample()) if cfg.guard.enabled else None
         guarded = {"guard": self.guard} if self.guard is not None else {}
-        self.length = RunLength(plan.total_steps, plan.deadline, cfg.log_every)
+        self.length = RunLength(plan.ceiling_steps, plan.deadline, cfg.log_every)
         self.checkpointer = Checkpointer(
             plan.run_dir,
             self.rank,
@@ -200,12 +206,12 @@ class Trainer:
         components = (log, self.evaluator, self.checkpointer, self.probe)
         compute, steps_timed, start = 0.0, 0, time.perf_counter()
         window = start
-        while self.step < length.total_steps:
+        while self.step < length.last_step:
             out = runner.train_step(next(self.batches), length.schedule_steps)
             steps_timed += 1
             replan, stopping = length.due(self.step), self.stop.due(self.step)
-            last = self.step == length.total_steps
-            due = [c.due(self.step, last) for c in components]
+            last = self.step == length.last_step
+            due = Due(*(c.due(self.step, last) for c in components))
             if not (replan or stopping or any(due)):
                 continue
             skipped = runner.nonfinite_steps()  # waits for the device
@@ -218,11 +224,11 @@ class Trainer:
                 return self._stopped_on_request()
             if replan and self._replan():  # the time budget ends the run at this step
                 last = True
-                due = [c.due(self.step, last) for c in components]
+                due = Due(*(c.due(self.step, last) for c in components))
             # the guard reads before every log line and every checkpoint: a checkpoint is saved only
             # after a reading, so a rollback finds the state of before a divergence
-            reading = self._read_guard() if due[0] or due[2] else None
-            if due[0]:
+            reading = self._read_guard() if due.log or due.checkpoint else None
+            if due.log:
                 row = self._train_row(out, steps_timed, compute, time.perf_counter() - start)
                 if reading is not None:
                     row.update(reading.metrics(), **{"guard/rollbacks": self.guard.rollbacks})
@@ -235,9 +241,9 @@ class Trainer:
                 if self.step < reading.step:  # rolled back: that step's evaluation and checkpoint are moot
                     window = time.perf_counter()
                     continue
-            if due[1]:
+            if due.evaluate:
                 log.emit({"kind": "eval", "step": self.step, **self.evaluate(final=False)})
-            if due[3]:
+            if due.probe:
                 self.probe.start(runner.bilm, self.step, last)
             for probe in self.probe.ready():  # probes run beside the steps: their rows come when done
                 log.emit_probe(probe)
@@ -255,7 +261,7 @@ class Trainer:
             row = {"kind": "eval", "step": self.step, **self.evaluate(final=False)}
             self.log.emit(row)
             length.note_end_cost(self._end_cost(row))
-        before, was_planned = length.total_steps, length.planned
+        before, was_planned = length.last_step, length.planned
         total = length.replan(self.step, self.device)
         if total != before or (length.planned and not was_planned):
             self.log.emit(
@@ -278,7 +284,7 @@ class Trainer:
             {
                 "kind": "plan",
                 "step": self.step,
-                "plan/total_steps": self.length.total_steps,
+                "plan/total_steps": self.length.last_step,
                 "plan/resumed": 1,
                 "plan/budget_unused": int(bool(self.plan.deadline)),
             },
@@ -286,13 +292,12 @@ class Trainer:
         )
 
     def _end_cost(self, eval_row: dict) -> float:
-        """Seconds the end of the run should take, from an evaluation during it (``eval_row``): the
-        final evaluation's batches at that evaluation's pace, and the export's write."""
-        per_rank = max(1, -(-int(eval_row["eval/batches"]) // self.world))
+        """`run_length.end_cost_s` of this run, from an evaluation during it (``eval_row``)."""
+        per_rank = -(-int(eval_row["eval/batches"]) // self.world)
         final = final_eval_batches(self.cfg, self.plan.manifest, self.world)
         export_bytes = 4 * sum(p.numel() for p in self.runner.bilm.parameters())
         export_bytes += 4 * self.runner.softmax.weight.numel()
-        return float(eval_row["eval/seconds"]) * final / per_rank + 2.0 + export_bytes / EXPORT_BYTES_PER_S
+        return end_cost_s(float(eval_row["eval/seconds"]), per_rank, final, export_bytes)
 
     def _read_guard(self) -> GuardReading | None:
         if self.guard is None:

@@ -16,7 +16,8 @@ from pipeline.formats import shard_format
 from pipeline.formats.shard_format import BOS_ID, EOS_ID, UNK_ID
 from pipeline.runtime import storage
 from pipeline.train.char_cache import CharCache
-from pipeline.train.data import LMBatchStream, load_char_cache, open_lm_batches, steps_per_epoch
+from pipeline.train.data import LMBatchStream, load_char_cache, open_lm_batches
+from pipeline.train.run_length import steps_per_epoch
 from pipeline.train.sentence_source import ReadAhead
 
 BOS, EOS, UNK = shard_format.BOS, shard_format.EOS, shard_format.UNK

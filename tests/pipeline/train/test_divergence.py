@@ -84,8 +84,8 @@ def _drift(monkeypatch, jump: float) -> list[int]:
     done = []
     original = StepRunner.train_step
 
-    def train_step(self, batch, total_steps):
-        out = original(self, batch, total_steps)
+    def train_step(self, batch, schedule_steps):
+        out = original(self, batch, schedule_steps)
         if self.step == 9 and not done:
             with torch.no_grad():
                 self.softmax.bias[-1] += jump

@@ -34,7 +34,7 @@ EVAL = {
 
 
 def test_lines_say_step_rates_and_eta():
-    lines = ProgressLines(total_steps=400)
+    lines = ProgressLines(last_step=400)
     assert lines.lines(train_row(10, 5.0)) == [
         "train step 10/400 (epoch 0.10) | sampled perplexity fwd 812.2 bwd inf | 12,346 tok/s | MFU 12.34%"
     ]
@@ -65,22 +65,22 @@ def _plan(deadline_in_s: float, first: int = 1) -> dict:
 
 def test_a_time_budgets_first_plan_is_one_line_and_a_spent_budget_says_by_how_much():
     """Issue 65, item 8: ``time_budget=1s`` said a 24 s run of 18 steps "fits the time budget"."""
-    lines = ProgressLines(total_steps=12170)
+    lines = ProgressLines(last_step=12170)
     (line,) = lines.lines(_plan(38.0))
     assert line.startswith("plan  step 16: the time budget fits 187 steps (ends in 0m38s, 4 s of it kept")
-    assert lines.total_steps == 187 and lines.lines(_plan(30.0, first=0)) == []
-    (spent,) = ProgressLines(total_steps=12170).lines({**_plan(-20.0), "plan/total_steps": 16})
+    assert lines.last_step == 187 and lines.lines(_plan(30.0, first=0)) == []
+    (spent,) = ProgressLines(last_step=12170).lines({**_plan(-20.0), "plan/total_steps": 16})
     assert spent == (
         "plan  step 16: the time budget is spent: its deadline is 20 s past and the final evaluation and "
         "export need 4 s, so the run overruns it by about 24 s; it ends at step 16 (a larger time_budget "
         "trains for longer)"
     )
-    (tight,) = ProgressLines(total_steps=100).lines({**_plan(2.5), "plan/total_steps": 16})
+    (tight,) = ProgressLines(last_step=100).lines({**_plan(2.5), "plan/total_steps": 16})
     assert "its deadline is in 2 s" in tight and "overruns it by about 2 s" in tight
 
 
 def test_waiting_for_checkpoint_saves_is_said_once_past_five_percent():
-    lines = ProgressLines(total_steps=400)
+    lines = ProgressLines(last_step=400)
     assert len(lines.lines({**train_row(10, 10.0), "checkpoint/wait_s": 0.49})) == 1  # 4.9% of 10 s
     # 20 s between the rows, 1.2 s of them waiting: 6%
     train, warning = lines.lines({**train_row(20, 30.0), "checkpoint/wait_s": 1.2})
@@ -171,7 +171,7 @@ def test_the_follower_ends_quietly_when_nothing_came_or_the_relay_is_gone(ray_lo
 
 def test_an_evaluation_says_how_much_it_scored_and_how_long_it_took():
     row = {**EVAL, "eval/batches": 7, "eval/seconds": 12.34}
-    assert ProgressLines(total_steps=400).lines(row) == [
+    assert ProgressLines(last_step=400).lines(row) == [
         "eval  step 20/400: held-out perplexity 120.5 (fwd 119.0, bwd 122.0; unigram 346.1) [7 batches, 12.3 s]"
     ]
 
@@ -183,7 +183,7 @@ def test_a_probe_row_is_one_line_with_its_sample_and_seconds():
         "probe/pos_baseline": 0.85, "probe/wsd_baseline": 0.5, "probe/pos_test_tokens": 6123, "probe/wsd_examples": 1980,
         "probe/seconds": 7.25,
     }  # fmt: skip
-    assert ProgressLines(total_steps=150).lines(row) == [
+    assert ProgressLines(last_step=150).lines(row) == [
         "probe step 75/150: part of speech by layer 81.2 / 90.3 / 88.0% (baseline 85.0%), word sense "
         "41.0 / 45.0 / 47.0% (baseline 50.0%) [6,123 test tokens, 1,980 examples, 7.2 s]"
     ]

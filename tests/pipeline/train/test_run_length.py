@@ -63,11 +63,11 @@ def test_a_resumed_run_keeps_its_plan_and_its_clock():
     first.add_training(12.5)
     resumed = RunLength(ceiling=10_000, deadline=5_000.0, log_every=10)  # a new invocation, more time
     resumed.load_state_dict(first.state_dict())
-    assert resumed.total_steps == planned and resumed.schedule_steps == planned
+    assert resumed.last_step == planned and resumed.schedule_steps == planned
     assert resumed.train_s == 12.5 and not resumed.due(20)  # no new plan: the same schedule
     unplanned = RunLength(ceiling=300)
     unplanned.load_state_dict(RunLength(ceiling=300).state_dict())
-    assert unplanned.total_steps == 300 and unplanned.schedule_steps == 300
+    assert unplanned.last_step == 300 and unplanned.schedule_steps == 300
 
 
 def test_before_its_plan_the_schedule_holds_the_peak_after_warm_up():
@@ -85,7 +85,7 @@ def _config(tmp_path, *overrides: str) -> TrainConfig:
 
 def test_a_token_budget_is_whole_steps_of_its_tokens(tmp_path):
     cfg = _config(tmp_path, "max_tokens=6500")  # tiny: 32 rows x 20 = 640 tokens a step
-    assert prepare_run(cfg).total_steps == 11
+    assert prepare_run(cfg).ceiling_steps == 11
     with pytest.raises(ConfigError, match="max_tokens"):
         _config(tmp_path, "max_tokens=6500", "max_steps=5")
     with pytest.raises(ConfigError, match="time_budget"):
@@ -114,7 +114,7 @@ def test_a_run_with_a_time_budget_ends_on_time_with_its_schedule_finished(tmp_pa
     rows = read_metrics(RunDir(plan.run_dir).metrics)
     plans = [r for r in rows if r["kind"] == "plan"]
     assert plans and plans[0]["plan/first"] == 1 and status["status"] == "done"
-    assert status["step"] == plans[-1]["plan/total_steps"] < plan.total_steps  # the budget, not the epochs
+    assert status["step"] == plans[-1]["plan/total_steps"] < plan.ceiling_steps  # the budget, not the epochs
     assert status["step"] == 16 + math.floor((budget - 16 * pace - end_s - END_SLACK_S) / pace)
     trains = [r for r in rows if r["kind"] == "train"]
     peak = cfg.optimizer.lr
@@ -135,12 +135,12 @@ def test_a_run_with_a_time_budget_ends_on_time_with_its_schedule_finished(tmp_pa
     )
     assert Trainer(again, prepare_run(again), CPU).run()["step"] == status["step"]
     (kept,) = [r for r in read_metrics(RunDir(plan.run_dir).metrics) if r.get("plan/resumed")]
-    lines = ProgressLines(total_steps=plan.total_steps)
+    lines = ProgressLines(last_step=plan.ceiling_steps)
     assert lines.lines(kept) == [
         f"plan  step {status['step']}: resumed with the first invocation's plan, which is kept: the run ends "
         f"at step {status['step']}; this invocation's time_budget is not used"
     ]
-    assert lines.total_steps == status["step"]
+    assert lines.last_step == status["step"]
 
 
 def test_a_run_with_a_token_budget_ends_there_with_its_schedule_finished(tmp_path):
@@ -155,7 +155,7 @@ def test_a_run_with_a_token_budget_ends_there_with_its_schedule_finished(tmp_pat
     plan = prepare_run(cfg)
     status = Trainer(cfg, plan, CPU).run()
     trains = [r for r in read_metrics(RunDir(plan.run_dir).metrics) if r["kind"] == "train"]
-    assert status["status"] == "done" and status["step"] == plan.total_steps == 19
+    assert status["status"] == "done" and status["step"] == plan.ceiling_steps == 19
     assert trains[-1]["tokens"] == 19 * 640 >= 12000 > 18 * 640
     # the linear decay's last step: 0.2 + 0.8 x (1 - 16/17) of the peak
     assert trains[-1]["train/lr"] == pytest.approx(cfg.optimizer.lr * (0.2 + 0.8 / 17), rel=1e-6)
