@@ -299,15 +299,13 @@ def open_lm_batches(
     batch_size: int,
     unroll_steps: int,
     *,
-    rank: int = 0,
-    world_size: int = 1,
-    seed: int = 0,
-    test: bool = False,
     manifest: dict | None = None,
-    prefetch: ReadAhead = ReadAhead.process,
+    **stream: Any,
 ) -> LMBatchStream:
     """An :class:`LMBatchStream` over ``split`` (``train`` / ``heldout``) of a shard directory,
-    checking each shard against the manifest's sentence and token counts as it is read."""
+    checking each shard against the manifest's sentence and token counts as it is read.
+    ``stream``: the stream's own keywords (``rank``, ``world_size``, ``seed``, ``test``,
+    ``prefetch``), as :class:`LMBatchStream` takes them."""
     manifest = shard_format.read_manifest(shard_dir) if manifest is None else manifest
     urls = shard_format.shard_urls(shard_dir, split, manifest)
     if not urls:
@@ -318,15 +316,4 @@ def open_lm_batches(
             f"vocabulary has {cache.vocab_size} tokens"
         )
     sizes = [(entry["sentences"], entry["tokens"], entry["sha256"]) for entry in manifest["shards"][split]]
-    return LMBatchStream(
-        urls,
-        cache,
-        batch_size,
-        unroll_steps,
-        rank=rank,
-        world_size=world_size,
-        seed=seed,
-        test=test,
-        sizes=sizes,
-        prefetch=prefetch,
-    )
+    return LMBatchStream(urls, cache, batch_size, unroll_steps, sizes=sizes, **stream)

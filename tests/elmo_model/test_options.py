@@ -60,6 +60,11 @@ def test_training_form_defaults_and_extra_keys():
     ],
 )
 def test_bad_values_name_the_key(section, key, value, message):
+    _refused(section, key, value, message)
+
+
+def _refused(section: str, key: str, value, message: str) -> None:
+    """TINY_OPTIONS with ``section.key`` set to ``value`` is refused with ``message``."""
     raw = copy.deepcopy(TINY_OPTIONS)
     raw[section][key] = value
     with pytest.raises(OptionsError, match=message):
@@ -109,10 +114,7 @@ def test_unreadable_file_names_the_file(tmp_path):
     ],
 )
 def test_absurd_sizes_are_refused_before_anything_is_allocated(section, key, value, message):
-    raw = copy.deepcopy(TINY_OPTIONS)
-    raw[section][key] = value
-    with pytest.raises(OptionsError, match=message):
-        BiLMOptions.from_dict(raw)
+    _refused(section, key, value, message)
 
 
 def test_a_model_past_the_parameter_limit_is_refused():
