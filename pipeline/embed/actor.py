@@ -59,18 +59,18 @@ class EmbedActor:
             stats = dict(work.stats)
             if not work.write:
                 return stats
-            c = self.settings.config
+            c, fmt = self.settings.config, self.settings.file_format
             # each entry names what made it, so a shard copied out of its folder still says so
             stats.update(
                 layers=c.layers.value,
                 dtype=c.dtype.value,
                 model_sha256=self.source.sha256,
-                layout=c.layout.value,
-                file_format=c.format.value,
+                layout=fmt.layout,
+                file_format=fmt.name,
                 pool=c.pool.value,
             )
             started = time.perf_counter()
-            entry = self.writers.commit(self.output, stats, shard, c.layout.value, c.format.value)
+            entry = self.writers.commit(self.output, stats, shard, fmt)
             if startup is None:
                 return entry
             startup["first_write"] = time.perf_counter() - started

@@ -3,8 +3,10 @@
 A format is its name (the config's ``format``, the manifest's ``file_format``, and the shard
 file's suffix), how a shard is written (hashed as it is written) and how one is read back. The
 formats are listed once, in :data:`FORMATS`; the config's choice (:class:`FileFormat`) is made
-from that list. The stage picks a format once from the config (:func:`format_named`), records its
-name once in the manifest, and :func:`pipeline.embed.reader.read_embeddings` finds it there again.
+from that list. The stage picks a format once from the config (:func:`chosen_format`, bound to its
+layout there), hands that object whole to whoever writes a shard (the actors, their writer
+processes), records its name once in the manifest, and
+:func:`pipeline.embed.reader.read_embeddings` finds it there again (:func:`format_named`).
 A third format (Arrow IPC, NumPy's ``.npz``) is one new module with a ``write`` and a ``read`` and
 one entry in :data:`FORMATS`.
 
@@ -14,6 +16,7 @@ from it, ``manifest.SHARD_NAME``) stays light.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,25 +26,51 @@ import numpy as np
 
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.shard_vectors import ShardVectors
+from pipeline.runtime import storage
 
 Rows = Iterator[tuple[int, np.ndarray]]
 
 
 @dataclass(frozen=True)
-class ShardFormat:
-    """One shard file format. ``write(shard, layout, out)``: the shard into the stream ``out`` (a
-    storage stream), its sha256 returned (``layout``: HDF5's ``allennlp`` or ``packed``; other
-    formats have one). ``read(data, where, pooled, rows)``: a shard's bytes -> ``(line, value)``
-    in line order, in AllenNLP's shapes, checked before use (``rows``: the vectors the manifest
-    counts, or None)."""
+class EmbeddingFormat:
+    """One shard file format, bound to the run's ``layout`` once chosen (HDF5's ``allennlp`` or
+    ``packed``; other formats have one layout and ignore it). ``writer(shard, layout, out)`` and
+    ``reader(data, where, pooled, rows)``: the format's module's functions, found by name (the
+    object crosses into writer processes whole)."""
 
     name: str
-    write: Callable[[ShardVectors, str, BinaryIO], str]
-    read: Callable[[bytes, str, bool, int | None], Rows]
+    writer: Callable[[ShardVectors, str, BinaryIO], str]
+    reader: Callable[[bytes, str, bool, int | None], Rows]
+    layout: str = ""
+    """Empty while unbound: a format found in a manifest only reads."""
 
     @property
     def suffix(self) -> str:
         return f".{self.name}"
+
+    def bound(self, layout: str) -> EmbeddingFormat:
+        """This format writing shards in ``layout``."""
+        return dataclasses.replace(self, layout=layout)
+
+    def file_name(self, index: int) -> str:
+        """Shard ``index``'s file name (``embeddings-000007.hdf5``; ``manifest.SHARD_NAME`` reads it)."""
+        return f"embeddings-{index:06d}{self.suffix}"
+
+    def path(self, output: str, index: int) -> str:
+        return storage.join(output, self.file_name(index))
+
+    def write(self, shard: ShardVectors, out: BinaryIO) -> str:
+        """``shard`` into the stream ``out`` (a storage stream); its sha256."""
+        if not self.layout:
+            raise ValueError(
+                f"the {self.name} format writes only once bound to a layout (EmbeddingFormat.bound)"
+            )
+        return self.writer(shard, self.layout, out)
+
+    def read(self, data: bytes, where: str, pooled: bool, rows: int | None) -> Rows:
+        """A shard's bytes -> ``(line, value)`` in line order, in AllenNLP's shapes, checked before
+        use (``where``: its path, for errors; ``rows``: the vectors the manifest counts, or None)."""
+        return self.reader(data, where, pooled, rows)
 
 
 def _write_hdf5(shard: ShardVectors, layout: str, out: BinaryIO) -> str:
@@ -72,9 +101,9 @@ FORMATS = {
     f.name: f
     for f in (
         # HDF5 shards, in ``layout`` (AllenNLP's, or packed)
-        ShardFormat("hdf5", _write_hdf5, _read_hdf5),
+        EmbeddingFormat("hdf5", _write_hdf5, _read_hdf5),
         # Parquet shards: a row per line, the vectors as Arrow lists (pandas, Polars, DuckDB, Spark, Ray Data)
-        ShardFormat("parquet", _write_parquet, _read_parquet),
+        EmbeddingFormat("parquet", _write_parquet, _read_parquet),
     )
 }
 """Every shard file format by name: the one list of them."""
@@ -83,9 +112,15 @@ FileFormat = enum.Enum("FileFormat", [(name, name) for name in FORMATS], module=
 """The config's ``format`` choice: one member per entry of :data:`FORMATS`."""
 
 
-def format_named(name: str) -> ShardFormat:
-    """The format called ``name``; EmbedError, one line, for one this version does not know (a
-    manifest written by a newer one)."""
+def chosen_format(name: str, layout: str) -> EmbeddingFormat:
+    """The config's ``format`` writing in its ``layout``: the one object a run's shards are
+    written by."""
+    return format_named(name).bound(layout)
+
+
+def format_named(name: str) -> EmbeddingFormat:
+    """The format called ``name`` (unbound: it reads); EmbedError, one line, for one this version
+    does not know (a manifest written by a newer one)."""
     try:
         return FORMATS[name]
     except KeyError:

@@ -48,17 +48,9 @@ def with_defaults(run: dict) -> dict:
 
 
 SHARD_NAME = re.compile(rf"embeddings-(\d{{6,}})\.({'|'.join(FORMATS)})")
-"""A shard's file name: its index and its format's suffix (the one spelling of it)."""
+"""A shard's file name, as ``EmbeddingFormat.file_name`` spells it: its index and its format's suffix."""
 ENTRY_NAME = re.compile(r"embeddings-(\d{6,})\.json")
 """A shard's progress record under ``_progress/``."""
-
-
-def shard_name(index: int, file_format: str = "hdf5") -> str:
-    return f"embeddings-{index:06d}{FORMATS[file_format].suffix}"
-
-
-def shard_path(output: str, index: int, file_format: str = "hdf5") -> str:
-    return storage.join(output, shard_name(index, file_format))
 
 
 def progress_dir(output: str) -> str:

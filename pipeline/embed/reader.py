@@ -26,7 +26,7 @@ import numpy as np
 from pipeline.embed import manifest
 from pipeline.embed.config import is_single_file
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.file_format import ShardFormat, format_named
+from pipeline.embed.file_format import EmbeddingFormat, format_named
 from pipeline.embed.hdf5_shard import iter_line_datasets
 from pipeline.runtime import storage
 
@@ -104,9 +104,9 @@ def _entries(output: str, document: dict) -> list[dict]:
     return entries
 
 
-def _shard(output: str, entry: dict, pooled: bool, fmt: ShardFormat) -> Iterator[tuple[int, np.ndarray]]:
+def _shard(output: str, entry: dict, pooled: bool, fmt: EmbeddingFormat) -> Iterator[tuple[int, np.ndarray]]:
     name = entry["name"]
-    if name != manifest.shard_name(entry["index"], fmt.name):  # a shard of this output, nothing outside it
+    if name != fmt.file_name(entry["index"]):  # a shard of this output, nothing outside it
         raise EmbedError(
             f"{manifest.manifest_path(output)}: {name!r} is not the name of its shard {entry['index']} "
             f"in this output's format ({fmt.name})"

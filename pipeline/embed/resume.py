@@ -25,7 +25,7 @@ import re
 
 from pipeline.embed import manifest
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.file_format import ShardFormat
+from pipeline.embed.file_format import EmbeddingFormat
 from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.shard_vectors import ShardVectors
 from pipeline.formats import shard_format
@@ -135,8 +135,8 @@ def claim_output(output: str, run: dict) -> bool:
     return False
 
 
-def _entry_ok(output: str, entry: dict, verify: bool, file_format: str) -> bool:
-    path = manifest.shard_path(output, entry["index"], file_format)
+def _entry_ok(output: str, entry: dict, verify: bool, fmt: EmbeddingFormat) -> bool:
+    path = fmt.path(output, entry["index"])
     if not storage.exists(path):
         return False
     return not verify or storage.sha256(path) == entry["sha256"]
@@ -152,9 +152,10 @@ def _well_formed(entry: object, index: int) -> bool:
 
 
 def complete_shards(
-    output: str, specs: list[ShardSpec], verify: bool, file_format: str = "hdf5"
+    output: str, specs: list[ShardSpec], verify: bool, fmt: EmbeddingFormat
 ) -> dict[int, dict]:
-    """Entries of the shards a previous run finished (index -> entry), checked against ``specs``."""
+    """Entries of the shards a previous run finished in the run's format ``fmt`` (index -> entry),
+    checked against ``specs``."""
     found: dict[int, dict] = {}
     for path in storage.list_prefix(manifest.progress_dir(output) + "/"):
         match = manifest.ENTRY_NAME.fullmatch(path.rsplit("/", 1)[-1])
@@ -178,14 +179,14 @@ def complete_shards(
                 f"output {output}: input lines {spec.first_line}-{spec.first_line + spec.num_lines - 1} changed "
                 "since the previous run; use another output or delete it"
             )
-        if _entry_ok(output, entry, verify, file_format):
+        if _entry_ok(output, entry, verify, fmt):
             found[index] = entry
     return found
 
 
-def commit_shard(output: str, stats: dict, shard: ShardVectors, layout: str, fmt: ShardFormat) -> dict:
-    """Write a shard in format ``fmt`` (hashed as it is written; ``layout`` for HDF5), then its
-    entry (both atomic); returns the entry. The output folder is the run's claim's: a commit never
+def commit_shard(output: str, stats: dict, shard: ShardVectors, fmt: EmbeddingFormat) -> dict:
+    """Write a shard in the run's format ``fmt`` (bound to its layout; hashed as it is written),
+    then its entry (both atomic); returns the entry. The output folder is the run's claim's: a commit never
     creates it, so a folder moved away mid-run is not re-created without its ``run.json``."""
     if not storage.is_s3(output) and not os.path.exists(output):
         raise EmbedError(
@@ -193,9 +194,9 @@ def commit_shard(output: str, stats: dict, shard: ShardVectors, layout: str, fmt
             "never creates it: move it back and rerun, or rerun into a new output"
         )
     index = stats["index"]
-    with storage.open_write(manifest.shard_path(output, index, fmt.name)) as out:
-        digest = fmt.write(shard, layout, out)
+    with storage.open_write(fmt.path(output, index)) as out:
+        digest = fmt.write(shard, out)
         size = out.tell()
-    entry = {"name": manifest.shard_name(index, fmt.name), **stats, "bytes": size, "sha256": digest}
+    entry = {"name": fmt.file_name(index), **stats, "bytes": size, "sha256": digest}
     manifest.write_json(manifest.entry_path(output, index), entry)
     return entry

@@ -24,6 +24,7 @@ from pipeline.embed import manifest
 from pipeline.embed.config import EmbedConfig, Pool, StoredDType, is_single_file
 from pipeline.embed.dataflow import ActorPool, embed_stream
 from pipeline.embed.errors import EmbedError
+from pipeline.embed.file_format import chosen_format
 from pipeline.embed.inputs import plan_shards, resolve_inputs
 from pipeline.embed.pass_size import PassSize, gpu_free_bytes, pass_size, per_position
 from pipeline.embed.resume import (
@@ -214,7 +215,8 @@ def _run(job: _EmbedJob, claim: Claim) -> StageResult[EmbedDetails]:
     run = run_settings(cfg, kind, paths, source.sha256)
     resumed = claim_output(target, run)
     claim.claimed = not resumed
-    done = complete_shards(target, specs, cfg.verify_resume, cfg.format.value) if resumed else {}
+    fmt = chosen_format(cfg.format.value, cfg.layout.value)
+    done = complete_shards(target, specs, cfg.verify_resume, fmt) if resumed else {}
     if cfg.stateful and len(done) < len(specs):
         todo = [(spec, spec.index not in done) for spec in specs]  # done shards still carry the state
     else:

@@ -4,10 +4,12 @@ works on at once."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from elmo_model.static_batches import BucketPlan
 from pipeline.embed.config import EmbedConfig, Pool
+from pipeline.embed.file_format import EmbeddingFormat, chosen_format
 from pipeline.embed.shard_work import WorkSettings
 from pipeline.model_loader import pick_device
 
@@ -28,6 +30,11 @@ class EmbedSettings:
     @property
     def pooled(self) -> bool:
         return self.config.pool is Pool.mean
+
+    @functools.cached_property
+    def file_format(self) -> EmbeddingFormat:
+        """The format every shard of the run is written in, bound to its layout: looked up once."""
+        return chosen_format(self.config.format.value, self.config.layout.value)
 
 
 def bucket_plan(settings: EmbedSettings, device_type: str) -> BucketPlan:

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.embed.errors import WORKER_ERRORS, EmbedError
-from pipeline.embed.file_format import format_named
+from pipeline.embed.file_format import EmbeddingFormat
 from pipeline.embed.resume import commit_shard
 from pipeline.embed.shard_vectors import ShardVectors
 from pipeline.runtime.background import STOPPED_STATES, process_state
@@ -167,16 +167,16 @@ class ShardWriters:
     def pids(self) -> list[int]:
         return [w.process.pid for w in self._writers]
 
-    def commit(self, output: str, stats: dict, shard: ShardVectors, layout: str, file_format: str) -> dict:
-        """``resume.commit_shard(output, stats, shard, layout, format_named(file_format))`` in a
-        writer process; the shard's entry. A writer's one-line error is raised as EmbedError."""
+    def commit(self, output: str, stats: dict, shard: ShardVectors, fmt: EmbeddingFormat) -> dict:
+        """``resume.commit_shard(output, stats, shard, fmt)`` in a writer process (``fmt``, bound to
+        its layout, travels whole); the shard's entry. A writer's one-line error is raised as
+        EmbedError."""
         found = self.buffers.find(shard.vectors)
         fds, vectors = ([], shard.vectors) if found is None else ([found[0]], found[1])
         request = {
             "output": output,
             "stats": stats,
-            "layout": layout,
-            "format": file_format,
+            "format": fmt,
             "shard": (shard.first_line, vectors, shard.offsets, shard.pooled, shard.tokens),
             "live": self.buffers.live(),
         }
@@ -334,9 +334,7 @@ def _commit(request: dict, fds: list[int], mapped: dict[int, np.ndarray]) -> dic
     for key in set(mapped) - set(request["live"]):
         del mapped[key]  # buffers the actor has dropped (the request's own is live: the actor views it)
     shard = ShardVectors(first_line, vectors, offsets, pooled, tokens)
-    return commit_shard(
-        request["output"], request["stats"], shard, request["layout"], format_named(request["format"])
-    )
+    return commit_shard(request["output"], request["stats"], shard, request["format"])
 
 
 def _shared_view(where: SharedArray, fds: list[int], mapped: dict[int, np.ndarray]) -> np.ndarray:

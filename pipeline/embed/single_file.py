@@ -17,14 +17,18 @@ from collections.abc import Sequence
 
 import h5py
 
-from pipeline.embed import manifest
 from pipeline.embed.errors import EmbedError
+from pipeline.embed.file_format import format_named
 from pipeline.embed.hdf5_shard import iter_shard, write_sentence_to_index
 from pipeline.embed.inputs import ShardSpec, read_lines
 from pipeline.embed.sentences import prepare_lines
 from pipeline.runtime import storage
 
 PARTS_SUFFIX = ".parts"
+
+
+PARTS_FORMAT = format_named("hdf5")
+"""The parts of a single file are HDF5 shards (the config refuses ``format=parquet`` for one)."""
 
 
 def parts_path(output: str) -> str:
@@ -56,16 +60,16 @@ def merge(
                     where=spec.segments[0].path,
                 )
                 expected = spec.first_line
-                for line, value in iter_shard(manifest.shard_path(parts, spec.index)):
+                for line, value in iter_shard(PARTS_FORMAT.path(parts, spec.index)):
                     if line != expected:
                         raise EmbedError(
-                            f"{manifest.shard_path(parts, spec.index)}: expected sentence {expected}, found {line}"
+                            f"{PARTS_FORMAT.path(parts, spec.index)}: expected sentence {expected}, found {line}"
                         )
                     out.create_dataset(str(line), data=value)
                     expected += 1
                 if expected != spec.first_line + spec.num_lines:
                     raise EmbedError(
-                        f"{manifest.shard_path(parts, spec.index)}: holds lines up to {expected - 1}, expected {spec.first_line + spec.num_lines - 1}"
+                        f"{PARTS_FORMAT.path(parts, spec.index)}: holds lines up to {expected - 1}, expected {spec.first_line + spec.num_lines - 1}"
                     )
                 for offset, text in enumerate(prepared.texts):
                     sentence_to_index[text] = str(spec.first_line + offset)

@@ -14,7 +14,7 @@ from embed_fixtures import OPTIONS, WEIGHTS, shard_of
 from jobs.embed import main
 from pipeline.embed import inputs, manifest, resume
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.file_format import format_named
+from pipeline.embed.file_format import chosen_format
 from pipeline.output_folder import taken_back_on_failure
 from pipeline.runtime import cluster_capacity, storage
 from pipeline.tools.local_s3 import free_ports
@@ -242,8 +242,7 @@ def test_a_failed_run_takes_back_its_claim_and_the_folders_it_made(where, tmp_pa
                         output,
                         {"index": 0},
                         shard_of(0, [np.zeros((1, 4), np.float32)]),
-                        "packed",
-                        format_named("hdf5"),
+                        chosen_format("hdf5", "packed"),
                     )
                 raise EmbedError("a worker failed")
 
@@ -258,7 +257,9 @@ def test_a_failed_run_takes_back_its_claim_and_the_folders_it_made(where, tmp_pa
     assert storage.exists(manifest.run_path(earlier))
     committed = storage.join(root, "committed")
     failing_run(committed, commit=True)
-    assert storage.exists(manifest.run_path(committed)) and storage.exists(manifest.shard_path(committed, 0))
+    assert storage.exists(manifest.run_path(committed)) and storage.exists(
+        chosen_format("hdf5", "packed").path(committed, 0)
+    )
     # an empty folder that was there before stays
     if where == "local":
         os.mkdir(tmp_path / "empty")
@@ -285,18 +286,17 @@ def test_rerun_with_other_settings_or_changed_input_is_refused(tmp_path):
     path.write_bytes(b"a\nb\nc\n")
     specs = inputs.plan_shards("text", [str(path)], 2)
     shard = shard_of(0, [np.zeros((1, 4), np.float32)] * 2)
-    entry = resume.commit_shard(
-        out, {"index": 0, "input_sha256": specs[0].input_sha256}, shard, "allennlp", format_named("hdf5")
-    )
-    assert resume.complete_shards(out, specs, verify=True) == {0: entry}
-    storage.write_bytes(manifest.shard_path(out, 0), b"damaged")
-    assert resume.complete_shards(out, specs, verify=True) == {}  # damaged: redone
-    assert resume.complete_shards(out, specs, verify=False) == {0: entry}
+    fmt = chosen_format("hdf5", "allennlp")
+    entry = resume.commit_shard(out, {"index": 0, "input_sha256": specs[0].input_sha256}, shard, fmt)
+    assert resume.complete_shards(out, specs, verify=True, fmt=fmt) == {0: entry}
+    storage.write_bytes(fmt.path(out, 0), b"damaged")
+    assert resume.complete_shards(out, specs, verify=True, fmt=fmt) == {}  # damaged: redone
+    assert resume.complete_shards(out, specs, verify=False, fmt=fmt) == {0: entry}
     path.write_bytes(b"A\nb\nc\n")
     with pytest.raises(EmbedError, match=r"input lines 0-1 changed since the previous run"):
-        resume.complete_shards(out, inputs.plan_shards("text", [str(path)], 2), verify=False)
+        resume.complete_shards(out, inputs.plan_shards("text", [str(path)], 2), verify=False, fmt=fmt)
     with pytest.raises(EmbedError, match=r"has shard 0 but the input now makes only 0 shards"):
-        resume.complete_shards(out, [], verify=False)
+        resume.complete_shards(out, [], verify=False, fmt=fmt)
     assert json.loads(storage.read_bytes(manifest.entry_path(out, 0)))["sha256"] == entry["sha256"]
 
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 
 from pipeline.embed import manifest
+from pipeline.embed.file_format import format_named
 
 RUN = {"layers": "top", "dtype": "float16", "stateful": False, "lines_per_shard": 2, "input": ["c.txt"]}
 
 
 def test_the_manifest_lists_shards_in_line_order_with_their_totals_and_the_run(tmp_path):
     entries = [
-        {"index": 1, "name": manifest.shard_name(1), "sentences": 2, "tokens": 9, "bytes": 100},
+        {"index": 1, "name": "embeddings-000001.hdf5", "sentences": 2, "tokens": 9, "bytes": 100},
         # written by an older version: no split_sentences field, which counts 0
-        {"index": 0, "name": manifest.shard_name(0), "sentences": 2, "tokens": 5, "bytes": 80,
+        {"index": 0, "name": "embeddings-000000.hdf5", "sentences": 2, "tokens": 5, "bytes": 80,
          "split_sentences": 1, "empty_sentences": 1},
     ]  # fmt: skip
     document = manifest.build_manifest(RUN, {"sha256": "m"}, entries, {"workers": 1})
@@ -31,9 +32,12 @@ def test_the_manifest_lists_shards_in_line_order_with_their_totals_and_the_run(t
 
 
 def test_the_names_of_an_output():
-    assert manifest.shard_name(7) == "embeddings-000007.hdf5"
-    assert manifest.shard_name(1234567) == "embeddings-1234567.hdf5"
-    assert manifest.shard_path("s3://b/out", 3) == "s3://b/out/embeddings-000003.hdf5"
+    hdf5, parquet = format_named("hdf5"), format_named("parquet")
+    assert (
+        hdf5.file_name(7) == "embeddings-000007.hdf5" and parquet.file_name(7) == "embeddings-000007.parquet"
+    )
+    assert hdf5.file_name(1234567) == "embeddings-1234567.hdf5"
+    assert hdf5.path("s3://b/out", 3) == "s3://b/out/embeddings-000003.hdf5"
     assert manifest.entry_path("/o", 3) == "/o/_progress/embeddings-000003.json"
     assert manifest.run_path("/o") == "/o/_progress/run.json"
     assert manifest.manifest_path("/o") == "/o/manifest.json"

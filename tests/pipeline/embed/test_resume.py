@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from embed_fixtures import shard_of
 
-from pipeline.embed import manifest, resume
+from pipeline.embed import resume
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.file_format import format_named
+from pipeline.embed.file_format import chosen_format
 from pipeline.embed.inputs import ShardSpec
 from pipeline.output_folder import taken_back_on_failure
 
@@ -24,6 +24,9 @@ def specs(count: int, lines: int = 10) -> list[ShardSpec]:
     return [ShardSpec(i, i * lines, lines, segments=(), input_sha256=f"in{i}") for i in range(count)]
 
 
+PACKED = chosen_format("hdf5", "packed")
+
+
 def commit(output: str, spec: ShardSpec, fill: float = 1.0) -> dict:
     os.makedirs(output, exist_ok=True)  # the run's claim makes it: a commit never does
     shard = shard_of(spec.first_line, [np.full((2, 4), fill, dtype=np.float32)] * spec.num_lines)
@@ -31,8 +34,7 @@ def commit(output: str, spec: ShardSpec, fill: float = 1.0) -> dict:
         output,
         {"index": spec.index, "input_sha256": spec.input_sha256},
         shard,
-        "packed",
-        format_named("hdf5"),
+        PACKED,
     )
 
 
@@ -59,16 +61,21 @@ def test_a_shard_counts_as_complete_only_with_its_entry_its_file_and_its_input(t
     assert not [p.name for p in (tmp_path / "emb").iterdir() if p.name.endswith(".elmo-partial")]
     commit(out, shards[1], 2.0)
     # shard 2: killed between its two writes (the file is there, its entry is not)
-    (tmp_path / "emb" / manifest.shard_name(2)).write_bytes(b"half")
-    assert sorted(resume.complete_shards(out, shards, verify=True)) == [0, 1]
+    (tmp_path / "emb" / PACKED.file_name(2)).write_bytes(b"half")
+    assert sorted(resume.complete_shards(out, shards, verify=True, fmt=PACKED)) == [0, 1]
 
-    (tmp_path / "emb" / manifest.shard_name(1)).write_bytes(b"damaged")
-    assert sorted(resume.complete_shards(out, shards, verify=True)) == [0]
-    assert sorted(resume.complete_shards(out, shards, verify=False)) == [0, 1]  # the file's hash unread
-    (tmp_path / "emb" / manifest.shard_name(0)).unlink()
-    assert sorted(resume.complete_shards(out, shards, verify=False)) == [1]
+    (tmp_path / "emb" / PACKED.file_name(1)).write_bytes(b"damaged")
+    assert sorted(resume.complete_shards(out, shards, verify=True, fmt=PACKED)) == [0]
+    assert sorted(resume.complete_shards(out, shards, verify=False, fmt=PACKED)) == [
+        0,
+        1,
+    ]  # the file's hash unread
+    (tmp_path / "emb" / PACKED.file_name(0)).unlink()
+    assert sorted(resume.complete_shards(out, shards, verify=False, fmt=PACKED)) == [1]
     (tmp_path / "emb" / "_progress" / "embeddings-000001.json").write_text("{cut")
-    assert resume.complete_shards(out, shards, verify=False) == {}  # an unreadable entry is redone
+    assert (
+        resume.complete_shards(out, shards, verify=False, fmt=PACKED) == {}
+    )  # an unreadable entry is redone
 
 
 @pytest.mark.parametrize(
@@ -83,7 +90,7 @@ def test_a_progress_record_that_is_not_one_is_redone_not_trusted(tmp_path, recor
     commit(out, shards[0])
     commit(out, shards[1])
     (tmp_path / "emb" / "_progress" / "embeddings-000000.json").write_text(record)
-    assert sorted(resume.complete_shards(out, shards, verify=True)) == [1]
+    assert sorted(resume.complete_shards(out, shards, verify=True, fmt=PACKED)) == [1]
 
 
 @pytest.mark.parametrize("record", ["[]", '"text"', "3"])
@@ -101,10 +108,10 @@ def test_a_changed_input_is_refused_not_mixed(tmp_path):
     out, shards = str(tmp_path / "emb"), specs(3)
     commit(out, shards[2])
     with pytest.raises(EmbedError, match="has shard 2 but the input now makes only 2 shards"):
-        resume.complete_shards(out, shards[:2], verify=False)
+        resume.complete_shards(out, shards[:2], verify=False, fmt=PACKED)
     changed = [*shards[:2], ShardSpec(2, 20, 10, segments=(), input_sha256="other")]
     with pytest.raises(EmbedError, match="input lines 20-29 changed since the previous run"):
-        resume.complete_shards(out, changed, verify=False)
+        resume.complete_shards(out, changed, verify=False, fmt=PACKED)
 
 
 def test_a_commit_never_creates_the_output_folder_moved_away_mid_run(tmp_path):
@@ -116,14 +123,14 @@ def test_a_commit_never_creates_the_output_folder_moved_away_mid_run(tmp_path):
     os.rename(out, tmp_path / "moved")
     shard = shard_of(10, [np.zeros((2, 4), np.float32)] * 10)
     with pytest.raises(EmbedError) as caught:
-        resume.commit_shard(out, {"index": 1, "input_sha256": "in1"}, shard, "packed", format_named("hdf5"))
+        resume.commit_shard(out, {"index": 1, "input_sha256": "in1"}, shard, PACKED)
     assert str(caught.value) == (
         f"output {out}: the folder is gone (moved or deleted while the run wrote it), and a commit never "
         "creates it: move it back and rerun, or rerun into a new output"
     )
     assert not os.path.exists(out)
     os.rename(tmp_path / "moved", out)  # moved back: the rerun resumes it
-    assert list(resume.complete_shards(out, specs(2), verify=True)) == [0]
+    assert list(resume.complete_shards(out, specs(2), verify=True, fmt=PACKED)) == [0]
 
 
 def test_a_failed_run_takes_back_its_claim_and_its_folders_unless_it_committed(tmp_path):

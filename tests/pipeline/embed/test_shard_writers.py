@@ -20,12 +20,14 @@ from polling import wait_until
 
 from pipeline.embed import shard_writers
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.file_format import format_named
+from pipeline.embed.file_format import chosen_format
 from pipeline.embed.resume import commit_shard
 from pipeline.embed.shard_vectors import BufferPool, ShardAssembler
 from pipeline.embed.shard_writers import PARENT_POLL_S, ShardWriters
 
 REPO = Path(__file__).parents[3]
+PACKED = chosen_format("hdf5", "packed")
+"""HDF5 shards in the packed layout: the format the writers get, bound once."""
 
 
 def _shard(pool: BufferPool, first_line: int, sizes: list[int], row_shape=(8,), pooled=False, seed=0):
@@ -84,8 +86,8 @@ def test_a_writer_commits_the_bytes_and_entry_the_actor_would(
     shard = _shard(pool, 40, [3, 0, 5, 1, 7], row_shape, pooled)
     stats = {"index": 1, "sentences": 5}
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()  # a run's claim makes its folder: a commit never does
-    entry = writers.commit(str(tmp_path / "a"), stats, shard, layout, file_format)
-    own = commit_shard(str(tmp_path / "b"), stats, shard, layout, format_named(file_format))
+    entry = writers.commit(str(tmp_path / "a"), stats, shard, chosen_format(file_format, layout))
+    own = commit_shard(str(tmp_path / "b"), stats, shard, chosen_format(file_format, layout))
     assert entry == own and entry["name"] == f"embeddings-000001.{file_format}"
     assert (tmp_path / "a" / entry["name"]).read_bytes() == (tmp_path / "b" / entry["name"]).read_bytes()
     assert (tmp_path / "a/_progress").exists()
@@ -101,11 +103,9 @@ def test_several_writers_commit_at_once_each_shard_once(writers, tmp_path):
     def commit(index: int) -> None:
         try:
             shard = _shard(pool, 200 * index, sizes, seed=index)
-            expected = commit_shard(
-                str(tmp_path / "own"), {"index": index}, shard, "packed", format_named("hdf5")
-            )
+            expected = commit_shard(str(tmp_path / "own"), {"index": index}, shard, PACKED)
             entries[index] = (
-                writers.commit(str(tmp_path / "out"), {"index": index}, shard, "packed", "hdf5"),
+                writers.commit(str(tmp_path / "out"), {"index": index}, shard, PACKED),
                 expected,
             )
             pool.release(shard)
@@ -133,12 +133,12 @@ def test_a_writer_maps_a_buffer_once_and_lets_go_of_dropped_ones(tmp_path):
         pool = BufferPool(writers.buffers)
         for index in range(3):  # one buffer, reused: mapped once
             shard = _shard(pool, 0, [4, 4], seed=index)
-            writers.commit(str(tmp_path), {"index": index}, shard, "packed", "hdf5")
+            writers.commit(str(tmp_path), {"index": index}, shard, PACKED)
             pool.release(shard)
         assert _mappings(pid) == 1 and len(writers.buffers.live()) == 1
         del shard  # the last view of the small buffer
         larger = _shard(pool, 0, [400, 400])  # too large: the pool drops the old buffer for a new one
-        writers.commit(str(tmp_path), {"index": 3}, larger, "packed", "hdf5")
+        writers.commit(str(tmp_path), {"index": 3}, larger, PACKED)
         assert _mappings(pid) == 1 and len(writers.buffers.live()) == 1
         pool.release(larger)
     finally:
@@ -151,10 +151,10 @@ def test_a_writers_error_comes_back_as_one_line_and_it_serves_on(writers, tmp_pa
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
     with pytest.raises(EmbedError, match=r"^\S*a-file/embeddings-000000\.hdf5: .*$") as err:
-        writers.commit(str(blocked), {"index": 0}, shard, "packed", "hdf5")
+        writers.commit(str(blocked), {"index": 0}, shard, PACKED)
     assert "\n" not in str(err.value)
     (tmp_path / "out").mkdir()
-    assert writers.commit(str(tmp_path / "out"), {"index": 0}, shard, "packed", "hdf5")["index"] == 0
+    assert writers.commit(str(tmp_path / "out"), {"index": 0}, shard, PACKED)["index"] == 0
     # both writers have served (and are ready); a Ctrl-C is not theirs to act on: they are not in
     # the job's process group, and ignore one sent to them
     for pid in writers.pids:
@@ -162,9 +162,7 @@ def test_a_writers_error_comes_back_as_one_line_and_it_serves_on(writers, tmp_pa
         os.kill(pid, signal.SIGINT)
     time.sleep(0.2)
     for index in range(1, 3):  # both writers still there
-        assert (
-            writers.commit(str(tmp_path / "out"), {"index": index}, shard, "packed", "hdf5")["index"] == index
-        )
+        assert writers.commit(str(tmp_path / "out"), {"index": index}, shard, PACKED)["index"] == index
     pool.release(shard)
 
 
@@ -177,7 +175,7 @@ def test_a_killed_writer_is_named_and_its_shard_left_to_the_rerun(tmp_path):
         os.kill(pid, signal.SIGKILL)
         message = rf"^the writer process of shard 3 \(pid {pid}\) was killed by signal 9 before committing it; rerun"
         with pytest.raises(EmbedError, match=message):
-            writers.commit(str(tmp_path), {"index": 3}, shard, "packed", "hdf5")
+            writers.commit(str(tmp_path), {"index": 3}, shard, PACKED)
         assert not tmp_path.joinpath("_progress").exists() and list(tmp_path.iterdir()) == []
         pool.release(shard)
     finally:
@@ -205,7 +203,7 @@ def test_a_writer_that_does_not_answer_is_ended_and_named(tmp_path, monkeypatch,
         started = time.monotonic()
         message = rf"^the writer process of shard 3 \(pid {pid}, {expected}\) did not answer within \d+ s; it was ended; rerun"
         with pytest.raises(EmbedError, match=message) as err:
-            writers.commit(str(tmp_path), {"index": 3}, shard, "packed", "hdf5")
+            writers.commit(str(tmp_path), {"index": 3}, shard, PACKED)
         assert time.monotonic() - started < 5.0 and "\n" not in str(err.value)
         assert not _alive(pid)  # ended, not left stopped
         assert not tmp_path.joinpath("_progress").exists()
@@ -218,6 +216,7 @@ ACTOR = """
 import sys, threading
 import numpy as np
 from pipeline.embed.shard_vectors import BufferPool, ShardAssembler
+from pipeline.embed.file_format import chosen_format
 from pipeline.embed.shard_writers import ShardWriters
 
 writers = ShardWriters(2)
@@ -228,7 +227,7 @@ assembler = ShardAssembler(0, len(sizes), range(len(sizes)), sizes, (1024,), np.
 assembler.rows[:] = 1
 shard = assembler.finish()
 print("committing", flush=True)
-writers.commit(sys.argv[1], {"index": 0}, shard, "packed", "hdf5")
+writers.commit(sys.argv[1], {"index": 0}, shard, chosen_format("hdf5", "packed"))
 print("committed", flush=True)
 """
 

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 from embed_fixtures import write_shard_file
 
-from pipeline.embed import manifest
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import plan_shards
-from pipeline.embed.single_file import delete_parts, merge, parts_path
+from pipeline.embed.single_file import PARTS_FORMAT, delete_parts, merge, parts_path
 
 TEXT = "In the beginning\n\n  God created \nthe heaven\nIn the beginning\n"
 RULES = {"max_tokens": 100, "long_sentences": "split", "invalid_utf8": "replace"}
@@ -28,7 +27,7 @@ def write_parts(tmp_path, lines_per_shard=2, skip_line=None):
         lines = [n for n in range(spec.first_line, spec.first_line + spec.num_lines) if n != skip_line]
         values = [np.full((2, 4), n, dtype=np.float32) for n in lines]
         # a part holds consecutive lines from its first; skip_line leaves the last one out
-        path = tmp_path / "vectors.hdf5.parts" / manifest.shard_name(spec.index)
+        path = tmp_path / "vectors.hdf5.parts" / PARTS_FORMAT.file_name(spec.index)
         path.parent.mkdir(exist_ok=True)
         write_shard_file(path, spec.first_line, values)
     return specs, parts
