@@ -112,6 +112,10 @@ def _ends(pieces: list[str], text: str) -> set[int]:
 
 @dataclass
 class Score:
+    """A splitter's counts over the documents: boundaries ``true`` (predicted where a gold one
+    is), ``predicted`` and ``gold``; gold ``sentences`` and those returned ``exact``; the
+    documents' ``words`` and the ``seconds`` of CPU the splitter took on them."""
+
     true: int = 0
     predicted: int = 0
     gold: int = 0
@@ -133,47 +137,58 @@ class Score:
         }
 
 
+def _pysbd() -> Callable[[str], list[str]]:
+    import pysbd
+
+    return pysbd.Segmenter(language="en", clean=False).segment
+
+
+def _sentencex() -> Callable[[str], list[str]]:
+    from sentencex import segment
+
+    return lambda text: list(segment("en", text))
+
+
+def _blingfire() -> Callable[[str], list[str]]:
+    import blingfire
+
+    return lambda text: blingfire.text_to_sentences(text).split("\n")
+
+
+def _moses() -> Callable[[str], list[str]]:
+    from sentence_splitter import SentenceSplitter
+
+    return SentenceSplitter(language="en").split
+
+
+def _punkt() -> Callable[[str], list[str]]:
+    import nltk
+
+    nltk.data.find("tokenizers/punkt_tab/english")  # LookupError: the model was never downloaded
+    return nltk.sent_tokenize
+
+
+CANDIDATES = {
+    "pysbd": _pysbd,
+    "sentencex": _sentencex,
+    "blingfire": _blingfire,
+    "sentence-splitter (Moses)": _moses,
+    "nltk punkt": _punkt,
+    "regex [.!?] + space + capital": lambda: lambda text: re.split(r"(?<=[.!?])\s+(?=[\"A-Z])", text),
+}
+"""Each candidate's maker of ``split(text) -> sentences`` (the library imported when made)."""
+
+
 def splitters() -> dict[str, Callable[[str], list[str]] | str]:
-    """Each candidate's ``split(text) -> sentences``, or why it cannot run here."""
+    """Each candidate's ``split``, or why it cannot run here."""
     found: dict[str, Callable[[str], list[str]] | str] = {}
-    try:
-        import pysbd
-
-        segmenter = pysbd.Segmenter(language="en", clean=False)
-        found["pysbd 0.3"] = segmenter.segment
-    except ImportError:
-        found["pysbd"] = "not installed"
-    try:
-        from sentencex import segment
-
-        found["sentencex"] = lambda text: list(segment("en", text))
-    except ImportError:
-        found["sentencex"] = "not installed"
-    try:
-        import blingfire
-
-        found["blingfire"] = lambda text: blingfire.text_to_sentences(text).split("\n")
-    except ImportError:
-        found["blingfire"] = "not installed"
-    try:
-        from sentence_splitter import SentenceSplitter
-
-        found["sentence-splitter (Moses)"] = SentenceSplitter(language="en").split
-    except ImportError:
-        found["sentence-splitter (Moses)"] = "not installed"
-    try:
-        import nltk
-
+    for name, make in CANDIDATES.items():
         try:
-            nltk.data.find("tokenizers/punkt_tab/english")
-            found["nltk punkt"] = nltk.sent_tokenize
+            found[name] = make()
+        except ImportError:
+            found[name] = "not installed"
         except LookupError:
-            found["nltk punkt"] = (
-                "its model is a download at run time (nltk.download('punkt_tab')): none here"
-            )
-    except ImportError:
-        found["nltk punkt"] = "not installed"
-    found["regex [.!?] + space + capital"] = lambda text: re.split(r"(?<=[.!?])\s+(?=[\"A-Z])", text)
+            found[name] = "its model is a download at run time (nltk.download('punkt_tab')): none here"
     return found
 
 
