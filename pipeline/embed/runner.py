@@ -25,7 +25,7 @@ from pipeline.embed.config import EmbedConfig, Pool, StoredDType, is_single_file
 from pipeline.embed.dataflow import ActorPool, embed_stream
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.file_format import chosen_format
-from pipeline.embed.inputs import plan_shards, resolve_inputs
+from pipeline.embed.inputs import ShardSpec, plan_shards, resolve_inputs
 from pipeline.embed.pass_size import PassSize, gpu_free_bytes, pass_size, per_position
 from pipeline.embed.resume import (
     OWN_FILES,
@@ -202,101 +202,129 @@ class _EmbedJob:
 
 
 def _run(job: _EmbedJob, claim: Claim) -> StageResult[EmbedDetails]:
-    cfg, single, target, source, kind, paths = (
-        job.cfg,
-        job.single,
-        job.target,
-        job.source,
-        job.kind,
-        job.paths,
-    )
-    check_writable(target)
-    specs = plan_shards(kind, paths, cfg.lines_per_shard, cfg.shard_splits)
-    run = run_settings(cfg, kind, paths, source.sha256)
-    resumed = claim_output(target, run)
-    claim.claimed = not resumed
-    fmt = chosen_format(cfg.format.value, cfg.layout.value)
-    done = complete_shards(target, specs, cfg.verify_resume, fmt) if resumed else {}
-    if cfg.stateful and len(done) < len(specs):
-        todo = [(spec, spec.index not in done) for spec in specs]  # done shards still carry the state
-    else:
-        todo = [(spec, True) for spec in specs if spec.index not in done]
-
-    total_lines = sum(s.num_lines for s in specs)
+    run = _EmbedRun(job)
+    todo = run.plan(claim)
     start = time.monotonic()
-    new_shards = new_tokens = 0
-    stopped = False
-    bar = tqdm(
-        total=total_lines,
-        initial=sum(e["sentences"] for e in done.values()),
-        unit="sent",
-        desc="embed",
-        disable=not cfg.progress,
-        file=sys.stderr,
-    )
-    with bar:
-        job.clock.mark("checks")
+    stopped = run.embed(todo, start)
+    result = run.result(time.monotonic() - start, stopped)
+    return result if stopped else run.finish(result)
+
+
+class _EmbedRun:
+    """One run over a resolved job, in the order it goes: ``plan`` (the shards, what an earlier run
+    finished, the claim), ``embed`` (the shards left, through the actor pool, each committed as it
+    comes), ``result``, and for a run that was not stopped early ``finish`` (the manifest, and the
+    single file of single-file mode)."""
+
+    def __init__(self, job: _EmbedJob):
+        self.job, self.cfg = job, job.cfg
+        self.specs: list[ShardSpec] = []
+        self.settings: dict = {}
+        """``run.json``'s settings: what decides the vectors."""
+        self.done: dict[int, dict] = {}
+        """Committed shards' entries by index, an earlier run's and this one's."""
+        self.new_shards = self.new_tokens = 0
+
+    def plan(self, claim: Claim) -> list[tuple[ShardSpec, bool]]:
+        """Claim the output (or find an earlier run's claim and its finished shards); the shards to
+        go through, each with whether to write it (a stateful run reads its done shards again for
+        the state they carry)."""
+        job, cfg = self.job, self.cfg
+        check_writable(job.target)
+        self.specs = plan_shards(job.kind, job.paths, cfg.lines_per_shard, cfg.shard_splits)
+        self.settings = run_settings(cfg, job.kind, job.paths, job.source.sha256)
+        resumed = claim_output(job.target, self.settings)
+        claim.claimed = not resumed
+        fmt = chosen_format(cfg.format.value, cfg.layout.value)
+        self.done = complete_shards(job.target, self.specs, cfg.verify_resume, fmt) if resumed else {}
+        if cfg.stateful and len(self.done) < len(self.specs):
+            return [(spec, spec.index not in self.done) for spec in self.specs]
+        return [(spec, True) for spec in self.specs if spec.index not in self.done]
+
+    def embed(self, todo: list[tuple[ShardSpec, bool]], start: float) -> bool:
+        """Embed ``todo``, committing each shard as it comes; whether the run stopped early
+        (``stop_after_shards``)."""
+        cfg, job = self.cfg, self.job
+        bar = tqdm(
+            total=sum(s.num_lines for s in self.specs),
+            initial=sum(e["sentences"] for e in self.done.values()),
+            unit="sent",
+            desc="embed",
+            disable=not cfg.progress,
+            file=sys.stderr,
+        )
+        with bar:
+            job.clock.mark("checks")
+            settings, pool = self._actors(todo)
+            job.clock.mark("ray")
+            # closed however the loop ends (a stop asked, an error, Ctrl-C or SIGTERM raised in the body):
+            # Ray Data's executor threads stop before Ray does (docs/reliability.md#stopping)
+            with contextlib.closing(embed_stream(todo, job.source, settings, job.target, pool)) as stream:
+                for result in stream:
+                    if result["written"] and self._committed(result["entry"], bar, start):
+                        return True
+        return False
+
+    def _actors(self, todo: list[tuple[ShardSpec, bool]]) -> tuple[EmbedSettings, ActorPool | None]:
+        """Ray started (when there is work), the cluster checked, the actors' settings and pool."""
+        cfg = self.cfg
         if todo:
-            job.session.start()
+            self.job.session.start()
         embedded = ray_runtime.embedded()
         gpus = gpus_per_worker(cfg.use_gpu, cfg.gpu_share, embedded) if todo else 0.0
         if todo:
             check_capacity(cfg, 1 if cfg.stateful else cfg.workers, gpus, embedded)
-        settings = settings_for(cfg, "cuda" if gpus else "cpu", choose_pass_size(cfg, job.source, gpus))
-        pool = actor_pool(cfg, gpus) if todo else None
-        job.clock.mark("ray")
-        # closed however the loop ends (a stop asked, an error, Ctrl-C or SIGTERM raised in the body):
-        # Ray Data's executor threads stop before Ray does (docs/reliability.md#stopping)
-        with contextlib.closing(embed_stream(todo, source, settings, target, pool)) as stream:
-            for result in stream:
-                if not result["written"]:
-                    continue
-                entry = result["entry"]
-                job.clock.committed(entry)  # takes an actor's start-up report off the entry
-                done[entry["index"]] = entry
-                new_shards += 1
-                new_tokens += entry["tokens"]
-                bar.update(entry["sentences"])
-                rate = new_tokens / max(time.monotonic() - start, 1e-9)
-                bar.set_postfix_str(f"{rate:,.0f} tok/s")
-                job.tracking.log(
-                    {"shards_done": len(done), "run/tokens": new_tokens, "run/tokens_per_s": rate}
-                )
-                if cfg.stop_after_shards and new_shards >= cfg.stop_after_shards and len(done) < len(specs):
-                    stopped = True
-                    break
-    seconds = time.monotonic() - start
+        settings = settings_for(cfg, "cuda" if gpus else "cpu", choose_pass_size(cfg, self.job.source, gpus))
+        return settings, actor_pool(cfg, gpus) if todo else None
 
-    entries = [done[i] for i in sorted(done)]
-    totals = manifest.totals(entries)
-    details = EmbedDetails(
-        len(specs),
-        new_shards,
-        totals,
-        source,
-        kind,
-        tuple(paths),
-        job.clock.startup(),
-        job.clock.after_first_commit(new_tokens),
-    )
-    result = StageResult("embed", cfg.output, seconds, new_tokens, details, complete=not stopped)
-    if stopped:
-        return result
-    missing = sorted(set(range(len(specs))) - set(done))
-    if missing:
-        raise EmbedError(f"output {target}: shards {missing[:5]} were not written; rerun to finish")
-    document = manifest.build_manifest(run, source.to_dict(), entries, to_dict(cfg))
-    manifest.write_json(manifest.manifest_path(target), document)
-    result.details = dataclasses.replace(details, manifest=document)
-    if single:
-        merge(
-            target,
-            specs,
-            cfg.output,
-            max_tokens=cfg.max_sentence_tokens,
-            long_sentences=cfg.long_sentences.value,
-            invalid_utf8=cfg.invalid_utf8.value,
+    def _committed(self, entry: dict, bar: tqdm, start: float) -> bool:
+        """Count a committed shard (the bar, the dashboard's row); whether the run stops here."""
+        self.job.clock.committed(entry)  # takes an actor's start-up report off the entry
+        self.done[entry["index"]] = entry
+        self.new_shards += 1
+        self.new_tokens += entry["tokens"]
+        bar.update(entry["sentences"])
+        rate = self.new_tokens / max(time.monotonic() - start, 1e-9)
+        bar.set_postfix_str(f"{rate:,.0f} tok/s")
+        self.job.tracking.log(
+            {"shards_done": len(self.done), "run/tokens": self.new_tokens, "run/tokens_per_s": rate}
         )
-        if not cfg.keep_parts:
-            delete_parts(target)
-    return result
+        stop_after = self.cfg.stop_after_shards
+        return bool(stop_after) and self.new_shards >= stop_after and len(self.done) < len(self.specs)
+
+    def result(self, seconds: float, stopped: bool) -> StageResult[EmbedDetails]:
+        job = self.job
+        details = EmbedDetails(
+            len(self.specs),
+            self.new_shards,
+            manifest.totals(list(self.done.values())),
+            job.source,
+            job.kind,
+            tuple(job.paths),
+            job.clock.startup(),
+            job.clock.after_first_commit(self.new_tokens),
+        )
+        return StageResult("embed", self.cfg.output, seconds, self.new_tokens, details, complete=not stopped)
+
+    def finish(self, result: StageResult[EmbedDetails]) -> StageResult[EmbedDetails]:
+        """Every shard done: the manifest (the output complete), then single-file mode's file."""
+        cfg, job = self.cfg, self.job
+        missing = sorted(set(range(len(self.specs))) - set(self.done))
+        if missing:
+            raise EmbedError(f"output {job.target}: shards {missing[:5]} were not written; rerun to finish")
+        entries = [self.done[i] for i in sorted(self.done)]
+        document = manifest.build_manifest(self.settings, job.source.to_dict(), entries, to_dict(cfg))
+        manifest.write_json(manifest.manifest_path(job.target), document)
+        result.details = dataclasses.replace(result.details, manifest=document)
+        if job.single:
+            merge(
+                job.target,
+                self.specs,
+                cfg.output,
+                max_tokens=cfg.max_sentence_tokens,
+                long_sentences=cfg.long_sentences.value,
+                invalid_utf8=cfg.invalid_utf8.value,
+            )
+            if not cfg.keep_parts:
+                delete_parts(job.target)
+        return result
