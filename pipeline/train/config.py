@@ -222,109 +222,120 @@ class TrainConfig:
         return self.batch_size * self.unroll_steps * world
 
     def __post_init__(self) -> None:
-        check_rules(
-            [
-                *((key, getattr(self, key), getattr(self, key) >= 1, ">= 1") for key in _AT_LEAST_ONE),
-                (
-                    "max_steps",
-                    self.max_steps,
-                    0 <= self.max_steps < 2**63,
-                    "in [0, 2**63 - 1] (0: max_tokens or n_epochs)",
-                ),
-                (
-                    "max_tokens",
-                    self.max_tokens,
-                    0 <= self.max_tokens < 2**63,
-                    "in [0, 2**63 - 1] (0: n_epochs epochs)",
-                ),
-                (
-                    "max_tokens",
-                    self.max_tokens,
-                    not (self.max_tokens and self.max_steps),
-                    "0 when max_steps is set (one of the two sets the run's length)",
-                ),
-                ("time_budget", self.time_budget, budget_seconds(self.time_budget) is not None, BUDGET_RULE),
-                ("probe_every", self.probe_every, self.probe_every >= 0, ">= 0 (0: never)"),
-                ("eval_max_batches", self.eval_max_batches, self.eval_max_batches >= 0, ">= 0 (0: all)"),
-                (
-                    "eval_interval_batches",
-                    self.eval_interval_batches,
-                    self.eval_interval_batches >= 0,
-                    ">= 0 (0: as eval_max_batches)",
-                ),
-                seed_rule(self.seed),
-                ("dropout", self.dropout, 0 <= self.dropout < 1, "in [0, 1)"),
-                ("softmax.negatives", self.softmax.negatives, self.softmax.negatives >= 1, ">= 1"),
-                (
-                    "softmax.offset_penalty",
-                    self.softmax.offset_penalty,
-                    _finite(self.softmax.offset_penalty) and self.softmax.offset_penalty >= 0,
-                    "a number >= 0",
-                ),
-                (
-                    "optimizer.lr",
-                    self.optimizer.lr,
-                    _finite(self.optimizer.lr) and self.optimizer.lr > 0,
-                    "a number > 0",
-                ),
-                (
-                    "optimizer.initial_accumulator",
-                    self.optimizer.initial_accumulator,
-                    _finite(self.optimizer.initial_accumulator) and self.optimizer.initial_accumulator > 0,
-                    "a number > 0",
-                ),
-                (
-                    "optimizer.weight_decay",
-                    self.optimizer.weight_decay,
-                    _finite(self.optimizer.weight_decay)
-                    and self.optimizer.weight_decay >= 0
-                    and (self.optimizer.weight_decay == 0 or self.optimizer.name is OptimizerName.adamw),
-                    "a number >= 0, and 0 unless optimizer.name=adamw",
-                ),
-                (
-                    "optimizer.adam_eps",
-                    self.optimizer.adam_eps,
-                    _finite(self.optimizer.adam_eps) and self.optimizer.adam_eps > 0,
-                    "a number > 0",
-                ),
-                (
-                    "optimizer.final_lr_fraction",
-                    self.optimizer.final_lr_fraction,
-                    0 <= self.optimizer.final_lr_fraction <= 1,
-                    "in [0, 1]",
-                ),
-                ("clip_norm", self.clip_norm, _finite(self.clip_norm) and self.clip_norm > 0, "a number > 0"),
-                (
-                    "resources_timeout_s",
-                    self.resources_timeout_s,
-                    _finite(self.resources_timeout_s) and self.resources_timeout_s > 0,
-                    "a number of seconds > 0",
-                ),
-                ("name", self.name, run_name_ok(self.name), NAME_RULE),
-                ("guard.batches", self.guard.batches, self.guard.batches >= 1, ">= 1"),
-                (
-                    "guard.factor",
-                    self.guard.factor,
-                    _finite(self.guard.factor) and self.guard.factor > 1,
-                    "a number > 1",
-                ),
-                ("guard.lr_factor", self.guard.lr_factor, 0 < self.guard.lr_factor < 1, "in (0, 1)"),
-                ("guard.max_rollbacks", self.guard.max_rollbacks, self.guard.max_rollbacks >= 0, ">= 0"),
-                (
-                    "optimizer.warmup_steps",
-                    self.optimizer.warmup_steps,
-                    self.optimizer.warmup_steps >= 0,
-                    ">= 0",
-                ),
-                (
-                    "optimizer.adam_betas",
-                    list(self.optimizer.adam_betas),
-                    len(self.optimizer.adam_betas) == 2
-                    and all(0 <= b < 1 for b in self.optimizer.adam_betas),
-                    "two numbers in [0, 1)",
-                ),
-            ]
-        )
+        check_rules([*self._length_rules(), *self._step_rules(), *self._guard_and_schedule_rules()])
+
+    def _length_rules(self) -> list[tuple]:
+        """The run's length, its evaluations, its seed and dropout."""
+        return [
+            *((key, getattr(self, key), getattr(self, key) >= 1, ">= 1") for key in _AT_LEAST_ONE),
+            (
+                "max_steps",
+                self.max_steps,
+                0 <= self.max_steps < 2**63,
+                "in [0, 2**63 - 1] (0: max_tokens or n_epochs)",
+            ),
+            (
+                "max_tokens",
+                self.max_tokens,
+                0 <= self.max_tokens < 2**63,
+                "in [0, 2**63 - 1] (0: n_epochs epochs)",
+            ),
+            (
+                "max_tokens",
+                self.max_tokens,
+                not (self.max_tokens and self.max_steps),
+                "0 when max_steps is set (one of the two sets the run's length)",
+            ),
+            ("time_budget", self.time_budget, budget_seconds(self.time_budget) is not None, BUDGET_RULE),
+            ("probe_every", self.probe_every, self.probe_every >= 0, ">= 0 (0: never)"),
+            ("eval_max_batches", self.eval_max_batches, self.eval_max_batches >= 0, ">= 0 (0: all)"),
+            (
+                "eval_interval_batches",
+                self.eval_interval_batches,
+                self.eval_interval_batches >= 0,
+                ">= 0 (0: as eval_max_batches)",
+            ),
+            seed_rule(self.seed),
+            ("dropout", self.dropout, 0 <= self.dropout < 1, "in [0, 1)"),
+        ]
+
+    def _step_rules(self) -> list[tuple]:
+        """The softmax, the optimizer's numbers, clipping, the cluster's wait and the run's name."""
+        return [
+            ("softmax.negatives", self.softmax.negatives, self.softmax.negatives >= 1, ">= 1"),
+            (
+                "softmax.offset_penalty",
+                self.softmax.offset_penalty,
+                _finite(self.softmax.offset_penalty) and self.softmax.offset_penalty >= 0,
+                "a number >= 0",
+            ),
+            (
+                "optimizer.lr",
+                self.optimizer.lr,
+                _finite(self.optimizer.lr) and self.optimizer.lr > 0,
+                "a number > 0",
+            ),
+            (
+                "optimizer.initial_accumulator",
+                self.optimizer.initial_accumulator,
+                _finite(self.optimizer.initial_accumulator) and self.optimizer.initial_accumulator > 0,
+                "a number > 0",
+            ),
+            (
+                "optimizer.weight_decay",
+                self.optimizer.weight_decay,
+                _finite(self.optimizer.weight_decay)
+                and self.optimizer.weight_decay >= 0
+                and (self.optimizer.weight_decay == 0 or self.optimizer.name is OptimizerName.adamw),
+                "a number >= 0, and 0 unless optimizer.name=adamw",
+            ),
+            (
+                "optimizer.adam_eps",
+                self.optimizer.adam_eps,
+                _finite(self.optimizer.adam_eps) and self.optimizer.adam_eps > 0,
+                "a number > 0",
+            ),
+            (
+                "optimizer.final_lr_fraction",
+                self.optimizer.final_lr_fraction,
+                0 <= self.optimizer.final_lr_fraction <= 1,
+                "in [0, 1]",
+            ),
+            ("clip_norm", self.clip_norm, _finite(self.clip_norm) and self.clip_norm > 0, "a number > 0"),
+            (
+                "resources_timeout_s",
+                self.resources_timeout_s,
+                _finite(self.resources_timeout_s) and self.resources_timeout_s > 0,
+                "a number of seconds > 0",
+            ),
+            ("name", self.name, run_name_ok(self.name), NAME_RULE),
+        ]
+
+    def _guard_and_schedule_rules(self) -> list[tuple]:
+        """The divergence guard, the warm-up and Adam's betas."""
+        return [
+            ("guard.batches", self.guard.batches, self.guard.batches >= 1, ">= 1"),
+            (
+                "guard.factor",
+                self.guard.factor,
+                _finite(self.guard.factor) and self.guard.factor > 1,
+                "a number > 1",
+            ),
+            ("guard.lr_factor", self.guard.lr_factor, 0 < self.guard.lr_factor < 1, "in (0, 1)"),
+            ("guard.max_rollbacks", self.guard.max_rollbacks, self.guard.max_rollbacks >= 0, ">= 0"),
+            (
+                "optimizer.warmup_steps",
+                self.optimizer.warmup_steps,
+                self.optimizer.warmup_steps >= 0,
+                ">= 0",
+            ),
+            (
+                "optimizer.adam_betas",
+                list(self.optimizer.adam_betas),
+                len(self.optimizer.adam_betas) == 2 and all(0 <= b < 1 for b in self.optimizer.adam_betas),
+                "two numbers in [0, 1)",
+            ),
+        ]
 
 
 BUDGET_RULE = "a duration such as 90s, 45m, 2h or 1h30m, or a number of seconds, above 0 (empty: none)"
