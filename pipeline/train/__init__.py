@@ -4,7 +4,8 @@ The driver's side, in the order a run uses it:
 
 - ``config``: TrainConfig (every key documented; the time budget's spelling); ``errors``: TrainError;
 - ``launch``: the checks and the plan (``prepare_run``, whose facts every worker reads: ``plan``), the
-  Ray Train launch, the graceful stop and the final status; ``stage``: the stage's closing lines;
+  run's lease and its final status; ``fit``: the Ray Train fit, its restarts and the driver's
+  graceful stop; ``stage``: the stage's closing lines;
 - ``run_claim``: who a run directory belongs to (``run.json``) and its driver's lease; ``run_dir``:
   every path in a run directory and how a run writes there;
 - ``progress``: the console lines the driver prints from the rows rank 0 relays.
@@ -18,7 +19,8 @@ One rank's side (``trainer.train_loop_per_worker``), the loop read top to bottom
 - ``data``: the batches of the original recipe from a shard directory (``sentence_source``: one
   direction's sentences for a rank; ``shard_reading``: one shard read; ``char_cache``: the
   vocabulary spelled once);
-- ``run_length``: the planned last step (a time budget fitted) and the training clock;
+- ``run_length``: the run's length: its ceiling, the planned last step (a time budget fitted), the
+  end's price and the training clock;
 - ``evaluate``: held-out perplexity as bilm-tf computes it; ``divergence``: the guard;
 - ``checkpoint``: checkpoints in the run directory (``snapshot``: a step's state copied without
   waiting); ``export``: the original options.json + HDF5, the softmax and the vocabulary;

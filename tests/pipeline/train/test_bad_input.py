@@ -383,7 +383,7 @@ def test_an_allocation_that_failed_is_not_retried():
     import torch
 
     from pipeline.runtime import storage
-    from pipeline.train.launch import _worth_retrying
+    from pipeline.train.fit import _worth_retrying
 
     class Failed(Exception):
         def __init__(self, *failures):

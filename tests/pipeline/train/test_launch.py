@@ -564,7 +564,7 @@ def test_no_placement_group_cleaner_where_no_state_api_answers(monkeypatch):
     cluster without a dashboard each ask warned (253 lines in a five-minute H200 run), so a run
     there goes without it, and keeps it where the dashboard runs."""
     from pipeline.runtime import ray_runtime
-    from pipeline.train.launch import GracefulStop, _stoppable_trainer
+    from pipeline.train.fit import GracefulStop, _stoppable_trainer
 
     trainer = _stoppable_trainer(GracefulStop(None))(lambda _: None, train_loop_config={})
     names = lambda: [type(c).__name__ for c in trainer._create_default_callbacks()]  # noqa: E731
@@ -578,7 +578,7 @@ def test_no_placement_group_cleaner_where_no_state_api_answers(monkeypatch):
 def test_an_aborted_stop_says_what_it_kept_and_that_no_export_was_written(tmp_path):
     """Issue 65, item 12: a stop whose grace period ran out in the final evaluation printed a bare
     ``terminated``: it now names why it was aborted, the checkpoint kept and the missing export."""
-    from pipeline.train.launch import GRACE_S, GracefulStop
+    from pipeline.train.fit import GRACE_S, GracefulStop
 
     run = str(tmp_path / "run")
     graceful = GracefulStop(None)
