@@ -289,7 +289,8 @@ def _loaded(pid: int, library: str) -> bool:
 def test_a_sigterm_or_hang_up_stops_the_probe_with_its_word_and_status(tmp_path, signum, group):
     """Issue 65, items 10 and 14: ``elmo probe`` runs no Ray, and a SIGTERM killed it silently; a
     closed terminal's SIGHUP killed any stage at once. Both stop it as SIGTERM does."""
-    proc = _run(["-m", "jobs.probe", "--model", str(REFERENCE), "--output", str(tmp_path / "probe")])
+    model = ["--options", str(REFERENCE / "options.json"), "--weights", str(REFERENCE / "lm_weights.hdf5")]
+    proc = _run(["-m", "jobs.probe", *model, "--output", str(tmp_path / "probe")])  # a model it can read
     _wait_for(lambda: _loaded(proc.pid, "libtorch"), proc, "torch loaded (the probe at work)", timeout=120)
     took, err = _stop(proc, signum, group=group)
     assert proc.returncode == 143 and err.strip().splitlines()[-1] == "terminated", err[-3000:]
