@@ -152,12 +152,21 @@ def run_length_keys(args, cfg: TrainConfig) -> list[str]:
     return [f"max_tokens={args.tokens}", f"eval_every={max(1, steps // args.evals)}"]
 
 
+def recipe_config(args, recipe: Recipe) -> tuple[str, list[str], TrainConfig]:
+    """``recipe``'s preset, the overrides every run of it gets, and the TrainConfig they make."""
+    preset = recipe.preset or args.preset
+    common = [f"workers={args.workers}", *recipe.overrides]
+    return (
+        preset,
+        common,
+        load_config(TrainConfig, preset=preset, overrides=["shards=x", "output=x", *common]),
+    )
+
+
 def run(args, recipe: Recipe, seed: int, out: Path) -> dict:
     """One training run of ``recipe``; its evaluations as (step, tokens, train seconds, perplexity)."""
-    common = [f"workers={args.workers}", *recipe.overrides]
+    preset, common, cfg = recipe_config(args, recipe)
     device = ["use_gpu=true", "bf16=true"] if args.device == "cuda" else ["use_gpu=false"]
-    preset = recipe.preset or args.preset
-    cfg = load_config(TrainConfig, preset=preset, overrides=["shards=x", "output=x", *common])
     run_dir = out / f"{recipe.name}-seed{seed}"
     cmd = [
         sys.executable, "-m", "jobs.train", "--shards", args.shards, "--output", str(run_dir),
@@ -175,16 +184,20 @@ def run(args, recipe: Recipe, seed: int, out: Path) -> dict:
     if output.returncode != 0:
         tail = "\n".join(line for _, line in output.lines[-40:])
         raise RuntimeError(f"{recipe.name} seed {seed} failed:\n{tail}")
-    return run_record(args, recipe, seed, run_dir, output.lines, wall)
+    return run_record(args, recipe, seed, cfg, run_dir, output.lines, wall)
 
 
 def run_record(
-    args, recipe: Recipe, seed: int, run_dir: Path, lines: list[tuple[float, str]], wall: float
+    args,
+    recipe: Recipe,
+    seed: int,
+    cfg: TrainConfig,
+    run_dir: Path,
+    lines: list[tuple[float, str]],
+    wall: float,
 ) -> dict:
-    """A finished run of ``recipe`` read back from ``run_dir`` (``lines``: its timed output)."""
-    preset = recipe.preset or args.preset
-    common = [f"workers={args.workers}", *recipe.overrides]
-    cfg = load_config(TrainConfig, preset=preset, overrides=["shards=x", "output=x", *common])
+    """A finished run of ``recipe`` (``cfg``: its config, `recipe_config`'s) read back from
+    ``run_dir`` (``lines``: its timed output)."""
     rows = trained_tokens(read_metrics(RunDir(str(run_dir)).metrics))
     evals = [r for r in rows if r["kind"] == "eval"]
     trains = [r for r in rows if r["kind"] == "train"]
