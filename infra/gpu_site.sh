@@ -11,7 +11,9 @@
 # botocore's data for services other than S3 and STS; wandb's system monitor and Parquet library;
 # tests), strips the binaries and packs the rest with xz: 31 MB against gzip's 54, which leaves a
 # call's 64 MiB carry room for a corpus (benchmarks/gpu_train_session.sh). A GPU call carries it and
-# names it; the session scripts unpack it with Python (the image need not have xz):
+# names it; the session scripts unpack it with Python (the image need not have xz). Not carried:
+# blingfire (99 MB of models) and zstandard, which only record corpora load (the GPU scripts read text).
+#
 #   run(carry=[".whl"], command='SITE=.whl/site.tar.xz bash benchmarks/gpu_embed_session.sh $OUT')
 set -euo pipefail
 cd "$(dirname "$0")/.."

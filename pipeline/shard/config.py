@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import functools
 from dataclasses import dataclass, field
+from typing import Optional
 
 from omegaconf import MISSING
 
@@ -15,6 +16,25 @@ from pipeline.tracking.config import WandbConfig
 RUNTIME_KEYS = ("output", "workers", "ray_address", "progress", "chunk_bytes", "wandb")
 """Keys that change how the stage runs but not what it writes; the manifest leaves them out so
 that 1 or N workers (or another output path) give byte-identical output."""
+RECORD_KEYS = {
+    "input_format": "auto",
+    "text_field": "text",
+    "split_sentences": None,
+    "max_record_bytes": 16 * 1024 * 1024,
+}
+"""Keys for record corpora and their defaults: a run's identity names them only when set otherwise,
+so an output written before they existed is still this version's run of its command."""
+
+
+class InputFormat(enum.Enum):
+    auto = "auto"
+    """Each file's kind from its content: Parquet by its magic bytes, JSON Lines by a first ``{``, else text."""
+    text = "text"
+    """Sentence-per-line text (or, with ``split_sentences=true``, a document a line)."""
+    jsonl = "jsonl"
+    """JSON Lines: one object a line, its ``text_field`` a document."""
+    parquet = "parquet"
+    """Parquet: its ``text_field`` column, a document a row."""
 
 
 class TokenizerName(enum.Enum):
@@ -38,11 +58,19 @@ class ShardConfig:
     """Stage 1: raw text corpus -> vocabulary + WebDataset shards."""
 
     input: list[str] = MISSING
-    """Input files: paths or globs, local or ``s3://``; plain text or gzip (``.gz``), one sentence per line."""
+    """Input files: paths or globs, local or ``s3://``: text (one sentence per line), JSON Lines or Parquet documents; text and JSON Lines plain, gzip or zstd (known by content, not by name)."""
     heldout_input: list[str] = field(default_factory=list)
     """Extra inputs whose every sentence goes to the held-out split (e.g. a benchmark's test set)."""
     output: str = MISSING
     """Output directory or ``s3://`` prefix; the stage writes vocab.txt, shards and manifest.json into it."""
+    input_format: InputFormat = InputFormat.auto
+    """``auto`` (each file's kind from its content), ``text``, ``jsonl`` or ``parquet`` for every input."""
+    text_field: str = "text"
+    """The field (JSON Lines) or column (Parquet) that holds a record's document."""
+    split_sentences: Optional[bool] = None  # noqa: UP045 (OmegaConf reads Optional, not ``bool | None``)
+    """Split documents into sentences (Bling Fire, chosen in docs/benchmarks.md#sentence-splitters-for-documents-benchmarkssentence_splitterspy); unset: on for records (JSON Lines, Parquet), off for text. ``true`` on text reads a document a line."""
+    max_record_bytes: int = 16 * 1024 * 1024
+    """JSON Lines records longer than this many bytes are dropped and counted as overlong; 0 means no limit."""
     tokenizer: TokenizerName = TokenizerName.whitespace
     """``whitespace`` (input already tokenized) or ``moses`` (raw text; sacremoses)."""
     moses_lang: str = "en"
@@ -114,6 +142,8 @@ class ShardConfig:
                     "false when kneser_ney_orders=[] (no model is counted to write)",
                 ),
                 ("max_line_bytes", self.max_line_bytes, self.max_line_bytes >= 0, ">= 0"),
+                ("max_record_bytes", self.max_record_bytes, self.max_record_bytes >= 0, ">= 0"),
+                ("text_field", self.text_field, bool(self.text_field), "a field or column name"),
                 ("chunk_bytes", self.chunk_bytes, self.chunk_bytes >= 1, ">= 1"),
                 ("workers", self.workers, self.workers >= 0, ">= 0"),
                 seed_rule(self.seed),

@@ -52,6 +52,7 @@ import ray
 
 from pipeline.config import to_dict
 from pipeline.formats import kneser_ney
+from pipeline.formats.records import RecordFields
 from pipeline.formats.shard_format import (
     COUNTS_FILE,
     MANIFEST_FILE,
@@ -85,7 +86,7 @@ from pipeline.shard.passes import (
     LineSettings,
 )
 from pipeline.shard.progress import BaselineBars, Progress
-from pipeline.shard.reader import iter_chunks, resolve_inputs
+from pipeline.shard.reader import Reading, iter_chunks, resolve_inputs
 from pipeline.shard.resume import (
     chunk_sources,
     claim_output,
@@ -134,6 +135,14 @@ def _settings(config: ShardConfig, main_sources: int) -> LineSettings:
         heldout_fraction=config.heldout_fraction,
         main_sources=main_sources,
         dedup=config.dedup,
+        reading=Reading(
+            chunk_bytes=config.chunk_bytes,
+            max_line_bytes=config.max_line_bytes,
+            max_record_bytes=config.max_record_bytes,
+            input_format=config.input_format.value,
+            fields=RecordFields(text=config.text_field),
+            split_sentences=config.split_sentences,
+        ),
     )
 
 
@@ -177,7 +186,7 @@ def _count(run: _ShardRun, progress: Progress) -> tuple[list[ChunkSummary], Toke
     keys: list = []
     window = TaskWindow(run.window, counted.absorb)
     try:
-        for chunk in iter_chunks(run.paths, run.config.chunk_bytes, run.config.max_line_bytes):
+        for chunk in iter_chunks(run.paths, run.settings.reading):
             result_ref, sentences_ref, keys_ref = count_task.remote(chunk, run.settings)
             keys.append(keys_ref)
             window.add(result_ref, tag=sentences_ref)
@@ -209,7 +218,7 @@ def _deduplicate(
         counted.absorb(sentences_ref, (chunks[index], None, sentences_ref is not None))
     window = TaskWindow(run.window, counted.absorb)
     found = list(found)
-    for index, source in chunk_sources(run.paths, run.config, chunks, touched, kept):
+    for index, source in chunk_sources(run.paths, run.settings.reading, chunks, touched, kept):
         chunk = chunks[index]
         job = DedupJob(run.settings, run.output, [found], index, chunk.source, chunk.stats)
         result_ref, sentences_ref = dedup_task.remote(source, job)
@@ -290,7 +299,7 @@ def _write(run: _ShardRun, out: ShardOutput, counted: _Vocabulary, layouts, done
     window = TaskWindow(run.window, finished)
     pending: dict[tuple[str, int], list] = {}
     feeding = {i for i in range(len(chunks)) if any(key in needed for key in _shard_keys(layouts, i))}
-    for index, source in chunk_sources(run.paths, run.config, chunks, feeding, kept):
+    for index, source in chunk_sources(run.paths, run.settings.reading, chunks, feeding, kept):
         keys = [key for key in _shard_keys(layouts, index) if key in needed]
         own = [key for key in keys if feeders[key] == [index]]
         shared = [key for key in keys if key not in own]

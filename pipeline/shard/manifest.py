@@ -24,7 +24,7 @@ from typing import Any
 from pipeline.formats.shard_format import COUNTS_FILE, MANIFEST_FILE, SPLITS, VOCAB_FILE, unk_rate
 from pipeline.output_folder import LEASE_FILE, OwnFiles
 from pipeline.shard.baseline import ARPA_FILE
-from pipeline.shard.config import RUNTIME_KEYS
+from pipeline.shard.config import RECORD_KEYS, RUNTIME_KEYS
 from pipeline.shard.duplicates import DROPS_FOLDER
 from pipeline.shard.passes import ChunkSummary
 from pipeline.shard.sentences import LineStats
@@ -73,7 +73,11 @@ def run_identity(
     """The part of a run that determines its output bytes: the content-relevant config, the input
     paths and each input's version (``versions``: path -> ``storage.version``; an edited corpus is
     another run's)."""
-    content = {k: v for k, v in config.items() if k not in RUNTIME_KEYS}
+    content = {
+        k: v
+        for k, v in config.items()
+        if k not in RUNTIME_KEYS and not (k in RECORD_KEYS and v == RECORD_KEYS[k])
+    }
     return {
         "config": content,
         "inputs": list(inputs),
@@ -128,6 +132,12 @@ def _line_record(stats: LineStats) -> dict:
         },
         "invalid_utf8_replaced": stats.invalid_utf8,
         "control_chars_replaced": stats.control_chars,
+        # documents only where some were split (record corpora): a text corpus's record is as before
+        **(
+            {"documents": stats.documents, "records_skipped": stats.records_skipped}
+            if stats.documents or stats.records_skipped
+            else {}
+        ),
     }
 
 

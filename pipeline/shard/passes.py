@@ -26,7 +26,7 @@ from pipeline.formats.shard_format import SPLITS
 from pipeline.shard.duplicates import ChunkKeys, chunk_keys, remove_sentences
 from pipeline.shard.errors import ReservedWordError, ShardError
 from pipeline.shard.layout import ChunkTokens
-from pipeline.shard.reader import Chunk
+from pipeline.shard.reader import Chunk, Reading, chunk_text
 from pipeline.shard.sentences import LineStats, Sentences, tokenize_lines
 from pipeline.shard.split import heldout_threshold
 from pipeline.shard.tokenizer import make_tokenizer
@@ -47,6 +47,8 @@ class LineSettings:
     """Inputs ``0 .. main_sources-1`` are split by hash; later ones are explicit held-out inputs."""
     dedup: bool = False
     """Remove later copies of a sentence (:mod:`pipeline.shard.duplicates`)."""
+    reading: Reading = Reading()
+    """How a chunk's records become lines (its fields, whether documents are split into sentences)."""
 
 
 @dataclass(frozen=True)
@@ -81,9 +83,10 @@ class ChunkSummary:
 def chunk_sentences(chunk: Chunk, settings: LineSettings, keep_hashes: bool = False) -> Sentences:
     """The tokenized, split sentences of a chunk (with their hashes when ``keep_hashes``)."""
     tokenize = make_tokenizer(settings.tokenizer, settings.moses_lang, settings.lowercase)
+    text = chunk_text(chunk, settings.reading)
     try:
-        return tokenize_lines(
-            chunk.data,
+        sentences = tokenize_lines(
+            text.data,
             tokenize,
             settings.max_line_bytes,
             heldout_threshold(settings.heldout_fraction),
@@ -93,6 +96,8 @@ def chunk_sentences(chunk: Chunk, settings: LineSettings, keep_hashes: bool = Fa
         )
     except ReservedWordError as err:
         raise ReservedWordError(err.word, err.line, chunk.source) from None
+    sentences.stats.documents, sentences.stats.records_skipped = text.documents, text.records_skipped
+    return sentences
 
 
 def summarize(index: int, source: int, sentences: Sentences) -> ChunkSummary:

@@ -89,9 +89,11 @@ def summary(
     totals = manifest["totals"]
     tokens = totals["train"]["tokens"] + totals["heldout"]["tokens"]
     skipped = ", ".join(f"{n} {why}" for why, n in sorted(lines["skipped"].items()))
-    parts = [
-        f"shard: wrote {output} in {seconds:.1f}s ({format_rate(tokens, seconds)} tokens/s)",
-        f"  lines read {lines['read']}: skipped {skipped}; {lines['invalid_utf8_replaced']} with invalid UTF-8 replaced, "
+    parts = [f"shard: wrote {output} in {seconds:.1f}s ({format_rate(tokens, seconds)} tokens/s)"]
+    if "documents" in lines:
+        parts.append(_documents_line(manifest))
+    parts += [
+        f"  {'sentences split' if 'documents' in lines else 'lines read'} {lines['read']}: skipped {skipped}; {lines['invalid_utf8_replaced']} with invalid UTF-8 replaced, "
         f"{lines['control_chars_replaced']} with control characters replaced",
     ]
     parts.append(_duplicates_line(manifest, dedup_seconds))
@@ -111,6 +113,22 @@ def summary(
     if warning:
         parts.append(warning)
     return "\n".join(parts)
+
+
+def _documents_line(manifest: dict) -> str:
+    """The documents a record corpus held and those skipped (in which input first)."""
+    lines = manifest["lines"]
+    split = manifest["config"].get("split_sentences")
+    how = "split into sentences" if split is not False else "a line each (split_sentences=false)"
+    line = f"  documents read {lines['documents']}, {how}"
+    if lines["records_skipped"]:
+        field = manifest["config"].get("text_field", "text")
+        first = next((i["path"] for i in manifest["inputs_detail"] if i.get("records_skipped")), "an input")
+        line += (
+            f"; warning: {lines['records_skipped']} records skipped (no string field {field!r}, "
+            f"or not a JSON object), first in {first}"
+        )
+    return line
 
 
 def _duplicates_line(manifest: dict, seconds: float | None) -> str:

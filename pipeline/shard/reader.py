@@ -1,9 +1,15 @@
-"""Streaming input: files (local or ``s3://``, plain or gzip) -> chunks of whole lines.
+"""Streaming input: files (local or ``s3://``, plain, gzip or zstd) -> chunks of whole lines.
 
 The driver reads sequentially and cuts the byte stream into chunks of about ``chunk_bytes`` that
 end at a newline; the Ray tasks do everything per line. Memory stays bounded by the chunk size
 whatever the corpus size, and because every per-line decision depends on the line alone, where
 the chunks are cut does not change the output.
+
+Record corpora (:mod:`pipeline.formats.records`) are chunked the same way: a JSON Lines file as
+whole lines (a record each, up to ``max_record_bytes``), a Parquet file as its row groups, which the
+driver only names (from the footer): the task reads its row group itself, so the driver's work is
+O(files + row groups), not O(corpus). The task turns a chunk's records into sentence-per-line text
+(:func:`chunk_text`), split into sentences by :mod:`pipeline.formats.sentence_split` or not.
 
 A line longer than ``max_line_bytes`` is dropped here already when it would otherwise have to be
 held in memory whole (no newline within the limit): the reader skips to the next newline and
@@ -12,13 +18,16 @@ reports it in :attr:`Chunk.overlong`, so a corrupt multi-GB "line" cannot exhaus
 
 from __future__ import annotations
 
-import gzip
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from pipeline.formats import records as record_files
 from pipeline.formats.compression import HEAD_BYTES, compression_of
+from pipeline.formats.records import RecordFields
+from pipeline.formats.sentence_split import document_lines
+from pipeline.formats.shard_format import FormatError
 from pipeline.runtime import storage
 from pipeline.shard.errors import ShardError
 
@@ -29,13 +38,47 @@ class Chunk:
 
     ``index``: position among all chunks of the run (inputs in order); ``source``: index of the
     input file; ``data``: lines, each ending in ``\\n`` except perhaps the file's last one;
-    ``overlong``: lines the reader dropped before this chunk for exceeding ``max_line_bytes``.
+    ``overlong``: lines the reader dropped before this chunk for exceeding ``max_line_bytes``
+    (``max_record_bytes`` for JSON Lines). ``kind``: the file's (``text``, ``jsonl``, ``parquet``);
+    ``first_record``: the file's number of the chunk's first line (JSON Lines) or row (Parquet);
+    a Parquet chunk holds no data but names its ``path`` and ``row_group``.
     """
 
     index: int
     source: int
     data: bytes
     overlong: int = 0
+    kind: str = "text"
+    first_record: int = 0
+    path: str = ""
+    row_group: int = -1
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How the input files are read (one for the run; the driver and the tasks both read it)."""
+
+    chunk_bytes: int = 4 * 1024 * 1024
+    max_line_bytes: int = 0
+    """Text lines longer than this are dropped and counted (0: no limit)."""
+    max_record_bytes: int = 16 * 1024 * 1024
+    """JSON Lines records longer than this are dropped and counted (0: no limit)."""
+    input_format: str = "auto"
+    """``auto`` (each file's kind from its content) or one of :data:`pipeline.formats.records.KINDS`."""
+    fields: RecordFields = field(default_factory=RecordFields)
+    split_sentences: bool | None = None
+    """Split documents into sentences; None: for records (JSON Lines, Parquet), not for text."""
+
+    def kind_of(self, path: str) -> str:
+        if self.input_format != "auto":
+            return self.input_format
+        try:
+            return record_files.input_kind(path)
+        except storage.StorageError as err:
+            raise ShardError(f"cannot read input: {err}") from None
+
+    def splits(self, kind: str) -> bool:
+        return kind != "text" if self.split_sentences is None else self.split_sentences
 
 
 def resolve_inputs(patterns: Sequence[str], role: str) -> list[str]:
@@ -62,21 +105,22 @@ def open_input(path: str) -> BinaryIO:
     except OSError as err:
         raise ShardError(f"cannot read input {path}: {err}") from None
     kind = compression_of(head)
-    if kind == "gzip":
-        return gzip.GzipFile(fileobj=raw, mode="rb")
-    if kind is not None:
+    if kind is None and path.endswith((".gz", ".zst")):
         raw.close()
-        raise ShardError(f"input {path}: {kind}-compressed data; decompress it, or compress it with gzip")
-    if path.endswith(".gz"):
+        raise ShardError(
+            f"input {path}: named {path[path.rfind('.') :]} but is not {'gzip' if path.endswith('.gz') else 'zstd'} data"
+        )
+    try:
+        return record_files.decompressed(raw, kind, path)
+    except FormatError as err:
         raw.close()
-        raise ShardError(f"input {path}: named .gz but is not gzip data")
-    return raw
+        raise ShardError(str(err)) from None
 
 
 def _read(stream: BinaryIO, size: int, path: str) -> bytes:
     try:
         return stream.read(size)
-    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile and zstandard.ZstdError are OSErrors
         raise ShardError(f"cannot read input {path}: {err}") from None
 
 
@@ -109,13 +153,55 @@ def file_chunks(
 
 
 def iter_chunks(
-    paths: Sequence[str], chunk_bytes: int, max_line_bytes: int, first_index: int = 0, first_source: int = 0
+    paths: Sequence[str], reading: Reading, first_index: int = 0, first_source: int = 0
 ) -> Iterator[Chunk]:
     """Chunks of all ``paths`` in order, numbered from ``first_index``; ``paths[0]`` is input
     number ``first_source`` (reading the inputs from the middle of the list)."""
     index = first_index
     for source, path in enumerate(paths, first_source):
-        with open_input(path) as stream:
-            for data, overlong in file_chunks(stream, path, chunk_bytes, max_line_bytes):
-                yield Chunk(index=index, source=source, data=data, overlong=overlong)
+        kind = reading.kind_of(path)
+        if kind == "parquet":
+            try:
+                groups = list(record_files.iter_parquet_groups(path, reading.fields))
+            except storage.StorageError as err:
+                raise ShardError(f"cannot read input: {err}") from None
+            for group, first_row, _ in groups:
+                yield Chunk(index, source, b"", kind=kind, first_record=first_row, path=path, row_group=group)
                 index += 1
+            continue
+        limit = reading.max_record_bytes if kind == "jsonl" else reading.max_line_bytes
+        line = 0
+        with open_input(path) as stream:
+            for data, overlong in file_chunks(stream, path, reading.chunk_bytes, limit):
+                yield Chunk(index, source, data, overlong, kind=kind, first_record=line + overlong)
+                line += overlong + data.count(b"\n")
+                index += 1
+
+
+@dataclass(frozen=True)
+class ChunkText:
+    """A chunk as the sentence-per-line text that is tokenized: ``data`` (UTF-8 lines), and for
+    a chunk of documents (records, or text lines split into sentences) ``documents`` (how many)
+    and ``records_skipped`` (records without a string text field, lines that are no JSON object)."""
+
+    data: bytes
+    documents: int = 0
+    records_skipped: int = 0
+
+
+def chunk_text(chunk: Chunk, reading: Reading) -> ChunkText:
+    """What the tasks tokenize of a chunk (its data as it is, for sentence-per-line text)."""
+    split = reading.splits(chunk.kind)
+    if chunk.kind == "text" and not split:
+        return ChunkText(chunk.data)
+    if chunk.kind == "parquet":
+        found = record_files.parquet_records(chunk.path, chunk.row_group, chunk.first_record, reading.fields)
+    elif chunk.kind == "jsonl":
+        found = record_files.jsonl_records(chunk.data, reading.fields, chunk.first_record)
+    else:  # a text line is a document (invalid UTF-8 replaced here, so not counted as such)
+        texts = chunk.data.decode("utf-8", errors="replace").split("\n")
+        if texts[-1] == "":
+            texts.pop()
+        found = record_files.Records(texts=texts)
+    lines, _ = document_lines(found.texts, split)
+    return ChunkText(lines.encode("utf-8"), len(found.texts), found.skipped)

@@ -28,11 +28,10 @@ from pipeline.formats.shard_format import (
 )
 from pipeline.output_folder import check_owned
 from pipeline.runtime import storage
-from pipeline.shard.config import ShardConfig
 from pipeline.shard.errors import ShardError
 from pipeline.shard.manifest import OWN_FILES, PLAN_FILE, RUN_FILE, encode_json, identity_of
 from pipeline.shard.passes import ChunkSummary
-from pipeline.shard.reader import iter_chunks
+from pipeline.shard.reader import Reading, iter_chunks
 from pipeline.shard.vocabulary import Vocabulary
 
 
@@ -126,7 +125,7 @@ def read_vocabulary(output: str, expected_sha: str) -> Vocabulary | None:
 
 
 def chunk_sources(
-    paths, config: ShardConfig, chunks: Sequence[ChunkSummary], feeding: set[int], kept: dict
+    paths, reading: Reading, chunks: Sequence[ChunkSummary], feeding: set[int], kept: dict
 ) -> Iterator[tuple[int, Any]]:
     """``(chunk index, source)`` for the chunks in ``feeding``, in order: the source is the
     counting pass's ObjectRef when it was kept (taken out of ``kept``, so the object store frees
@@ -144,9 +143,7 @@ def chunk_sources(
         if all(i in kept for i in indices):
             yield from ((i, kept.pop(i)) for i in indices)
             continue
-        reader = iter_chunks(
-            [paths[source]], config.chunk_bytes, config.max_line_bytes, first[source], source
-        )
+        reader = iter_chunks([paths[source]], reading, first[source], source)
         for chunk in reader:
             if chunk.index >= len(chunks) or chunks[chunk.index].source != source:
                 raise ShardError(f"input {source} changed between the counting and writing passes (it grew)")

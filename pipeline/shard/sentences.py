@@ -58,6 +58,10 @@ class LineStats:
     train_duplicate_tokens: int = 0
     heldout_duplicates: int = 0
     heldout_duplicate_tokens: int = 0
+    documents: int = 0
+    """Documents split into the lines above (records, or text lines with ``split_sentences``); 0 for sentence-per-line text."""
+    records_skipped: int = 0
+    """Records without a string text field, and JSON Lines lines that are no JSON object (not among the lines above)."""
 
     def add(self, other: LineStats) -> None:
         for f in dataclasses.fields(self):

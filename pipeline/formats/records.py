@@ -1,0 +1,204 @@
+"""Record corpora: documents stored as Parquet (a string column) or JSON Lines (one object a line,
+plain, gzip or zstd), local or ``s3://``, as FineWeb, Wikipedia, C4, Dolma and the Pile publish them.
+
+A file's kind is known by its content, not its name (:func:`input_kind`): Parquet by its magic
+bytes, JSON Lines by a first object ``{`` after any decompression, anything else is text.
+
+Reading is in bounded memory: a Parquet file a row group at a time (:func:`parquet_records`, the
+footer's row counts say where each starts without reading it), JSON Lines as whole lines cut from a
+stream, as text is (:func:`jsonl_records` parses the lines one task was handed). A record whose
+text field is missing, null or not a string, or a line that is not a JSON object (a torn last line)
+is skipped and counted; a Parquet file without the column, or whose column holds no strings, or a
+row group that cannot be decoded, is refused in one line naming the file (and the row group).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from pipeline.formats.compression import HEAD_BYTES, compression_of
+from pipeline.formats.shard_format import FormatError
+from pipeline.runtime import storage
+
+PARQUET_MAGIC = b"PAR1"
+KINDS = ("text", "jsonl", "parquet")
+"""What an input file holds: sentence-per-line text, JSON Lines records, Parquet records."""
+
+
+@dataclass(frozen=True)
+class RecordFields:
+    """Which fields of a record the stages read."""
+
+    text: str = "text"
+    """The document's text."""
+    id: str = ""
+    """The record's id (a string or an integer); empty: records are known by their number in the file."""
+
+
+@dataclass
+class Records:
+    """The documents of some records of one file, in order.
+
+    ``texts``: each kept record's text; ``ids``: each kept record's id as a string (``[]`` without
+    an id field); ``numbers``: int ``(D,)`` each kept record's number in its file (0-based: a JSON
+    Lines file's line, a Parquet file's row); ``skipped``: records without a string text field (or
+    id), or lines that are not a JSON object; ``first_skipped``: the file's number of the first of
+    them (-1: none).
+    """
+
+    texts: list[str] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    numbers: list[int] = field(default_factory=list)
+    skipped: int = 0
+    first_skipped: int = -1
+
+    def skip(self, number: int) -> None:
+        self.skipped += 1
+        if self.first_skipped < 0:
+            self.first_skipped = number
+
+
+def input_kind(path: str) -> str:
+    """``parquet``, ``jsonl`` or ``text``, from the file's first bytes (decompressed when gzip or
+    zstd; data that does not decompress is ``text``, for the reader to refuse); StorageError when
+    it cannot be read."""
+    with storage.open_read(path) as raw:
+        head = raw.read(max(HEAD_BYTES, len(PARQUET_MAGIC)))
+        if head.startswith(PARQUET_MAGIC):
+            return "parquet"
+        raw.seek(0)
+        kind = compression_of(head)
+        stream = decompressed(raw, kind, path) if kind in ("gzip", "zstd") else raw
+        try:
+            start = stream.read(4096).lstrip()
+        except (OSError, EOFError):  # damaged data: the reader names it, as for any text
+            return "text"
+    return "jsonl" if start.startswith(b"{") else "text"
+
+
+def decompressed(raw, kind: str | None, path: str):
+    """A binary stream of ``raw``'s data: gunzipped (``gzip``), unzstd'ed (``zstd``, every frame)
+    or as it is (None)."""
+    if kind == "gzip":
+        import gzip
+
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if kind == "zstd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
+    if kind is None:
+        return raw
+    raise FormatError(
+        f"input {path}: {kind}-compressed data; decompress it, or compress it with gzip or zstd"
+    )
+
+
+def jsonl_records(data: bytes, fields: RecordFields, first_number: int) -> Records:
+    """The records of whole JSON Lines ``data`` whose first line is the file's ``first_number``;
+    blank lines are not records (they keep their number)."""
+    records = Records()
+    for number, line in enumerate(data.split(b"\n"), first_number):  # once per record
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:  # a torn line, or not JSON at all (UnicodeDecodeError is one)
+            record = None
+        _keep(records, record if isinstance(record, dict) else {}, fields, number)
+    return records
+
+
+def _keep(records: Records, record: dict, fields: RecordFields, number: int) -> None:
+    text = record.get(fields.text)
+    ident = record.get(fields.id) if fields.id else ""
+    if not isinstance(text, str) or (
+        fields.id and (isinstance(ident, bool) or not isinstance(ident, str | int))
+    ):
+        records.skip(number)
+        return
+    records.texts.append(text)
+    records.numbers.append(number)
+    if fields.id:
+        records.ids.append(str(ident))
+
+
+@contextlib.contextmanager
+def _parquet(path: str):
+    import pyarrow.parquet as pq
+
+    with storage.open_read(path) as stream:
+        try:
+            parquet = pq.ParquetFile(stream)
+        except Exception as err:  # pyarrow's ArrowInvalid / OSError for a damaged footer
+            raise FormatError(f"input {path}: not a readable Parquet file ({_first_line(err)})") from None
+        yield parquet
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).splitlines() or [type(err).__name__])[0]
+
+
+def _check_column(path: str, schema, name: str, role: str, integers: bool) -> None:
+    import pyarrow as pa
+
+    names = schema.names
+    if name not in names:
+        raise FormatError(
+            f"input {path}: no column {name!r} for the records' {role} (it has {', '.join(names[:8])}"
+            f"{', ...' if len(names) > 8 else ''}); name another with {role}_field="
+        )
+    kind = schema.field(name).type
+    strings = pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+    if not (strings or (integers and pa.types.is_integer(kind))):
+        raise FormatError(
+            f"input {path}: column {name!r} holds {kind}, not strings{' or integers' if integers else ''}"
+        )
+
+
+def parquet_row_groups(path: str, fields: RecordFields) -> list[int]:
+    """The rows of each row group of a Parquet file whose columns are checked for ``fields`` (from
+    the footer alone: no row is read)."""
+    with _parquet(path) as parquet:
+        schema = parquet.schema_arrow
+        _check_column(path, schema, fields.text, "text", integers=False)
+        if fields.id:
+            _check_column(path, schema, fields.id, "id", integers=True)
+        meta = parquet.metadata
+        return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+
+
+def parquet_records(path: str, group: int, first_number: int, fields: RecordFields) -> Records:
+    """The records of row group ``group`` of a Parquet file, whose first row is the file's
+    ``first_number``; a null text (or id) is a skipped record."""
+    columns = [fields.text] + ([fields.id] if fields.id else [])
+    with _parquet(path) as parquet:
+        try:
+            table = parquet.read_row_group(group, columns=columns)
+        except Exception as err:  # a damaged page: pyarrow raises OSError or ArrowInvalid
+            raise FormatError(
+                f"input {path}: row group {group} cannot be read ({_first_line(err)})"
+            ) from None
+    texts = table.column(fields.text).to_pylist()
+    ids = table.column(fields.id).to_pylist() if fields.id else [""] * len(texts)
+    records = Records()
+    for number, (text, ident) in enumerate(zip(texts, ids, strict=True), first_number):  # once per record
+        if text is None or ident is None:
+            records.skip(number)
+            continue
+        records.texts.append(text)
+        records.numbers.append(number)
+        if fields.id:
+            records.ids.append(str(ident))
+    return records
+
+
+def iter_parquet_groups(path: str, fields: RecordFields) -> Iterator[tuple[int, int, int]]:
+    """``(group, first_row, rows)`` of each row group of a Parquet file, in order."""
+    first = 0
+    for group, rows in enumerate(parquet_row_groups(path, fields)):
+        yield group, first, rows
+        first += rows
