@@ -21,8 +21,10 @@ Modules, in the order a run uses them:
   ``pass_size``: a pass's rows and tokens sized to the device; ``startup``: the run's start-up
   phases, timed and said; ``errors``: EmbedError; ``stage``: the stage's closing lines.
 
-Public, for users: ``read_embeddings(output)`` (``reader``: any output, in line order) and
-``ElmoEmbedder`` (``data_embedder``: a step of one's own Ray Data pipeline). They are imported on
+Public, for users: ``read_embeddings(output)`` (``reader``: any output, in line order),
+``ElmoEmbedder`` (``data_embedder``: a step of one's own Ray Data pipeline), and for documents
+``SentenceSplitter`` and ``pool_records`` (``documents``: records split into sentences that keep
+their record's columns, and a record's mean vector). They are imported on
 first use, so ``import pipeline.embed.config`` stays light.
 """
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ElmoEmbedder", "read_embeddings"]
+__all__ = ["ElmoEmbedder", "SentenceSplitter", "pool_records", "read_embeddings"]
 
 
 def __getattr__(name: str) -> Any:
@@ -42,4 +44,8 @@ def __getattr__(name: str) -> Any:
         from pipeline.embed.data_embedder import ElmoEmbedder
 
         return ElmoEmbedder
+    if name in ("SentenceSplitter", "pool_records"):
+        from pipeline.embed import documents
+
+        return getattr(documents, name)
     raise AttributeError(f"module 'pipeline.embed' has no attribute {name!r}")

@@ -99,7 +99,7 @@ class ElmoEmbedder:
 
     def __call__(self, batch: Any) -> pa.Table:
         try:
-            table = _as_table(batch)
+            table = as_table(batch)
         except EmbedError:
             # Arrow blames the first cell that does not fit the ones before it; in the text column
             # the first cell that is not text is the one to name ({'text': [5, 'a b']}: row 0)
@@ -192,8 +192,9 @@ def _free_memory() -> int:
     return int(torch.cuda.mem_get_info()[0])
 
 
-def _as_table(batch: Any) -> pa.Table:
-    """The batch as an Arrow table; a cell Arrow cannot hold is one line naming its row and column."""
+def as_table(batch: Any, who: str = "ElmoEmbedder") -> pa.Table:
+    """The batch as an Arrow table; a cell Arrow cannot hold is one line naming ``who``, its row
+    and its column."""
     if isinstance(batch, pa.Table):
         return batch
     try:
@@ -203,7 +204,7 @@ def _as_table(batch: Any) -> pa.Table:
     is_frame = pd is not None and isinstance(batch, pd.DataFrame)
     if not (isinstance(batch, dict) or is_frame):
         raise EmbedError(
-            f"ElmoEmbedder: a batch is a pandas DataFrame, a pyarrow Table or a dict, not {type(batch).__name__}"
+            f"{who}: a batch is a pandas DataFrame, a pyarrow Table or a dict, not {type(batch).__name__}"
         )
     try:
         if is_frame:
@@ -213,7 +214,7 @@ def _as_table(batch: Any) -> pa.Table:
         columns = {name: list(batch[name]) for name in (batch.columns if is_frame else batch)}
         for name, values in columns.items():
             if (problem := _first_bad_cell(values)) is not None:
-                raise EmbedError(f"ElmoEmbedder: row {problem[0]} of column {name!r} {problem[1]}") from None
+                raise EmbedError(f"{who}: row {problem[0]} of column {name!r} {problem[1]}") from None
         raise
 
 
