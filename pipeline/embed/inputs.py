@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from pipeline.embed.errors import EmbedError
 from pipeline.formats import shard_format
 from pipeline.formats.compression import HEAD_BYTES, compression_of
+from pipeline.formats.records import PARQUET_MAGIC
 from pipeline.runtime import storage
 
 READ_CHUNK = 4 * 1024 * 1024
@@ -140,6 +142,8 @@ def _text_segments(path: str, planner: _Planner) -> None:
                 raise EmbedError(
                     f"input {path}: {kind}-compressed data (shards are read by byte range); decompress it first"
                 )
+            if pos == 0:
+                _refuse_records(chunk, path)
             view_start = 0
             while True:
                 need = planner.room - lines
@@ -159,6 +163,27 @@ def _text_segments(path: str, planner: _Planner) -> None:
         if pos > start:
             lines += last_byte != b"\n"
             planner.add(Segment("text", path, start, pos), lines, digest.digest())
+
+
+RECORDS_HINT = (
+    "elmo embed reads sentence-per-line text or a shard folder: shard the records with elmo shard, or "
+    "embed them with SentenceSplitter and ElmoEmbedder in a Ray Data pipeline (README: Embed a corpus)"
+)
+
+
+def _refuse_records(head: bytes, path: str) -> None:
+    """A record corpus is not read as lines of text: Parquet (its magic bytes), or JSON Lines whose
+    first line is an object with a string ``text`` (a text file of other JSON is text)."""
+    if head.startswith(PARQUET_MAGIC):
+        raise EmbedError(f"input {path}: a Parquet file; {RECORDS_HINT}")
+    first = head.split(b"\n", 1)[0]
+    if first.lstrip().startswith(b"{"):
+        try:
+            record = json.loads(first)
+        except ValueError:
+            return
+        if isinstance(record, dict) and isinstance(record.get("text"), str):
+            raise EmbedError(f"input {path}: JSON Lines records; {RECORDS_HINT}")
 
 
 def _nth_newline(data: bytes, start: int, n: int) -> int | None:
