@@ -121,7 +121,7 @@ def ray_job(path: Path, output: Path, workers: int) -> tuple[int, float, float, 
             overrides=[f"input=['{path}']", f"output='{output}'", f"workers={workers}", "progress=false"],
         )
         started = time.perf_counter()
-        manifest = run_shard(cfg)
+        manifest = run_shard(cfg).details.manifest
         seconds = time.perf_counter() - started
     finally:
         stopping = time.perf_counter()
