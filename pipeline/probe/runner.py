@@ -27,6 +27,7 @@ from pipeline.probe.pos_probe import probe_pos
 from pipeline.probe.probe_set import ProbeError, ProbeSet, load_probe_set
 from pipeline.probe.wsd_probe import probe_wsd
 from pipeline.runtime import storage
+from pipeline.runtime.cpu_threads import free_cores
 from pipeline.stage import StageResult
 from pipeline.tracking.offline_files import RUNS_PATTERN
 
@@ -118,8 +119,7 @@ def run_probe(cfg: ProbeConfig) -> StageResult[ProbeDetails]:
     probe_set = load_probe_set(
         cfg.probe_set, cfg.pos_train_sentences, cfg.pos_test_sentences, cfg.wsd_examples
     )
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(cfg.threads or free_cores())
     device = pick_device(cfg.device)
     bilm = load_files(options_file, weights_file, ProbeError).to(device)
     result = {
