@@ -182,6 +182,30 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+PER_SEED = ("seeds", "final", "to_kn3", "to_kn5", "guard")
+
+
+def merged(earlier: list[dict], rows: list[dict]) -> list[dict]:
+    """``rows`` with the seeds of ``earlier`` rows (a results file of the same study) they lack: a
+    seed run again replaces its earlier run; cells and seeds not run again are kept, in the earlier
+    order, new cells after them."""
+    key = lambda r: (r["corpus"], r["min_count"], r["budget"])  # noqa: E731
+    new = {key(r): r for r in rows}
+    out = []
+    for old in earlier:
+        row = new.pop(key(old), None)
+        if row is None:
+            out.append(old)
+            continue
+        by_seed = {seed: [old[k][i] for k in PER_SEED] for i, seed in enumerate(old["seeds"])}
+        by_seed.update({seed: [row[k][i] for k in PER_SEED] for i, seed in enumerate(row["seeds"])})
+        seeds = sorted(by_seed)
+        combined = {**row, **{k: [by_seed[s][j] for s in seeds] for j, k in enumerate(PER_SEED)}}
+        combined["tokens"] = max(old["tokens"], row["tokens"])
+        out.append(combined)
+    return out + list(new.values())
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the shards, runs and logs")
@@ -194,6 +218,12 @@ def main(argv=None) -> int:
     parser.add_argument("--results", type=Path, default=None, help="write the study's rows here (JSON)")
     parser.add_argument(
         "--report", action="store_true", help="run nothing: the table of the cells OUT already holds"
+    )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        default=None,
+        help="an earlier results file of this study: its cells and seeds that OUT lacks are kept",
     )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -214,6 +244,8 @@ def main(argv=None) -> int:
                 if runs:
                     targets = targets or manifest_targets(shards)  # a cell whose runs were cut short
                     rows.append(cell_row(corpus.name, min_count, budget, manifest, targets, runs))
+    if args.merge:
+        rows = merged(json.loads(args.merge.read_text()), rows)
     print(table(rows))
     if args.results:
         args.results.write_text(json.dumps(rows, indent=1) + "\n")
