@@ -55,6 +55,13 @@ class Records:
     skipped: int = 0
     first_skipped: int = -1
 
+    def add(self, number: int, text: str, ident: str | None) -> None:
+        """Keep record ``number`` (``ident``: its id, None without an id field)."""
+        self.texts.append(text)
+        self.numbers.append(number)
+        if ident is not None:
+            self.ids.append(ident)
+
     def skip(self, number: int) -> None:
         self.skipped += 1
         if self.first_skipped < 0:
@@ -120,10 +127,7 @@ def _keep(records: Records, record: dict, fields: RecordFields, number: int) -> 
     ):
         records.skip(number)
         return
-    records.texts.append(text)
-    records.numbers.append(number)
-    if fields.id:
-        records.ids.append(str(ident))
+    records.add(number, text, str(ident) if fields.id else None)
 
 
 @contextlib.contextmanager
@@ -188,11 +192,8 @@ def parquet_records(path: str, group: int, first_number: int, fields: RecordFiel
     for number, (text, ident) in enumerate(zip(texts, ids, strict=True), first_number):  # once per record
         if text is None or ident is None:
             records.skip(number)
-            continue
-        records.texts.append(text)
-        records.numbers.append(number)
-        if fields.id:
-            records.ids.append(str(ident))
+        else:
+            records.add(number, text, str(ident) if fields.id else None)
     return records
 
 
