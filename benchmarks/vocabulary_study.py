@@ -187,8 +187,8 @@ PER_SEED = ("seeds", "final", "to_kn3", "to_kn5", "guard")
 
 def merged(earlier: list[dict], rows: list[dict]) -> list[dict]:
     """``rows`` with the seeds of ``earlier`` rows (a results file of the same study) they lack: a
-    seed run again replaces its earlier run; cells and seeds not run again are kept, in the earlier
-    order, new cells after them."""
+    seed run again replaces its earlier run; cells and seeds not run again are kept. Ordered by
+    corpus (as first seen), ``min_count``, the demo's budget first."""
     key = lambda r: (r["corpus"], r["min_count"], r["budget"])  # noqa: E731
     new = {key(r): r for r in rows}
     out = []
@@ -203,7 +203,9 @@ def merged(earlier: list[dict], rows: list[dict]) -> list[dict]:
         combined = {**row, **{k: [by_seed[s][j] for s in seeds] for j, k in enumerate(PER_SEED)}}
         combined["tokens"] = max(old["tokens"], row["tokens"])
         out.append(combined)
-    return out + list(new.values())
+    out += new.values()
+    corpora = list(dict.fromkeys(r["corpus"] for r in out))
+    return sorted(out, key=lambda r: (corpora.index(r["corpus"]), r["min_count"], r["budget"] != "demo"))
 
 
 def main(argv=None) -> int:
@@ -235,6 +237,8 @@ def main(argv=None) -> int:
                 if args.report
                 else shard(corpus, min_count, args.out)
             )
+            if args.report and not (shards / shard_format.MANIFEST_FILE).exists():
+                continue  # a study folder holding some of the cells (the rest may come from --merge)
             manifest = shard_format.read_manifest(str(shards))
             for budget in args.budgets.split(","):
                 cell = f"{'demo' if budget == 'demo' else 'ep' + budget.removesuffix('epochs')}-{corpus.name}-mc{min_count}"
