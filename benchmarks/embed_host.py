@@ -23,8 +23,8 @@ import gzip
 import os
 import sys
 import tempfile
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from elmo_model.static_batches import BucketPlan, plan_batches  # noqa: E402
-from pipeline.embed.file_format import format_named  # noqa: E402
+from pipeline.embed.file_format import chosen_format  # noqa: E402
 from pipeline.embed.resume import commit_shard  # noqa: E402
 from pipeline.embed.shard_vectors import BufferPool, ShardAssembler  # noqa: E402
 from pipeline.embed.shard_writers import ShardWriters  # noqa: E402
@@ -79,7 +79,7 @@ def commit_one(
     shard: SyntheticShard, index: int, output: str, case: tuple, pool: BufferPool, keep: bool, writers=None
 ) -> None:
     """Assemble and commit one shard: in this thread, or by a writer process (``writers``)."""
-    file_format, layout = case[0], case[1]
+    fmt = chosen_format(case[0], case[1])
     lines = len(shard.sizes)
     assembler = ShardAssembler(
         index * lines, lines, range(lines), shard.sizes, shard.row_shape, np.float16, shard.pooled, pool
@@ -89,9 +89,9 @@ def commit_one(
     vectors = assembler.finish()
     try:
         if writers is None:
-            entry = commit_shard(output, {"index": index}, vectors, layout, format_named(file_format))
+            entry = commit_shard(output, {"index": index}, vectors, fmt)
         else:
-            entry = writers.commit(output, {"index": index}, vectors, layout, file_format)
+            entry = writers.commit(output, {"index": index}, vectors, fmt)
     finally:
         pool.release(vectors)
     if not keep:
@@ -112,21 +112,19 @@ def measure(shard: SyntheticShard, case: tuple, writers: int, args) -> dict:
             for k in range(shards):
                 commit_one(shard, t * shards + k, output, case, pool, keep, processes)
 
-        warm = [  # the pool's buffers, h5py's first file, each writer's imports and mappings
-            threading.Thread(target=commit_one, args=(shard, 10**6 + t, output, case, pool, False, processes))
-            for t in range(writers)
-        ]
-        for w in warm:
-            w.start()
-        for w in warm:
-            w.join()
-        workers = [threading.Thread(target=worker, args=(t,)) for t in range(writers)]
-        cpu, start = _cpu_seconds(processes), time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        wall, cpu = time.perf_counter() - start, _cpu_seconds(processes) - cpu
+        with ThreadPoolExecutor(writers) as threads:
+            # the pool's buffers, h5py's first file, each writer's imports and mappings; a thread's
+            # error is raised here (a benchmark whose commits fail reports no rate)
+            warm = [
+                threads.submit(commit_one, shard, 10**6 + t, output, case, pool, False, processes)
+                for t in range(writers)
+            ]
+            for done in warm:
+                done.result()
+            cpu, start = _cpu_seconds(processes), time.perf_counter()
+            for done in [threads.submit(worker, t) for t in range(writers)]:
+                done.result()
+            wall, cpu = time.perf_counter() - start, _cpu_seconds(processes) - cpu
     finally:
         if processes is not None:
             processes.close()

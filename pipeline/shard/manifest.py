@@ -134,7 +134,11 @@ def _line_record(stats: LineStats) -> dict:
         "control_chars_replaced": stats.control_chars,
         # documents only where some were split (record corpora): a text corpus's record is as before
         **(
-            {"documents": stats.documents, "records_skipped": stats.records_skipped}
+            {
+                "documents": stats.documents,
+                "records_skipped": stats.records_skipped,
+                **({"first_skipped_record": stats.first_skipped_record} if stats.records_skipped else {}),
+            }
             if stats.documents or stats.records_skipped
             else {}
         ),

@@ -96,7 +96,12 @@ def chunk_sentences(chunk: Chunk, settings: LineSettings, keep_hashes: bool = Fa
         )
     except ReservedWordError as err:
         raise ReservedWordError(err.word, err.line, chunk.source) from None
-    sentences.stats.documents, sentences.stats.records_skipped = text.documents, text.records_skipped
+    stats = sentences.stats
+    stats.documents, stats.records_skipped, stats.first_skipped_record = (
+        text.documents,
+        text.records_skipped,
+        text.first_skipped,
+    )
     return sentences
 
 

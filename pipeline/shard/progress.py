@@ -123,10 +123,10 @@ def _documents_line(manifest: dict) -> str:
     line = f"  documents read {lines['documents']}, {how}"
     if lines["records_skipped"]:
         field = manifest["config"].get("text_field", "text")
-        first = next((i["path"] for i in manifest["inputs_detail"] if i.get("records_skipped")), "an input")
+        first = next(i for i in manifest["inputs_detail"] if i.get("records_skipped"))
         line += (
             f"; warning: {lines['records_skipped']} records skipped (no string field {field!r}, "
-            f"or not a JSON object), first in {first}"
+            f"or not a JSON object), the first {first['path']} record {first['first_skipped_record']}"
         )
     return line
 

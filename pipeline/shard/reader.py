@@ -187,6 +187,8 @@ class ChunkText:
     data: bytes
     documents: int = 0
     records_skipped: int = 0
+    first_skipped: int = -1
+    """The file's number of the first skipped record (-1: none)."""
 
 
 def chunk_text(chunk: Chunk, reading: Reading) -> ChunkText:
@@ -204,4 +206,4 @@ def chunk_text(chunk: Chunk, reading: Reading) -> ChunkText:
             texts.pop()
         found = record_files.Records(texts=texts)
     lines, _ = document_lines(found.texts, split)
-    return ChunkText(lines.encode("utf-8"), len(found.texts), found.skipped)
+    return ChunkText(lines.encode("utf-8"), len(found.texts), found.skipped, found.first_skipped)

@@ -62,11 +62,16 @@ class LineStats:
     """Documents split into the lines above (records, or text lines with ``split_sentences``); 0 for sentence-per-line text."""
     records_skipped: int = 0
     """Records without a string text field, and JSON Lines lines that are no JSON object (not among the lines above)."""
+    first_skipped_record: int = -1
+    """The input's number (0-based line or row) of its first skipped record; -1: none (summed: the first in input order)."""
 
     def add(self, other: LineStats) -> None:
         for f in dataclasses.fields(self):
             if f.name == "max_sentence_tokens":
                 self.max_sentence_tokens = max(self.max_sentence_tokens, other.max_sentence_tokens)
+            elif f.name == "first_skipped_record":
+                if self.first_skipped_record < 0:
+                    self.first_skipped_record = other.first_skipped_record
             else:
                 setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 

@@ -97,7 +97,7 @@ def test_records_without_text_are_skipped_and_counted(ray_local, files, tmp_path
     assert (lines["documents"], lines["records_skipped"]) == (2, 2)
     said = capsys.readouterr().out
     assert (
-        f"documents read 2, split into sentences; warning: 2 records skipped (no string field 'body', or not a JSON object), first in {bad}"
+        f"documents read 2, split into sentences; warning: 2 records skipped (no string field 'body', or not a JSON object), the first {bad} record 1"
         in said
     )
 
