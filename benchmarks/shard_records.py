@@ -7,8 +7,8 @@ own cost per core.
 The sample corpus, repeated ``--copies`` times, is cut into documents of 5-50 verses
 (``benchmarks/record_corpus.py``) and written as Parquet (row groups of 200 documents) and JSON
 Lines compressed with zstd; the text input is the sentences those documents split into, one per
-line, so every run shards the same tokens. Whitespace tokenizer (the Moses tokenizer's cost would
-hide the reading's), ``dedup=false`` (the copies are kept), no Kneser-Ney pass. One embedded Ray
+line, so every run shards the same tokens. Whitespace tokenizer by default (the Moses tokenizer's
+cost hides the reading's: ``--tokenizer moses``), ``dedup=false`` (the copies are kept), no Kneser-Ney pass. One embedded Ray
 cluster of ``--workers`` CPUs for all runs, warmed up first; each format runs ``--repeats`` times,
 in turn, and the job's seconds are timed (the cluster's start and stop are not).
 """
@@ -76,7 +76,7 @@ def _warm_up() -> int:
     return 0
 
 
-def shard_once(path: Path, output: Path, workers: int) -> tuple[int, float]:
+def shard_once(path: Path, output: Path, workers: int, tokenizer: str) -> tuple[int, float]:
     cfg = load_config(
         ShardConfig,
         overrides=[
@@ -87,6 +87,7 @@ def shard_once(path: Path, output: Path, workers: int) -> tuple[int, float]:
             "dedup=false",
             "kneser_ney_orders=[]",
             "wandb.mode=disabled",
+            f"tokenizer={tokenizer}",
         ],
     )
     started = time.perf_counter()
@@ -100,6 +101,7 @@ def main(argv=None) -> int:
     parser.add_argument("--copies", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--tokenizer", default="whitespace", help="whitespace (the reading's cost) or moses")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="shard-records-") as tmp:
@@ -113,7 +115,9 @@ def main(argv=None) -> int:
             tokens: dict[str, int] = {}
             for repeat in range(args.repeats):
                 for name, path in paths.items():
-                    tokens[name], seconds = shard_once(path, folder / f"out-{name}-{repeat}", args.workers)
+                    tokens[name], seconds = shard_once(
+                        path, folder / f"out-{name}-{repeat}", args.workers, args.tokenizer
+                    )
                     times[name].append(seconds)
         finally:
             ray.shutdown()
@@ -131,7 +135,16 @@ def main(argv=None) -> int:
         )
     if args.json:
         args.json.write_text(
-            json.dumps({"documents": len(docs), "splitter_words_per_s": rate, "runs": rows}, indent=1) + "\n"
+            json.dumps(
+                {
+                    "documents": len(docs),
+                    "tokenizer": args.tokenizer,
+                    "splitter_words_per_s": rate,
+                    "runs": rows,
+                },
+                indent=1,
+            )
+            + "\n"
         )
     return 0
 

@@ -4,8 +4,8 @@ plain, gzip or zstd), local or ``s3://``, as FineWeb, Wikipedia, C4, Dolma and t
 A file's kind is known by its content, not its name (:func:`input_kind`): Parquet by its magic
 bytes, JSON Lines by a first object ``{`` after any decompression, anything else is text.
 
-Reading is in bounded memory: a Parquet file a row group at a time (:func:`parquet_records`, the
-footer's row counts say where each starts without reading it), JSON Lines as whole lines cut from a
+Reading is in bounded memory: a Parquet file a run of row groups at a time (:func:`parquet_records`;
+the footer's row counts and sizes say where each starts, without reading it), JSON Lines as whole lines cut from a
 stream, as text is (:func:`jsonl_records` parses the lines one task was handed). A record whose
 text field is missing, null or not a string, or a line that is not a JSON object (a torn last line)
 is skipped and counted; a Parquet file without the column, or whose column holds no strings, or a
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from pipeline.formats.compression import HEAD_BYTES, compression_of
@@ -163,29 +163,29 @@ def _check_column(path: str, schema, name: str, role: str, integers: bool) -> No
         )
 
 
-def parquet_row_groups(path: str, fields: RecordFields) -> list[int]:
-    """The rows of each row group of a Parquet file whose columns are checked for ``fields`` (from
-    the footer alone: no row is read)."""
+def parquet_row_groups(path: str, fields: RecordFields) -> list[tuple[int, int]]:
+    """``(rows, bytes)`` of each row group of a Parquet file (its uncompressed size, as the footer
+    says), whose columns are checked for ``fields``: from the footer alone, no row is read."""
     with _parquet(path) as parquet:
         schema = parquet.schema_arrow
         _check_column(path, schema, fields.text, "text", integers=False)
         if fields.id:
             _check_column(path, schema, fields.id, "id", integers=True)
         meta = parquet.metadata
-        return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        groups = (meta.row_group(i) for i in range(meta.num_row_groups))
+        return [(group.num_rows, group.total_byte_size) for group in groups]
 
 
-def parquet_records(path: str, group: int, first_number: int, fields: RecordFields) -> Records:
-    """The records of row group ``group`` of a Parquet file, whose first row is the file's
-    ``first_number``; a null text (or id) is a skipped record."""
+def parquet_records(path: str, groups: Sequence[int], first_number: int, fields: RecordFields) -> Records:
+    """The records of row groups ``groups`` (consecutive) of a Parquet file, whose first row is
+    the file's ``first_number``; a null text (or id) is a skipped record."""
     columns = [fields.text] + ([fields.id] if fields.id else [])
     with _parquet(path) as parquet:
         try:
-            table = parquet.read_row_group(group, columns=columns)
+            table = parquet.read_row_groups(list(groups), columns=columns)
         except Exception as err:  # a damaged page: pyarrow raises OSError or ArrowInvalid
-            raise FormatError(
-                f"input {path}: row group {group} cannot be read ({_first_line(err)})"
-            ) from None
+            named = f"row group {groups[0]}" if len(groups) == 1 else f"row groups {groups[0]}-{groups[-1]}"
+            raise FormatError(f"input {path}: {named} cannot be read ({_first_line(err)})") from None
     texts = table.column(fields.text).to_pylist()
     ids = table.column(fields.id).to_pylist() if fields.id else [""] * len(texts)
     records = Records()
@@ -197,9 +197,17 @@ def parquet_records(path: str, group: int, first_number: int, fields: RecordFiel
     return records
 
 
-def iter_parquet_groups(path: str, fields: RecordFields) -> Iterator[tuple[int, int, int]]:
-    """``(group, first_row, rows)`` of each row group of a Parquet file, in order."""
-    first = 0
-    for group, rows in enumerate(parquet_row_groups(path, fields)):
-        yield group, first, rows
-        first += rows
+def iter_parquet_chunks(path: str, fields: RecordFields, chunk_bytes: int) -> Iterator[tuple[range, int]]:
+    """``(groups, first_row)``: a Parquet file's row groups, in order, gathered into runs of about
+    ``chunk_bytes`` (uncompressed; a larger group is a run of its own)."""
+    first = start = 0
+    size = rows = 0
+    layout = parquet_row_groups(path, fields)
+    for group, (group_rows, group_bytes) in enumerate(layout):
+        if group > start and size + group_bytes > chunk_bytes:
+            yield range(start, group), first
+            start, first, size, rows = group, first + rows, 0, 0
+        size += group_bytes
+        rows += group_rows
+    if layout:
+        yield range(start, len(layout)), first

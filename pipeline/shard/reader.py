@@ -6,9 +6,9 @@ whatever the corpus size, and because every per-line decision depends on the lin
 the chunks are cut does not change the output.
 
 Record corpora (:mod:`pipeline.formats.records`) are chunked the same way: a JSON Lines file as
-whole lines (a record each, up to ``max_record_bytes``), a Parquet file as its row groups, which the
-driver only names (from the footer): the task reads its row group itself, so the driver's work is
-O(files + row groups), not O(corpus). The task turns a chunk's records into sentence-per-line text
+whole lines (a record each, up to ``max_record_bytes``), a Parquet file as runs of its row groups of
+about ``chunk_bytes``, which the driver only names (from the footer): the task reads its row groups
+itself, so the driver's work is O(files + row groups), not O(corpus). The task turns a chunk's records into sentence-per-line text
 (:func:`chunk_text`), split into sentences by :mod:`pipeline.formats.sentence_split` or not.
 
 A line longer than ``max_line_bytes`` is dropped here already when it would otherwise have to be
@@ -41,7 +41,8 @@ class Chunk:
     ``overlong``: lines the reader dropped before this chunk for exceeding ``max_line_bytes``
     (``max_record_bytes`` for JSON Lines). ``kind``: the file's (``text``, ``jsonl``, ``parquet``);
     ``first_record``: the file's number of the chunk's first line (JSON Lines) or row (Parquet);
-    a Parquet chunk holds no data but names its ``path`` and ``row_group``.
+    a Parquet chunk holds no data but names its ``path`` and ``row_groups`` (consecutive, about
+    ``chunk_bytes`` uncompressed together).
     """
 
     index: int
@@ -51,7 +52,7 @@ class Chunk:
     kind: str = "text"
     first_record: int = 0
     path: str = ""
-    row_group: int = -1
+    row_groups: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -162,11 +163,13 @@ def iter_chunks(
         kind = reading.kind_of(path)
         if kind == "parquet":
             try:
-                groups = list(record_files.iter_parquet_groups(path, reading.fields))
+                runs = list(record_files.iter_parquet_chunks(path, reading.fields, reading.chunk_bytes))
             except storage.StorageError as err:
                 raise ShardError(f"cannot read input: {err}") from None
-            for group, first_row, _ in groups:
-                yield Chunk(index, source, b"", kind=kind, first_record=first_row, path=path, row_group=group)
+            for groups, first_row in runs:
+                yield Chunk(
+                    index, source, b"", kind=kind, first_record=first_row, path=path, row_groups=tuple(groups)
+                )
                 index += 1
             continue
         limit = reading.max_record_bytes if kind == "jsonl" else reading.max_line_bytes
@@ -197,7 +200,7 @@ def chunk_text(chunk: Chunk, reading: Reading) -> ChunkText:
     if chunk.kind == "text" and not split:
         return ChunkText(chunk.data)
     if chunk.kind == "parquet":
-        found = record_files.parquet_records(chunk.path, chunk.row_group, chunk.first_record, reading.fields)
+        found = record_files.parquet_records(chunk.path, chunk.row_groups, chunk.first_record, reading.fields)
     elif chunk.kind == "jsonl":
         found = record_files.jsonl_records(chunk.data, reading.fields, chunk.first_record)
     else:  # a text line is a document (invalid UTF-8 replaced here, so not counted as such)

@@ -75,12 +75,14 @@ def test_record_files_are_chunked_as_lines_or_row_groups(tmp_path):
     jsonl = "".join(json.dumps({"body": d}) + "\n" for d in docs).encode()
     (tmp_path / "docs.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(jsonl))
     reading = Reading(chunk_bytes=300, fields=RecordFields(text="body"))
-    parquet = list(iter_chunks([str(tmp_path / "docs.parquet")], reading))
-    assert [(c.kind, c.row_group, c.first_record, c.data) for c in parquet] == [
-        ("parquet", 0, 0, b""),
-        ("parquet", 1, 20, b""),
-        ("parquet", 2, 40, b""),
+    parquet = list(iter_chunks([str(tmp_path / "docs.parquet")], reading))  # a group's ~1 kB > chunk_bytes
+    assert [(c.kind, c.row_groups, c.first_record, c.data) for c in parquet] == [
+        ("parquet", (0,), 0, b""),
+        ("parquet", (1,), 20, b""),
+        ("parquet", (2,), 40, b""),
     ]
+    together = list(iter_chunks([str(tmp_path / "docs.parquet")], Reading(fields=RecordFields(text="body"))))
+    assert [(c.row_groups, c.first_record) for c in together] == [((0, 1, 2), 0)]
     jsonl_chunks = list(
         iter_chunks([str(tmp_path / "docs.jsonl.zst")], reading, first_index=3, first_source=1)
     )

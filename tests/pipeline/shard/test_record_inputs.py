@@ -137,3 +137,16 @@ def test_s3_parquet_and_a_rerun_that_reads_row_groups_again(as_text, files, s3_p
     storage.delete(first)
     assert run([source], target, workers=2, text_field="body") == manifest
     assert storage.read_bytes(first) == written
+
+
+def test_a_mix_of_text_and_records_reads_each_by_its_kind(ray_local, files, tmp_path):
+    """A text file beside a Parquet file: the text's lines are sentences as they are, the records
+    are split; the documents counted are the Parquet file's alone."""
+    text = tmp_path / "verses.txt"
+    text.write_text("In the beginning. Two sentences on one line\nsecond line\n")
+    manifest = run([text, files["docs.parquet"]], tmp_path / "out", workers=2, text_field="body")
+    detail = {Path(i["path"]).name: i for i in manifest["inputs_detail"]}
+    assert detail["verses.txt"]["lines"] == 2 and "documents" not in detail["verses.txt"]
+    parquet = detail["docs.parquet"]
+    assert parquet["documents"] == manifest["lines"]["documents"] > 0
+    assert manifest["lines"]["read"] == 2 + parquet["lines"]
