@@ -25,6 +25,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import pyarrow
+import pyarrow.parquet
 import pytest
 import yaml
 
@@ -205,9 +207,18 @@ def test_the_readmes_commands_run_from_the_installed_wheel(installed):
     with gzip.open(home / "corpus" / "kjv.txt.gz", "wt", encoding="utf-8") as f:
         f.writelines(lines)
     (home / "corpus" / "kjv.txt").write_text("".join(lines[:300]), encoding="utf-8")
+    # the documents of the README's record corpus: 40 verses a document, as a Parquet folder
+    (home / "corpus" / "web").mkdir()
+    docs = [" ".join(line.strip() for line in lines[i : i + 40]) for i in range(0, 400, 40)]
+    pyarrow.parquet.write_table(
+        pyarrow.table({"id": [f"doc-{i}" for i in range(len(docs))], "text": docs}),
+        home / "corpus" / "web" / "part-0.parquet",
+    )
 
     commands = _readme_commands()
-    assert [c[1] for c in commands] == ["shard", "train", "embed", "embed", "embed", "probe"], commands
+    assert [c[1] for c in commands] == ["shard", "shard", "train", "embed", "embed", "embed", "probe"], (
+        commands
+    )
     noisy = re.compile(r"WARNING|Warning:|\bE \d+ \d+\]|\bW \d+ \d+\]|ERROR|Traceback")
     for argv in commands:
         argv = [venv / "bin" / "elmo", *argv[1:], *README_SPEEDUPS.get(argv[1], ())]
@@ -235,6 +246,8 @@ def test_the_readmes_commands_run_from_the_installed_wheel(installed):
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     assert list((home / "work" / "vectors").glob("*.parquet")), "the Ray Data block wrote no Parquet"
+    pooled = pyarrow.parquet.read_table(home / "work" / "document-vectors")  # one mean vector a document
+    assert sorted(pooled.column("id").to_pylist()) == sorted(f"doc-{i}" for i in range(10))
 
 
 def _readme_snippets() -> list[str]:
