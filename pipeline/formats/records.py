@@ -54,6 +54,8 @@ class Records:
     numbers: list[int] = field(default_factory=list)
     skipped: int = 0
     first_skipped: int = -1
+    overlong: int = 0
+    """JSON Lines lines longer than the reader's limit, dropped unread (not among ``skipped``)."""
 
     def add(self, number: int, text: str, ident: str | None) -> None:
         """Keep record ``number`` (``ident``: its id, None without an id field)."""
@@ -104,12 +106,16 @@ def decompressed(raw, kind: str | None, path: str):
     )
 
 
-def jsonl_records(data: bytes, fields: RecordFields, first_number: int) -> Records:
+def jsonl_records(data: bytes, fields: RecordFields, first_number: int, max_bytes: int = 0) -> Records:
     """The records of whole JSON Lines ``data`` whose first line is the file's ``first_number``;
-    blank lines are not records (they keep their number)."""
+    blank lines are not records (they keep their number), lines over ``max_bytes`` (0: no limit)
+    are dropped unread, as the reader drops those it would have to hold whole."""
     records = Records()
     for number, line in enumerate(data.split(b"\n"), first_number):  # once per record
         if not line.strip():
+            continue
+        if max_bytes and len(line) > max_bytes:
+            records.overlong += 1
             continue
         try:
             record = json.loads(line)

@@ -70,7 +70,7 @@ class ShardConfig:
     split_sentences: Optional[bool] = None  # noqa: UP045 (OmegaConf reads Optional, not ``bool | None``)
     """Split documents into sentences (Bling Fire, chosen in docs/benchmarks.md#sentence-splitters-for-documents-benchmarkssentence_splitterspy); unset: on for records (JSON Lines, Parquet), off for text. ``true`` on text reads a document a line."""
     max_record_bytes: int = 16 * 1024 * 1024
-    """JSON Lines records longer than this many bytes are dropped and counted as overlong; 0 means no limit."""
+    """Documents longer than this many bytes (a JSON Lines record's line, a text line with ``split_sentences=true``) are dropped and counted as overlong, whatever the chunking; their sentences are then held to ``max_line_bytes``; 0 means no limit."""
     tokenizer: TokenizerName = TokenizerName.whitespace
     """``whitespace`` (input already tokenized) or ``moses`` (raw text; sacremoses)."""
     moses_lang: str = "en"

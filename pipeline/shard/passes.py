@@ -91,7 +91,7 @@ def chunk_sentences(chunk: Chunk, settings: LineSettings, keep_hashes: bool = Fa
             settings.max_line_bytes,
             heldout_threshold(settings.heldout_fraction),
             all_heldout=chunk.source >= settings.main_sources,
-            dropped_overlong=chunk.overlong,
+            dropped_overlong=chunk.overlong + text.overlong,
             keep_hashes=keep_hashes,
         )
     except ReservedWordError as err:

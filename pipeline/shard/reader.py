@@ -142,13 +142,15 @@ def file_chunks(
         buf = carry + block
         cut = buf.rfind(b"\n") + 1
         complete, carry = buf[:cut], buf[cut:]
+        dropped = 0  # a line after ``complete``: told with the next chunk (a record's number follows from it)
         if max_line_bytes and len(carry) > max_line_bytes:
             carry = b""
-            overlong += 1
+            dropped = 1
             skipping = True
         if complete:
             yield complete, overlong
             overlong = 0
+        overlong += dropped
     if carry or overlong:
         yield carry, overlong
 
@@ -172,7 +174,10 @@ def iter_chunks(
                 )
                 index += 1
             continue
-        limit = reading.max_record_bytes if kind == "jsonl" else reading.max_line_bytes
+        # a document (a record, or a text line to split) may be longer than a sentence
+        limit = (
+            reading.max_record_bytes if reading.splits(kind) or kind == "jsonl" else reading.max_line_bytes
+        )
         line = 0
         with open_input(path) as stream:
             for data, overlong in file_chunks(stream, path, reading.chunk_bytes, limit):
@@ -192,6 +197,8 @@ class ChunkText:
     records_skipped: int = 0
     first_skipped: int = -1
     """The file's number of the first skipped record (-1: none)."""
+    overlong: int = 0
+    """Records over ``max_record_bytes`` that the reader passed on (it drops only those it would hold whole)."""
 
 
 def chunk_text(chunk: Chunk, reading: Reading) -> ChunkText:
@@ -202,11 +209,18 @@ def chunk_text(chunk: Chunk, reading: Reading) -> ChunkText:
     if chunk.kind == "parquet":
         found = record_files.parquet_records(chunk.path, chunk.row_groups, chunk.first_record, reading.fields)
     elif chunk.kind == "jsonl":
-        found = record_files.jsonl_records(chunk.data, reading.fields, chunk.first_record)
+        found = record_files.jsonl_records(
+            chunk.data, reading.fields, chunk.first_record, reading.max_record_bytes
+        )
     else:  # a text line is a document (invalid UTF-8 replaced here, so not counted as such)
-        texts = chunk.data.decode("utf-8", errors="replace").split("\n")
-        if texts[-1] == "":
-            texts.pop()
-        found = record_files.Records(texts=texts)
+        lines = chunk.data.split(b"\n")
+        if lines[-1] == b"":
+            lines.pop()
+        limit = reading.max_record_bytes or len(chunk.data) + 1
+        kept = [line for line in lines if len(line) <= limit]
+        found = record_files.Records(texts=[line.decode("utf-8", errors="replace") for line in kept])
+        found.overlong = len(lines) - len(kept)
     lines, _ = document_lines(found.texts, split)
-    return ChunkText(lines.encode("utf-8"), len(found.texts), found.skipped, found.first_skipped)
+    return ChunkText(
+        lines.encode("utf-8"), len(found.texts), found.skipped, found.first_skipped, found.overlong
+    )

@@ -107,6 +107,35 @@ def test_text_lines_as_documents_with_split_sentences(tmp_path):
     (chunk,) = iter_chunks([str(path)], Reading(split_sentences=True))
     assert chunk_text(chunk, Reading(split_sentences=True)).data == b"One.\nTwo.\nThree\n"
     assert chunk_text(chunk, Reading()).data == b"One. Two.\nThree\n"  # text: not split by default
+    # a document line is held to max_record_bytes, not max_line_bytes, however the file is chunked
+    path.write_bytes(b"A long line. " * 100 + b"\nShort one.\n" + b"x" * 3000 + b"\n")
+    for chunk_bytes in (50, 1 << 20):
+        reading = Reading(chunk_bytes, max_line_bytes=100, max_record_bytes=2000, split_sentences=True)
+        chunks = list(iter_chunks([str(path)], reading))
+        texts = [chunk_text(c, reading) for c in chunks]
+        assert b"".join(t.data for t in texts) == b"A long line.\n" * 100 + b"Short one.\n"
+        assert sum(c.overlong for c in chunks) + sum(t.overlong for t in texts) == 1
     with pytest.raises(ShardError, match="named .zst but is not zstd data"):
         (tmp_path / "x.txt.zst").write_bytes(b"plain\n")
         list(iter_chunks([str(tmp_path / "x.txt.zst")], Reading()))
+
+
+def test_a_chunk_knows_its_first_record_past_overlong_ones(tmp_path):
+    import json
+
+    from pipeline.shard.reader import chunk_text
+
+    lines = [json.dumps({"text": f"Record {i}."}) for i in range(30)]
+    lines[7] = json.dumps({"text": "x" * 500})  # over max_record_bytes: dropped, still numbered
+    lines[8] = '{"text": 5}'  # skipped: its number is the one reported
+    path = tmp_path / "records.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    for chunk_bytes in (40, 100, 333, 1 << 20):
+        reading = Reading(chunk_bytes=chunk_bytes, max_record_bytes=200)
+        chunks = list(iter_chunks([str(path)], reading))
+        texts = [chunk_text(c, reading) for c in chunks]
+        assert sum(c.overlong for c in chunks) + sum(t.overlong for t in texts) == 1, chunk_bytes
+        assert [t.first_skipped for t in texts if t.records_skipped] == [8], chunk_bytes
+        assert b"".join(t.data for t in texts) == b"".join(
+            f"Record {i}.\n".encode() for i in range(30) if i not in (7, 8)
+        )
