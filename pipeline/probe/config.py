@@ -45,7 +45,7 @@ class ProbeConfig:
     precision: Precision = Precision.float32
     """The forward's arithmetic: ``float32`` (exact), ``tf32`` or ``bf16`` (on GPUs)."""
     threads: int = 0
-    """torch threads on a CPU; 0: the cores left free at the start (the usable cores less the 1-minute load average, at least 1: all of them on a quiet machine). More threads than free cores make the probe slower, not faster (pipeline/runtime/cpu_threads.py)."""
+    """torch threads on a CPU; 0: the cores idle at the start (the usable cores times the machine's idle share over half a second, at least 1: all of them on a quiet machine). More threads than free cores make the probe slower, not faster (pipeline/runtime/cpu_threads.py)."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """Weights & Biases: the stage's run in ``wandb.group`` (docs/outputs.md#the-dashboard), offline by
     default into OUTPUT/wandb; ``wandb.mode=disabled`` logs nothing."""
