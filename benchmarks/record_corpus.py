@@ -45,7 +45,9 @@ def main(argv=None) -> int:
     docs = documents(lines, args.seed)
     ids = [f"doc-{i}" for i in range(len(docs))]
     args.out.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"id": ids, "text": docs}), args.out / "docs.parquet", row_group_size=args.row_group)
+    pq.write_table(
+        pa.table({"id": ids, "text": docs}), args.out / "docs.parquet", row_group_size=args.row_group
+    )
     jsonl = "".join(json.dumps({"id": i, "text": d}) + "\n" for i, d in zip(ids, docs, strict=True)).encode()
     (args.out / "docs.jsonl").write_bytes(jsonl)
     (args.out / "docs.jsonl.gz").write_bytes(gzip.compress(jsonl, mtime=0))
