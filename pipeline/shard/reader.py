@@ -63,7 +63,7 @@ class Reading:
     max_line_bytes: int = 0
     """Text lines longer than this are dropped and counted (0: no limit)."""
     max_record_bytes: int = 16 * 1024 * 1024
-    """JSON Lines records longer than this are dropped and counted (0: no limit)."""
+    """Documents (JSON Lines records, text lines to split) longer than this are dropped and counted (0: no limit)."""
     input_format: str = "auto"
     """``auto`` (each file's kind from its content) or one of :data:`pipeline.formats.records.KINDS`."""
     fields: RecordFields = field(default_factory=RecordFields)
