@@ -11,7 +11,8 @@ record's columns (its id), and the vectors of a record pooled from its sentences
     ds = ds.map_batches(ElmoEmbedder, fn_constructor_kwargs={"model_dir": "runs/x/export"},
                         batch_size=256, concurrency=2)
     ds.write_parquet("vectors/")                                 # found again by (id, sentence)
-    records = pool_records(ds, "id")                             # one mean vector per record
+    records = pool_records(ray.data.read_parquet("vectors/"), "id")  # one mean vector per record
+    # (pooled from what was written: pooling ``ds`` again would run the model again)
 
 The split is :mod:`pipeline.formats.sentence_split`'s (Bling Fire, a blank line always ending a
 sentence), which the shard stage uses too, so a sentence here is one the shard stage trained on.
@@ -28,7 +29,7 @@ import pyarrow as pa
 
 from pipeline.embed.data_embedder import as_table
 from pipeline.embed.errors import EmbedError
-from pipeline.formats.sentence_split import document_lines
+from pipeline.formats.sentence_split import document_sentences
 
 SENTENCE_COLUMN = "sentence"
 
@@ -60,8 +61,7 @@ class SentenceSplitter:
             row = next(i for i, text in enumerate(texts) if text is not None and not isinstance(text, str))
             raise EmbedError(f"SentenceSplitter: row {row} of column {self.text_column!r} is not text")
         kept = [text or "" for text in texts]
-        lines, counts = document_lines(kept, self.split)
-        sentences = lines.split("\n")[:-1] if lines else []
+        sentences, counts = document_sentences(kept, self.split)
         rows = np.repeat(np.arange(len(texts)), counts)
         starts = np.cumsum(counts) - counts
         index = np.arange(len(sentences), dtype=np.int64) - np.repeat(starts, counts)

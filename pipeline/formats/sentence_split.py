@@ -2,7 +2,8 @@
 sentence-per-line text the stages read.
 
 The splitter is Bling Fire's (``blingfire.text_to_sentences``), chosen by
-``benchmarks/sentence_splitters.py`` (docs/benchmarks.md#sentence-splitters): on the Brown corpus's
+``benchmarks/sentence_splitters.py``
+(docs/benchmarks.md#sentence-splitters-for-documents-benchmarkssentence_splitterspy): on the Brown corpus's
 documents it has the best F1 of the maintained libraries (0.993 against the Moses splitter's 0.991,
 sentencex's 0.913 and pySBD's 0.858) at 1.7M words/s on one core, 18x the Moses splitter's speed.
 It has one model, for text in Latin and similar scripts, and no language setting.
@@ -47,21 +48,22 @@ def split_document(text: str) -> list[str]:
     return sentences
 
 
-def document_lines(texts: Sequence[str], split: bool) -> tuple[str, np.ndarray]:
-    """``(lines, sentences_per_document)``: the documents as sentence-per-line text (``\\n`` after
-    every line) and int64 ``(D,)`` how many lines each became. ``split=False`` makes each document
-    one line (its newlines become spaces): records that already hold one sentence each."""
+def document_sentences(texts: Sequence[str], split: bool) -> tuple[list[str], np.ndarray]:
+    """``(sentences, sentences_per_document)``: every document's sentences, in order, and int64
+    ``(D,)`` how many each became. ``split=False`` makes each document one sentence (its newlines
+    become spaces): records that already hold one sentence each."""
     if not split:
-        lines = [text.replace("\n", " ") for text in texts]
-        return _joined(lines), np.ones(len(lines), dtype=np.int64)
+        return [text.replace("\n", " ") for text in texts], np.ones(len(texts), dtype=np.int64)
     parts: list[str] = []
     counts = np.zeros(len(texts), dtype=np.int64)
     for i, text in enumerate(texts):  # once per document: the splitter takes one text a call
         sentences = split_document(text)
         counts[i] = len(sentences)
         parts.extend(sentences)
-    return _joined(parts), counts
+    return parts, counts
 
 
-def _joined(lines: list[str]) -> str:
-    return "\n".join(lines) + "\n" if lines else ""
+def document_lines(texts: Sequence[str], split: bool) -> tuple[str, np.ndarray]:
+    """:func:`document_sentences` as sentence-per-line text (``\n`` after every line)."""
+    sentences, counts = document_sentences(texts, split)
+    return ("\n".join(sentences) + "\n" if sentences else ""), counts

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 from dataclasses import dataclass, field
@@ -16,14 +17,10 @@ from pipeline.tracking.config import WandbConfig
 RUNTIME_KEYS = ("output", "workers", "ray_address", "progress", "chunk_bytes", "wandb")
 """Keys that change how the stage runs but not what it writes; the manifest leaves them out so
 that 1 or N workers (or another output path) give byte-identical output."""
-RECORD_KEYS = {
-    "input_format": "auto",
-    "text_field": "text",
-    "split_sentences": None,
-    "max_record_bytes": 16 * 1024 * 1024,
-}
-"""Keys for record corpora and their defaults: a run's identity names them only when set otherwise,
-so an output written before they existed is still this version's run of its command."""
+RECORD_KEYS = ("input_format", "text_field", "split_sentences", "max_record_bytes")
+"""Keys for record corpora: a run's identity names them only when set otherwise than their defaults
+(:func:`record_defaults`), so an output written before they existed is still this version's run of
+its command."""
 
 
 class InputFormat(enum.Enum):
@@ -151,3 +148,10 @@ class ShardConfig:
                 ("output", self.output, bool(self.output), "a directory or s3:// prefix"),
             ]
         )
+
+
+@functools.cache
+def record_defaults() -> dict:
+    """:data:`RECORD_KEYS`' defaults as a run's config records them (a choice by its name)."""
+    found = {f.name: f.default for f in dataclasses.fields(ShardConfig) if f.name in RECORD_KEYS}
+    return {k: v.value if isinstance(v, enum.Enum) else v for k, v in found.items()}

@@ -24,7 +24,7 @@ from typing import Any
 from pipeline.formats.shard_format import COUNTS_FILE, MANIFEST_FILE, SPLITS, VOCAB_FILE, unk_rate
 from pipeline.output_folder import LEASE_FILE, OwnFiles
 from pipeline.shard.baseline import ARPA_FILE
-from pipeline.shard.config import RECORD_KEYS, RUNTIME_KEYS
+from pipeline.shard.config import RUNTIME_KEYS, record_defaults
 from pipeline.shard.duplicates import DROPS_FOLDER
 from pipeline.shard.passes import ChunkSummary
 from pipeline.shard.sentences import LineStats
@@ -73,10 +73,9 @@ def run_identity(
     """The part of a run that determines its output bytes: the content-relevant config, the input
     paths and each input's version (``versions``: path -> ``storage.version``; an edited corpus is
     another run's)."""
+    defaults = record_defaults()
     content = {
-        k: v
-        for k, v in config.items()
-        if k not in RUNTIME_KEYS and not (k in RECORD_KEYS and v == RECORD_KEYS[k])
+        k: v for k, v in config.items() if k not in RUNTIME_KEYS and not (k in defaults and v == defaults[k])
     }
     return {
         "config": content,
