@@ -38,25 +38,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.formats import kneser_ney, shard_format  # noqa: E402
+from pipeline.formats.shard_manifest import ShardManifest, read_manifest  # noqa: E402
 from pipeline.shard.baseline import _sentences, _Shard  # noqa: E402
 
 
-def _shards(shard_dir: str, manifest: dict, split: str) -> list[_Shard]:
-    urls = shard_format.shard_urls(shard_dir, split, manifest)
+def _shards(manifest: ShardManifest, split: str) -> list[_Shard]:
     return [
-        _Shard(url, r["sha256"], r["sentences"], r["tokens"])
-        for url, r in zip(urls, manifest["shards"][split], strict=True)
+        _Shard(url, r.sha256, r.sentences, r.tokens)
+        for url, r in zip(manifest.urls(split), manifest.shards[split], strict=True)
     ]
 
 
 def measure(shard_dir: str, order: int) -> dict:
     """One order's steps, in this process, in one partition (the whole: what ``parts_for`` divides)."""
-    manifest = shard_format.read_manifest(shard_dir)
-    vocab_size = manifest["vocab"]["size"]
+    manifest = read_manifest(shard_dir)
+    vocab_size = manifest.vocab.size
     started = time.perf_counter()
     parts = [
         (s.tokens, i, kneser_ney.count_ngrams(*_sentences([s]), order))
-        for i, s in enumerate(_shards(shard_dir, manifest, "train"))
+        for i, s in enumerate(_shards(manifest, "train"))
     ]
     counted = time.perf_counter()
     heapq.heapify(parts)
@@ -75,12 +75,12 @@ def measure(shard_dir: str, order: int) -> dict:
     model = kneser_ney.estimate(adjusted.tables, statistics)
     del adjusted
     built = time.perf_counter()
-    targets = kneser_ney.Targets.of(*_sentences(_shards(shard_dir, manifest, "heldout")), order, vocab_size)
+    targets = kneser_ney.Targets.of(*_sentences(_shards(manifest, "heldout")), order, vocab_size)
     nll = kneser_ney.part_cost(model, targets, statistics)
     scored = time.perf_counter()
     return {
         "order": order,
-        "train_tokens": manifest["totals"]["train"]["tokens"],
+        "train_tokens": manifest.totals["train"].tokens,
         "count_s": counted - started,
         "merge_s": merged - counted,
         "build_s": built - merged,
@@ -95,12 +95,10 @@ def measure(shard_dir: str, order: int) -> dict:
 
 def write_training_text(shard_dir: str, path: Path) -> None:
     """The training split's sentences, one a line, as lmplz reads them."""
-    manifest = shard_format.read_manifest(shard_dir)
+    manifest = read_manifest(shard_dir)
     with open(path, "w", encoding="utf-8") as out:
-        for url, record in zip(
-            shard_format.shard_urls(shard_dir, "train", manifest), manifest["shards"]["train"], strict=True
-        ):
-            with shard_format.open_shard(url, record["sha256"]) as blocks:
+        for url, record in zip(manifest.urls("train"), manifest.shards["train"], strict=True):
+            with shard_format.open_shard(url, record.sha256) as blocks:
                 for block in blocks:
                     out.writelines(" ".join(sentence) + "\n" for sentence in block.sentences)
 
@@ -115,12 +113,10 @@ def measure_kenlm(shard_dir: str, text: Path, order: int, scratch: Path) -> dict
     seconds = time.perf_counter() - started
     rss = re.search(r"RSSMax:(\d+) kB", report)
     model = kenlm.query_module().Model(str(scratch / "model.arpa"))
-    manifest = shard_format.read_manifest(shard_dir)
+    manifest = read_manifest(shard_dir)
     total, targets = 0.0, 0
-    for url, record in zip(
-        shard_format.shard_urls(shard_dir, "heldout", manifest), manifest["shards"]["heldout"], strict=True
-    ):
-        with shard_format.open_shard(url, record["sha256"]) as blocks:
+    for url, record in zip(manifest.urls("heldout"), manifest.shards["heldout"], strict=True):
+        with shard_format.open_shard(url, record.sha256) as blocks:
             for block in blocks:
                 for sentence in block.sentences:
                     scores = [lp for lp, _, _ in model.full_scores(" ".join(sentence), bos=True, eos=True)]

@@ -29,7 +29,6 @@ Everything it writes lives in one temporary folder, removed at the end (the corp
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -49,6 +48,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.embed import small_model  # noqa: E402
 from benchmarks.process_tree import TreeMonitor  # noqa: E402
 from benchmarks.synthetic_corpus import write_corpus  # noqa: E402
+from pipeline.formats.shard_manifest import read_manifest  # noqa: E402
 
 SIZES = {"1M": 1_000_000, "10M": 10_000_000, "100M": 100_000_000, "800M": 800_000_000}
 TYPES = 800_000
@@ -150,8 +150,8 @@ def _du(path: Path) -> int:
 def shard(corpus: Path, out: Path, workers: int) -> dict:
     cmd = [sys.executable, "-m", "jobs.shard", "--input", str(corpus), "--output", str(out)]
     run = run_command([*cmd, "--workers", str(workers), "progress=false"])
-    manifest = json.loads((out / "manifest.json").read_text())
-    tokens = sum(manifest["totals"][s]["tokens"] for s in ("train", "heldout"))
+    manifest = read_manifest(str(out))
+    tokens = sum(manifest.totals[s].tokens for s in ("train", "heldout"))
     return {
         "shard s": run.seconds,
         "shard tok/s": tokens / run.seconds,
@@ -159,7 +159,7 @@ def shard(corpus: Path, out: Path, workers: int) -> dict:
         "shard driver MiB": run.driver_peak / MIB,
         "spilled GiB": run.spilled_peak / GIB,
         "shards GiB": _du(out) / GIB,
-        "vocab": manifest["vocab"]["size"],
+        "vocab": manifest.vocab.size,
     }
 
 

@@ -127,7 +127,7 @@ def ray_job(path: Path, output: Path, workers: int) -> tuple[int, float, float, 
         stopping = time.perf_counter()
         ray.shutdown()
         shutdown = time.perf_counter() - stopping
-    tokens = manifest["totals"]["train"]["tokens"] + manifest["totals"]["heldout"]["tokens"]
+    tokens = manifest.totals["train"].tokens + manifest.totals["heldout"].tokens
     return tokens, seconds, startup, shutdown
 
 

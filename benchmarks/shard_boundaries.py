@@ -23,18 +23,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.step_setup import synthetic_cache  # noqa: E402
 from pipeline.formats import shard_format  # noqa: E402
+from pipeline.formats.shard_manifest import ShardManifest  # noqa: E402
 from pipeline.runtime import storage  # noqa: E402
 from pipeline.train.data import open_lm_batches  # noqa: E402
 from pipeline.train.sentence_source import ReadAhead  # noqa: E402
 from pipeline.train.shard_reading import read_shard_sentences  # noqa: E402
 
 
-def write_synthetic_shards(root: str, n_shards: int, sentences: int, vocab: int, seed: int = 0) -> dict:
+def write_synthetic_shards(
+    root: str, n_shards: int, sentences: int, vocab: int, seed: int = 0
+) -> ShardManifest:
     """``n_shards`` train shards of ``sentences`` Zipf(1.1) sentences of 5..44 words ``w<id>`` each
     (blocks of 1000), in the shard format; returns the manifest (none is written: pass it on)."""
     rng = np.random.default_rng(seed)
     words = np.array(["<S>", "</S>", "<UNK>", *(f"w{i}" for i in range(vocab - 3))], dtype=object)
-    storage.write_bytes(os.path.join(root, shard_format.VOCAB_FILE), shard_format.encode_vocab(list(words)))
+    vocab_bytes = shard_format.encode_vocab(list(words))
+    storage.write_bytes(os.path.join(root, shard_format.VOCAB_FILE), vocab_bytes)
     entries = []
     for s in range(n_shards):
         name, tokens = shard_format.shard_name("train", s), 0
@@ -53,7 +57,19 @@ def write_synthetic_shards(root: str, n_shards: int, sentences: int, vocab: int,
             writer.close()
         digest = hashlib.sha256(storage.read_bytes(os.path.join(root, name))).hexdigest()
         entries.append({"name": name, "sentences": sentences, "tokens": tokens, "sha256": digest})
-    return {"shards": {"train": entries}, "vocab": {"file": shard_format.VOCAB_FILE, "size": vocab}}
+    none = {"sentences": 0, "tokens": 0, "unk_tokens": 0}
+    train = {"sentences": n_shards * sentences, "tokens": sum(e["tokens"] for e in entries), "unk_tokens": 0}
+    record = {
+        "shards": {"train": entries, "heldout": []},
+        "totals": {"train": train, "heldout": none},
+        "vocab": {
+            "file": shard_format.VOCAB_FILE,
+            "counts_file": shard_format.COUNTS_FILE,
+            "size": vocab,
+            "sha256": hashlib.sha256(vocab_bytes).hexdigest(),
+        },
+    }
+    return ShardManifest.of(record, root)
 
 
 def shard_boundary_table(args: argparse.Namespace) -> None:
@@ -65,11 +81,11 @@ def shard_boundary_table(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="elmo-bench-shards-") as tmp:
         manifest = write_synthetic_shards(tmp, args.boundary_shards, args.boundary_sentences, args.vocab)
         read = []
-        for entry in manifest["shards"]["train"]:
+        for url in manifest.urls("train"):
             t0 = time.perf_counter()
-            read_shard_sentences(os.path.join(tmp, entry["name"]), args.vocab)
+            read_shard_sentences(url, args.vocab)
             read.append(time.perf_counter() - t0)
-        tokens = manifest["shards"]["train"][0]["tokens"]
+        tokens = manifest.shards["train"][0].tokens
         print(
             f"\nshard boundaries: {args.boundary_shards} shards of {args.boundary_sentences:,} sentences "
             f"({tokens:,} tokens, read + decoded in {np.median(read) * 1e3:.0f} ms), batch {batch} x unroll "

@@ -93,7 +93,7 @@ def shard_once(path: Path, output: Path, workers: int, tokenizer: str) -> tuple[
     started = time.perf_counter()
     manifest = run_shard(cfg).details.manifest
     seconds = time.perf_counter() - started
-    return manifest["totals"]["train"]["tokens"] + manifest["totals"]["heldout"]["tokens"], seconds
+    return manifest.totals["train"].tokens + manifest.totals["heldout"].tokens, seconds
 
 
 def main(argv=None) -> int:

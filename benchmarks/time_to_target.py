@@ -46,6 +46,7 @@ sys.path.insert(0, str(REPO))
 
 from pipeline.config import load_config  # noqa: E402
 from pipeline.formats import kneser_ney, shard_format  # noqa: E402
+from pipeline.formats.shard_manifest import ShardManifest, read_manifest  # noqa: E402
 from pipeline.formats.unigram import heldout_unigram_perplexity  # noqa: E402
 from pipeline.train.config import TrainConfig  # noqa: E402
 from pipeline.train.metrics import read_metrics  # noqa: E402
@@ -80,14 +81,14 @@ def baselines(shards: str, orders: list[int], cache: Path) -> dict[str, float]:
     others counted here from the training shards (one process: for a benchmark's corpus) and kept
     in ``cache``."""
     known = json.loads(cache.read_text()) if cache.exists() else {}
-    manifest = shard_format.read_manifest(shards)
-    known.setdefault("unigram", heldout_unigram_perplexity(shards, manifest))
-    for recorded in shard_format.manifest_kneser_ney(manifest, shard_format.manifest_path(shards)):
-        known[f"kn{recorded['order']}"] = float(recorded["perplexity"])
+    manifest = read_manifest(shards)
+    known.setdefault("unigram", heldout_unigram_perplexity(manifest))
+    for recorded in manifest.kneser_ney:
+        known[f"kn{recorded.order}"] = recorded.perplexity
     missing = [n for n in orders if f"kn{n}" not in known]
     if missing:
-        train, heldout = split_ids(shards, "train", manifest), split_ids(shards, "heldout", manifest)
-        vocab_size = int(manifest["vocab"]["size"])
+        train, heldout = split_ids(manifest, "train"), split_ids(manifest, "heldout")
+        vocab_size = manifest.vocab.size
         for order in missing:
             started = time.perf_counter()
             model = kneser_ney.build(kneser_ney.count_ngrams(*train, order), vocab_size)
@@ -99,13 +100,11 @@ def baselines(shards: str, orders: list[int], cache: Path) -> dict[str, float]:
     return known
 
 
-def split_ids(shards: str, split: str, manifest: dict) -> tuple[np.ndarray, np.ndarray]:
+def split_ids(manifest: ShardManifest, split: str) -> tuple[np.ndarray, np.ndarray]:
     """A split's word ids ``(T,)`` and sentence lengths ``(S,)``, every shard checked."""
     ids, lengths = [np.zeros(0, np.int32)], [np.zeros(0, np.int32)]
-    for entry, url in zip(
-        manifest["shards"][split], shard_format.shard_urls(shards, split, manifest), strict=True
-    ):
-        with shard_format.open_shard(url, entry.get("sha256", "")) as blocks:
+    for entry, url in zip(manifest.shards[split], manifest.urls(split), strict=True):
+        with shard_format.open_shard(url, entry.sha256) as blocks:
             for block in blocks:
                 ids.append(block.ids)
                 lengths.append(block.lengths)

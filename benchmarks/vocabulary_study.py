@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import time_to_target  # noqa: E402
 from benchmarks.time_to_target import crossing  # noqa: E402
 from pipeline.formats import shard_format  # noqa: E402
+from pipeline.formats.shard_manifest import ShardManifest, read_manifest  # noqa: E402
 
 DEMO_TOKENS = 512_000
 """The demo's budget: 400 steps of 2 workers x 32 rows x 20 tokens."""
@@ -78,11 +79,11 @@ def shard(corpus: Corpus, min_count: int, out: Path) -> Path:
     return shards
 
 
-def budget_tokens(budget: str, manifest: dict) -> int:
+def budget_tokens(budget: str, manifest: ShardManifest) -> int:
     if budget == "demo":
         return DEMO_TOKENS
     epochs = int(budget.removesuffix("epochs"))
-    return epochs * manifest["totals"]["train"]["tokens"]
+    return epochs * manifest.totals["train"].tokens
 
 
 def cell_runs(out: Path, cell: str) -> tuple[dict, list[dict]]:
@@ -128,19 +129,19 @@ def to_target(run: dict, target: float) -> tuple[float, float] | None:
 
 
 def cell_row(
-    corpus: str, min_count: int, budget: str, manifest: dict, targets: dict, runs: list[dict]
+    corpus: str, min_count: int, budget: str, manifest: ShardManifest, targets: dict, runs: list[dict]
 ) -> dict:
-    totals = manifest["totals"]
+    totals = manifest.totals
     finals = [float(r["final"]) for r in runs]
     kn3, kn5 = targets.get("kn3"), targets.get("kn5")
     return {
         "corpus": corpus,
         "min_count": min_count,
         "budget": budget,
-        "vocab": manifest["vocab"]["size"],
-        "train_tokens": totals["train"]["tokens"],
-        "train_unk_rate": totals["train"]["unk_tokens"] / totals["train"]["tokens"],
-        "heldout_unk_rate": totals["heldout"]["unk_tokens"] / totals["heldout"]["tokens"],
+        "vocab": manifest.vocab.size,
+        "train_tokens": totals["train"].tokens,
+        "train_unk_rate": totals["train"].unk_rate,
+        "heldout_unk_rate": totals["heldout"].unk_rate,
         "seeds": [int(r["seed"]) for r in runs],
         "final": finals,
         "kn3": kn3,
@@ -239,7 +240,7 @@ def main(argv=None) -> int:
             )
             if args.report and not (shards / shard_format.MANIFEST_FILE).exists():
                 continue  # a study folder holding some of the cells (the rest may come from --merge)
-            manifest = shard_format.read_manifest(str(shards))
+            manifest = read_manifest(str(shards))
             for budget in args.budgets.split(","):
                 cell = f"{'demo' if budget == 'demo' else 'ep' + budget.removesuffix('epochs')}-{corpus.name}-mc{min_count}"
                 if not args.report:

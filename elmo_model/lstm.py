@@ -298,6 +298,37 @@ class StackedBiLSTM(nn.Module):
     SPLIT_ROWS = 32
     """CPU: once fewer rows than this are still running, each direction finishes its steps alone."""
 
+    def _gate_inputs(
+        self, layer: FusedLSTMLayer, layer_in: torch.Tensor, first: bool
+    ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor] | None]:
+        """The input side of every step's gates, ``(xg, distinct)``: xg (2, M, 4C) the input
+        products, each step's block of which becomes its gates; or, on CPU for layer 0, xg None and
+        ``distinct`` = (the distinct rows' products, each packed row's index into them)."""
+        # Layer 0 reads token vectors, which repeat (unless dropout has just made them differ).
+        dropping = self.training and self.dropout > 0
+        distinct = self._distinct_input_products(layer, layer_in) if first and not dropping else None
+        if distinct is None:
+            return self._input_products(layer, layer_in), None
+        if not layer_in.is_cuda:
+            return None, distinct
+        products, index = distinct
+        rows = layer_in.shape[1]
+        xg = self._workspace_view((2 * rows, 4 * layer.dim), products)
+        return torch.index_select(products, 0, index.view(-1), out=xg).view(2, rows, -1), None
+
+    def _steps_together(self, active: list[int], dense: bool) -> int:
+        """The steps both directions run together; each runs the rest alone.
+
+        CPU: with few rows left a step is bound by reading the weights (W_hh and W_p of both
+        directions: 80 MB at original size), which do not stay in cache from step to step; one
+        direction's 40 MB do. So once fewer than SPLIT_ROWS rows are running, each direction runs
+        its remaining steps alone. Original size, 2 threads, ms per step of both directions:
+        k = 8: 4.41 together, 3.04 apart; k = 16: 5.82, 4.34; k = 32: 6.99, 6.95; k = 64: 9.60, 11.44.
+        """
+        if not dense:
+            return len(active)
+        return next((t for t, k in enumerate(active) if k < self.SPLIT_ROWS), len(active))
+
     def _run_layer(
         self,
         layer: FusedLSTMLayer,
@@ -317,16 +348,7 @@ class StackedBiLSTM(nn.Module):
         """
         rows, dim, p = layer_in.shape[1], layer.dim, self.projection_dim
         dense = not layer_in.is_cuda
-        # Layer 0 reads token vectors, which repeat (unless dropout has just made them differ).
-        dropping = self.training and self.dropout > 0
-        distinct = self._distinct_input_products(layer, layer_in) if first and not dropping else None
-        if distinct is None:
-            xg = self._input_products(layer, layer_in)  # (2, M, 4C); each step's block becomes its gates
-        elif not dense:
-            products, index = distinct
-            xg = self._workspace_view((2 * rows, 4 * dim), products)
-            xg = torch.index_select(products, 0, index.view(-1), out=xg).view(2, rows, -1)
-            distinct = None
+        xg, distinct = self._gate_inputs(layer, layer_in, first)
         dtype = (xg if distinct is None else distinct[0]).dtype  # bf16 under autocast
         bias = (layer.bias + layer.forget_offset).unsqueeze(1).to(dtype)  # (2, 1, 4C)
         w_p = layer.w_p.to(dtype)
@@ -378,14 +400,7 @@ class StackedBiLSTM(nn.Module):
             if h_step is not h_out:
                 h_out.copy_(h_step)
 
-        # CPU: with few rows left a step is bound by reading the weights (W_hh and W_p of both
-        # directions: 80 MB at original size), which do not stay in cache from step to step; one
-        # direction's 40 MB do. So once fewer than SPLIT_ROWS rows are running, each direction runs
-        # its remaining steps alone. Original size, 2 threads, ms per step of both directions:
-        # k = 8: 4.41 together, 3.04 apart; k = 16: 5.82, 4.34; k = 32: 6.99, 6.95; k = 64: 9.60, 11.44.
-        together = len(active)
-        if dense:
-            together = next((t for t, k in enumerate(active) if k < self.SPLIT_ROWS), together)
+        together = self._steps_together(active, dense)
         for t in range(together):
             advance(slice(0, 2), t)
         for d in (slice(0, 1), slice(1, 2)):

@@ -23,6 +23,7 @@ from pipeline.embed.errors import EmbedError
 from pipeline.formats import shard_format
 from pipeline.formats.compression import HEAD_BYTES, compression_of
 from pipeline.formats.records import PARQUET_MAGIC
+from pipeline.formats.shard_manifest import manifest_path, read_manifest
 from pipeline.runtime import storage
 
 READ_CHUNK = 4 * 1024 * 1024
@@ -65,7 +66,7 @@ class ShardSpec:
 
 def is_shard_dir(path: str) -> bool:
     """Whether ``path`` is a shard directory (it holds the shard stage's manifest.json)."""
-    return not storage.has_glob(path) and storage.exists(shard_format.manifest_path(path))
+    return not storage.has_glob(path) and storage.exists(manifest_path(path))
 
 
 def resolve_inputs(patterns: Sequence[str]) -> tuple[str, list[str]]:
@@ -204,17 +205,17 @@ def _tar_segments(shard_dir: str, splits: Sequence[str], planner: _Planner) -> N
                 f"shard_splits: unknown split {split!r}; expected some of {', '.join(shard_format.SPLITS)}"
             )
     try:
-        manifest = shard_format.read_manifest(shard_dir)
-        shard_format.check_listed_shards(shard_dir, manifest, splits)
+        manifest = read_manifest(shard_dir)
+        manifest.check_listed_shards(splits)
     except (shard_format.FormatError, storage.StorageError) as err:
         raise EmbedError(f"input: {err}") from None
     for split in splits:
-        for entry in manifest["shards"][split]:
-            path = storage.join(shard_dir, entry["name"])
-            done, total = 0, entry["sentences"]
+        for entry in manifest.shards[split]:
+            path = storage.join(shard_dir, entry.name)
+            done, total = 0, entry.sentences
             while done < total:
                 take = min(planner.room, total - done)
-                segment = Segment("tar", path, done, done + take, entry["sha256"], last=done + take == total)
+                segment = Segment("tar", path, done, done + take, entry.sha256, last=done + take == total)
                 planner.add(segment, take, tar_key(segment))
                 done += take
 

@@ -28,7 +28,7 @@ from pipeline.embed.errors import EmbedError
 from pipeline.embed.file_format import EmbeddingFormat
 from pipeline.embed.inputs import ShardSpec
 from pipeline.embed.shard_vectors import ShardVectors
-from pipeline.formats import shard_format
+from pipeline.formats import shard_format, shard_manifest
 from pipeline.output_folder import (
     OwnFiles,
     check_owned,
@@ -94,7 +94,7 @@ def _check_own_manifest(output: str) -> None:
     if isinstance(document, dict) and document.get("format") == manifest.FORMAT:
         return
     try:
-        shard_format.parse_manifest(data, path)
+        shard_manifest.parse_manifest(data, output)
     except shard_format.FormatError:
         raise EmbedError(
             f"output {output} holds a {manifest.MANIFEST_FILE} that elmo embed did not write; "

@@ -10,7 +10,7 @@ from pipeline.embed import manifest
 from pipeline.embed.config import EmbedConfig, is_single_file
 from pipeline.embed.runner import EmbedDetails, run_embed
 from pipeline.embed.startup import summary_lines
-from pipeline.formats.shard_format import read_manifest
+from pipeline.formats.shard_manifest import read_manifest
 from pipeline.runtime import storage
 from pipeline.runtime.ray_runtime import RaySession
 from pipeline.stage import Stage, StageContext, StageResult
@@ -41,7 +41,7 @@ class EmbedStage(Stage[EmbedConfig, EmbedDetails]):
         uses = (model_artifact(details.model.options_file, details.model.weights_file),)
         if details.input_kind == "shards":
             shards = details.input_paths[0]
-            uses += (dataset_artifact(shards, read_manifest(shards)),)
+            uses += (dataset_artifact(read_manifest(shards)),)
         return embed_log(cfg, result, uses)
 
     def summary(self, cfg: EmbedConfig, result: StageResult[EmbedDetails]) -> str:

@@ -1,4 +1,5 @@
-"""The shard directory format: blocks in WebDataset tars, the vocabulary files and the manifest.
+"""The shard directory format: blocks in WebDataset tars and the vocabulary files (the manifest
+that lists them: :mod:`pipeline.formats.shard_manifest`).
 
 This module is the one implementation of the layout in ``docs/architecture.md`` ("Shard output
 format"). The shard stage writes through it; the train and embed stages read through it, so a
@@ -18,8 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
-import math
 import re
 import tarfile
 from collections.abc import Iterator, Sequence
@@ -89,17 +88,17 @@ class Block:
 
 def shard_name(split: str, shard: int) -> str:
     """File name of shard number ``shard`` of ``split``: ``train-000012.tar``."""
-    _check_split(split)
+    check_split(split)
     return f"{split}-{shard:06d}.tar"
 
 
 def block_key(split: str, shard: int, block: int) -> str:
     """The ``__key__`` of block ``block`` in shard ``shard``: ``train-000012-000003``."""
-    _check_split(split)
+    check_split(split)
     return f"{split}-{shard:06d}-{block:06d}"
 
 
-def _check_split(split: str) -> None:
+def check_split(split: str) -> None:
     if split not in SPLITS:
         raise FormatError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
 
@@ -345,196 +344,30 @@ def read_counts(path: str) -> list[tuple[str, int]]:
     return pairs
 
 
-_SHARD_FIELDS = {"name": str, "sentences": int, "tokens": int, "sha256": str}
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 """A file name inside the shard directory: no folder, no ``..``, no absolute path."""
-MIN_SENTENCE_BYTES = 10
-"""A sentence costs a shard at least this many bytes: a 4-byte length, a 4-byte id per token (at
-least one) and its text with a newline (at least 2 bytes). A manifest that claims more sentences
-than its shard's size allows is refused before anything is planned from it."""
 
 
-def _check_entry(entry: dict, split: str, i: int, where: str) -> None:
-    """A shard entry's values: a plain ``{split}-NNNNNN.tar`` name, a sha256, counts >= 0 (a
-    sentence has at least one token)."""
-    field = f"manifest {where}: shards.{split}[{i}]"
-    if not re.fullmatch(rf"{split}-\d{{6,}}\.tar", entry["name"]):
-        raise FormatError(f"{field}.name {entry['name']!r} is not a {split}-NNNNNN.tar file of the directory")
-    if not SHA256_HEX.fullmatch(entry["sha256"]):
-        raise FormatError(f"{field}.sha256 is not a sha256 (64 hex digits)")
-    if not 0 <= entry["sentences"] <= entry["tokens"]:
-        raise FormatError(f"{field}: sentences and tokens must be 0 <= sentences <= tokens")
-
-
-def validate_manifest(manifest: Any, where: str) -> dict:
-    """Check the fields other stages rely on (see the contract); returns ``manifest``."""
-    if not isinstance(manifest, dict):
-        raise FormatError(f"manifest {where}: expected a JSON object")
-    shards = manifest.get("shards")
-    totals = manifest.get("totals")
-    vocab = manifest.get("vocab")
-    if not isinstance(shards, dict) or not isinstance(totals, dict) or not isinstance(vocab, dict):
-        raise FormatError(f"manifest {where}: needs 'shards', 'totals' and 'vocab' objects")
-    for split in SPLITS:
-        entries = shards.get(split)
-        if not isinstance(entries, list):
-            raise FormatError(f"manifest {where}: shards.{split} must be a list")
-        for i, entry in enumerate(entries):
-            for name, kind in _SHARD_FIELDS.items():
-                if not isinstance(entry, dict) or not isinstance(entry.get(name), kind):
-                    raise FormatError(
-                        f"manifest {where}: shards.{split}[{i}].{name} missing or not {kind.__name__}"
-                    )
-            _check_entry(entry, split, i, where)
-        total = totals.get(split)
-        if not isinstance(total, dict) or not all(
-            type(total.get(k)) is int for k in ("sentences", "tokens", "unk_tokens")
-        ):
-            raise FormatError(
-                f"manifest {where}: totals.{split}.sentences/tokens/unk_tokens missing or not int"
-            )
-        if not 0 <= total["unk_tokens"] <= total["tokens"]:
-            raise FormatError(f"manifest {where}: totals.{split}.unk_tokens must be in [0, tokens]")
-    for name, kind in (("file", str), ("counts_file", str), ("size", int), ("sha256", str)):
-        if not isinstance(vocab.get(name), kind):
-            raise FormatError(f"manifest {where}: vocab.{name} missing or not {kind.__name__}")
-    for name in ("file", "counts_file"):
-        if not PLAIN_NAME.fullmatch(vocab[name]):
-            raise FormatError(
-                f"manifest {where}: vocab.{name} {vocab[name]!r} is not a file of the directory"
-            )
-    if not SHA256_HEX.fullmatch(vocab["sha256"]):
-        raise FormatError(f"manifest {where}: vocab.sha256 is not a sha256 (64 hex digits)")
-    return manifest
-
-
-def check_listed_shards(shard_dir: str, manifest: dict, splits: Sequence[str] = SPLITS) -> None:
-    """Every shard of ``splits`` the manifest lists is in the directory and large enough for the
-    sentences it claims (``MIN_SENTENCE_BYTES``): one listing of the directory (a few requests on
-    S3 however many shards), no shard's bytes read. FormatError naming the first that is not."""
-    prefix = shard_dir.rstrip("/") + "/"
-    sizes = {path[len(prefix) :]: size for path, size in storage.list_sizes(prefix).items()}
-    for split in splits:
-        for entry in manifest["shards"][split]:
-            path = storage.join(shard_dir, entry["name"])
-            if entry["name"] not in sizes:
-                raise FormatError(f"shard {path} is listed in {MANIFEST_FILE} but missing")
-            if entry["sentences"] * MIN_SENTENCE_BYTES > sizes[entry["name"]]:
-                raise FormatError(
-                    f"shard {path}: {MANIFEST_FILE} claims {entry['sentences']:,} sentences, more than its "
-                    f"{sizes[entry['name']]:,} bytes can hold; the manifest is not this directory's"
-                )
-
-
-def parse_manifest(data: bytes, where: str) -> dict:
-    """A manifest from ``manifest.json`` bytes, validated."""
-    try:
-        manifest = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise FormatError(f"manifest {where} is not valid JSON ({err})") from None
-    return validate_manifest(manifest, where)
-
-
-def manifest_path(shard_dir: str) -> str:
-    return storage.join(shard_dir, MANIFEST_FILE)
-
-
-def read_manifest(shard_dir: str) -> dict:
-    """The manifest of a shard directory (local or ``s3://`` prefix), validated.
-
-    Raises FormatError when it is missing (the shard stage writes it last, so a missing manifest
-    means the stage has not finished) or malformed.
-    """
-    path = manifest_path(shard_dir)
-    if not storage.exists(path):
-        raise FormatError(
-            f"no {MANIFEST_FILE} in {shard_dir}: not a shard directory, or the shard stage did not finish"
-        )
-    return parse_manifest(storage.read_bytes(path), path)
-
-
-def shard_urls(shard_dir: str, split: str, manifest: dict | None = None) -> list[str]:
-    """Full paths of the shards of ``split`` listed in the manifest, in order."""
-    _check_split(split)
-    manifest = read_manifest(shard_dir) if manifest is None else manifest
-    return [storage.join(shard_dir, entry["name"]) for entry in manifest["shards"][split]]
-
-
-def vocab_path(shard_dir: str, manifest: dict | None = None) -> str:
-    """Full path of the vocabulary file of a shard directory."""
-    manifest = read_manifest(shard_dir) if manifest is None else manifest
-    return storage.join(shard_dir, manifest["vocab"]["file"])
-
-
-def read_shard_vocab(shard_dir: str, manifest: dict | None = None) -> tuple[bytes, list[str]]:
+def read_shard_vocab(vocab_path: str, sha256: str) -> tuple[bytes, list[str]]:
     """A shard directory's vocabulary: its bytes, checked against the sha256 its manifest records
     (a vocabulary of the same size in another order would train ids against the wrong words), and
     its tokens (checked as :func:`parse_vocab` does)."""
-    manifest = read_manifest(shard_dir) if manifest is None else manifest
-    path = vocab_path(shard_dir, manifest)
-    data = storage.read_bytes(path)
-    if hashlib.sha256(data).hexdigest() != manifest["vocab"]["sha256"]:
+    data = storage.read_bytes(vocab_path)
+    if hashlib.sha256(data).hexdigest() != sha256:
         raise FormatError(
-            f"vocabulary {path} is not the one its manifest.json records (sha256 differs): the shards' "
+            f"vocabulary {vocab_path} is not the one its manifest.json records (sha256 differs): the shards' "
             "ids belong to another vocabulary; restore it, or shard the corpus again"
         )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise FormatError(f"vocabulary {path} is not UTF-8 ({err})") from None
-    return data, parse_vocab(text, path)
-
-
-def unk_rate(total: dict) -> float:
-    """The share of a split's tokens that are ``<UNK>``, from its ``totals`` record (0 when empty)."""
-    return total["unk_tokens"] / max(1, total["tokens"])
-
-
-def unlearnable_unk(manifest: dict) -> str | None:
-    """The warning for shards whose ``<UNK>`` the biLM cannot learn: none of the training tokens is
-    ``<UNK>`` while some held-out ones are, so held-out words outside the vocabulary are scored by a
-    softmax row no training target ever raised (docs/training.md#the-vocabulary). None otherwise."""
-    totals = manifest["totals"]
-    train, heldout = totals["train"], totals["heldout"]
-    if train["unk_tokens"] or not heldout["unk_tokens"]:
-        return None
-    rule = manifest.get("config", {})
-    setting = ", ".join(f"{k}={rule[k]}" for k in ("min_count", "max_size") if k in rule)
-    return (
-        f"warning: the training split has no <UNK> while {heldout['unk_tokens']:,} of {heldout['tokens']:,} "
-        f"held-out tokens ({unk_rate(heldout):.1%}) are <UNK>, so the biLM scores "
-        f"them by a softmax row it never trained ({setting or 'the vocabulary'}); shard with min_count=3 "
-        "(the default) to leave rare words to <UNK>"
-    )
+        raise FormatError(f"vocabulary {vocab_path} is not UTF-8 ({err})") from None
+    return data, parse_vocab(text, vocab_path)
 
 
 KNESER_NEY_MAX_ORDER = 5
 """The highest n-gram order of the shard stage's Kneser-Ney baseline (``pipeline.formats.kneser_ney``)."""
-
-
-def manifest_kneser_ney(manifest: dict, where: str) -> list[dict]:
-    """The Kneser-Ney records of a shard manifest's ``baselines`` (each ``order``, ``perplexity``,
-    ``targets``, ...), checked, in ascending order; empty when its shard stage counted none (turned
-    off, nothing held out, or a manifest from before the baseline). A manifest of format 1 holds one
-    record, later ones a list. ``where``: the manifest, for the error."""
-    baselines = manifest.get("baselines", {})
-    records = baselines.get("kneser_ney") if isinstance(baselines, dict) else "?"
-    if records is None:
-        return []
-    if manifest.get("format_version") == 1:
-        records = [records]
-    if not isinstance(records, list) or not all(_kneser_ney_record_ok(r) for r in records):
-        raise FormatError(
-            f"manifest {where}: baselines.kneser_ney needs, for each model, an order in "
-            f"2..{KNESER_NEY_MAX_ORDER}, a finite perplexity >= 1 and a positive count of targets"
-        )
-    orders = [r["order"] for r in records]
-    if orders != sorted(set(orders)):
-        raise FormatError(
-            f"manifest {where}: baselines.kneser_ney lists orders {orders}, not distinct ascending ones"
-        )
-    return records
 
 
 UNIGRAM_METRIC = "eval/unigram_perplexity"
@@ -554,18 +387,3 @@ def row_baselines(row: dict) -> list[tuple[str, float]]:
         if kneser_ney_metric(order) in row:
             found.append((f"Kneser-Ney {order}-gram", row[kneser_ney_metric(order)]))
     return found
-
-
-def _kneser_ney_record_ok(record: Any) -> bool:
-    if not isinstance(record, dict):
-        return False
-    order, ppl, targets = (record.get(k) for k in ("order", "perplexity", "targets"))
-    return (
-        type(order) is int
-        and 2 <= order <= KNESER_NEY_MAX_ORDER
-        and isinstance(ppl, int | float)
-        and math.isfinite(ppl)
-        and ppl >= 1.0
-        and type(targets) is int
-        and targets > 0
-    )

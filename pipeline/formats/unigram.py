@@ -13,7 +13,7 @@ whatever the counts file lists for the specials is not relied on). Add-one smoot
 in training (possible when the vocabulary came from elsewhere) keep a finite cost.
 
 The shard stage scores each held-out shard as it writes it (:func:`targets_nll`, into the shard's
-manifest record), so the manifest carries the baseline (:func:`manifest_unigram_perplexity`) and
+manifest record), so the manifest carries the baseline (``ShardManifest.unigram_perplexity``) and
 planning a training run reads no shard. A manifest written before that is scored from its held-out
 shards (:func:`heldout_unigram_perplexity`).
 """
@@ -26,7 +26,7 @@ import numpy as np
 
 from pipeline.formats import shard_format
 from pipeline.formats.shard_format import BOS_ID, EOS_ID, UNK_ID
-from pipeline.runtime import storage
+from pipeline.formats.shard_manifest import ShardManifest
 
 N_SPECIALS = len(shard_format.SPECIALS)
 
@@ -104,36 +104,24 @@ def unigram_perplexity(train_counts: np.ndarray, heldout_counts: np.ndarray) -> 
     return float(np.exp(targets_nll(unigram_log_probs(train_counts), heldout_counts) / total))
 
 
-def manifest_unigram_perplexity(manifest: dict) -> float | None:
-    """The held-out baseline from the ``unigram_nll`` of the manifest's held-out shard records
-    (targets: tokens + sentences); None when a record lacks it (a manifest of an older shard stage)."""
-    records = manifest["shards"]["heldout"]
-    if not records or any("unigram_nll" not in r for r in records):
-        return None
-    targets = sum(int(r["tokens"]) + int(r["sentences"]) for r in records)
-    return float(np.exp(sum(float(r["unigram_nll"]) for r in records) / targets))
-
-
-def heldout_unigram_perplexity(shard_dir: str, manifest: dict | None = None) -> float:
+def heldout_unigram_perplexity(manifest: ShardManifest) -> float:
     """The unigram perplexity of a shard directory's held-out split under its training counts:
     from the manifest when its shard stage recorded it, else by reading the held-out shards."""
-    manifest = shard_format.read_manifest(shard_dir) if manifest is None else manifest
-    recorded = manifest_unigram_perplexity(manifest)
+    recorded = manifest.unigram_perplexity
     if recorded is not None:
         return recorded
-    vocab = shard_format.read_vocab(shard_format.vocab_path(shard_dir, manifest))
-    counts_path = storage.join(shard_dir, manifest["vocab"]["counts_file"])
-    pairs = shard_format.read_counts(counts_path)
+    vocab = shard_format.read_vocab(manifest.vocab_path)
+    pairs = shard_format.read_counts(manifest.counts_path)
     if [token for token, _ in pairs] != vocab:
         raise shard_format.FormatError(
-            f"vocabulary counts {counts_path}: tokens differ from {manifest['vocab']['file']}"
+            f"vocabulary counts {manifest.counts_path}: tokens differ from {manifest.vocab.file}"
         )
-    train = manifest["totals"]["train"]
+    train = manifest.totals["train"]
     train_counts = training_target_counts(
-        np.array([count for _, count in pairs], dtype=np.int64), train["sentences"], train["tokens"]
+        np.array([count for _, count in pairs], dtype=np.int64), train.sentences, train.tokens
     )
-    urls = shard_format.shard_urls(shard_dir, "heldout", manifest)
+    urls = manifest.urls("heldout")
     if not urls:
-        raise ValueError(f"shard directory {shard_dir}: the manifest lists no heldout shards")
+        raise ValueError(f"shard directory {manifest.folder}: the manifest lists no heldout shards")
     blocks = ((block.ids, len(block.lengths)) for url in urls for block in shard_format.read_shard(url))
     return unigram_perplexity(train_counts, heldout_target_counts(blocks, len(vocab)))

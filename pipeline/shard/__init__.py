@@ -4,7 +4,7 @@
         tokenizer=moses heldout_fraction=0.01 shard_tokens=1000000
 
 Output (the layout is docs/architecture.md, "Shard output format";
-:mod:`pipeline.formats.shard_format` reads it): ``vocab.txt``, ``vocab_counts.tsv``,
+:mod:`pipeline.formats.shard_format` and :mod:`pipeline.formats.shard_manifest` read it): ``vocab.txt``, ``vocab_counts.tsv``,
 ``train-NNNNNN.tar``, ``heldout-NNNNNN.tar``, ``manifest.json`` (written last: the output is
 complete when it exists; it holds the line accounting, the removed duplicates and the held-out
 baselines: unigram and Kneser-Ney), ``shard_plan.json`` (the counting pass's record, used by

@@ -61,6 +61,7 @@ from pipeline.formats.shard_format import (
     VOCAB_FILE,
     shard_name,
 )
+from pipeline.formats.shard_manifest import ShardManifest
 from pipeline.formats.unigram import training_target_counts, unigram_log_probs
 from pipeline.output_folder import Lease, taken_back_on_failure
 from pipeline.runtime import storage
@@ -131,7 +132,6 @@ def _settings(config: ShardConfig, main_sources: int) -> LineSettings:
         tokenizer=config.tokenizer.value,
         moses_lang=config.moses_lang,
         lowercase=config.lowercase,
-        max_line_bytes=config.max_line_bytes,
         heldout_fraction=config.heldout_fraction,
         main_sources=main_sources,
         dedup=config.dedup,
@@ -248,7 +248,7 @@ def _shard_keys(layouts: dict[str, SplitLayout], chunk_index: int) -> list[tuple
 
 
 def _reusable_shards(
-    run: _ShardRun, layouts, manifest, out: ShardOutput
+    run: _ShardRun, layouts, manifest: ShardManifest | None, out: ShardOutput
 ) -> dict[tuple[str, int], ShardRecord]:
     """Shards an interrupted run with this identity already wrote (read back and described).
 
@@ -257,9 +257,7 @@ def _reusable_shards(
     atomically) is that shard; where an old manifest recorded its sha256, it must also match."""
     present = set(storage.list_prefix(output_prefix(run.output)))
     old = {
-        (split, s["name"]): s["sha256"]
-        for split in SPLITS
-        for s in (manifest or {}).get("shards", {}).get(split, [])
+        (split, e.name): e.sha256 for split in SPLITS for e in (manifest.shards[split] if manifest else ())
     }
     found: dict[tuple[str, int], ShardRecord] = {}
 
@@ -340,7 +338,7 @@ def _cluster_workers(requested: int) -> int:
 class ShardDetails:
     """What a shard run did beyond the counts every stage gives."""
 
-    manifest: dict
+    manifest: ShardManifest
     """The output's manifest (also of a no-op rerun, which processed 0 tokens)."""
     reused: int = 0
     """Shards an earlier run of the same output wrote."""
@@ -377,7 +375,7 @@ def _run_shard(config: ShardConfig, session: RaySession) -> StageResult[ShardDet
     lease = Lease(output, ShardError, "output")
     lease.check()  # a run still writing this folder: refused, whatever its files say so far
     manifest, _ = inspect_output(output, identity)
-    if manifest is not None and is_complete(output, manifest):
+    if manifest is not None and is_complete(manifest):
         return StageResult("shard", output, time.perf_counter() - started, 0, ShardDetails(manifest))
     _check_writable(output)
     # one run writes a folder at a time; what it finds is looked at again once it holds the lease
@@ -404,16 +402,17 @@ def _run_shard(config: ShardConfig, session: RaySession) -> StageResult[ShardDet
         records = {**done, **written}
         shards = {split: [records[(split, s)] for s in range(layouts[split].num_shards)] for split in SPLITS}
         baselines, baseline_seconds = _baselines(run, shards, counted.vocab)
-        manifest = build_manifest(
+        record = build_manifest(
             identity, paths, len(inputs), counted.chunks, counted.vocab, counted.distinct, shards, baselines
         )
+        manifest = ShardManifest.of(record, output)
         total_tokens = sum(layouts[s].total_tokens for s in SPLITS)
-        if sum(manifest["totals"][s]["tokens"] for s in SPLITS) != total_tokens:
+        if sum(manifest.totals[s].tokens for s in SPLITS) != total_tokens:
             raise ShardError(
                 f"shards in {output} do not add up to the counted tokens; delete the output and rerun"
             )
         lease.verify()  # still this run's folder (not taken over while it was stopped): then commit
-        storage.write_bytes(storage.join(output, MANIFEST_FILE), encode_json(manifest))
+        storage.write_bytes(storage.join(output, MANIFEST_FILE), encode_json(record))
         seconds = time.perf_counter() - started
         details = ShardDetails(manifest, len(done), baseline_seconds, counted.dedup_seconds)
         return StageResult("shard", output, seconds, total_tokens, details)

@@ -21,7 +21,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.formats.shard_format import COUNTS_FILE, MANIFEST_FILE, SPLITS, VOCAB_FILE, unk_rate
+from pipeline.formats.shard_format import COUNTS_FILE, MANIFEST_FILE, SPLITS, VOCAB_FILE
+from pipeline.formats.shard_manifest import SplitTotals
 from pipeline.output_folder import LEASE_FILE, OwnFiles
 from pipeline.shard.baseline import ARPA_FILE
 from pipeline.shard.config import RUNTIME_KEYS, record_defaults
@@ -154,7 +155,8 @@ def build_manifest(
     shards: Mapping[str, Sequence[ShardRecord]],
     baselines: Mapping[str, Any],
 ) -> dict:
-    """The manifest of a finished run (see docs/architecture.md for the fields other stages use).
+    """The manifest of a finished run, as written (see docs/architecture.md for the fields other
+    stages use; they read it as a ``pipeline.formats.shard_manifest.ShardManifest``).
     ``baselines``: the held-out baselines beyond the shard records' unigram (pipeline.formats.kneser_ney).
 
     ``lines.read == lines.sentences.train + lines.sentences.heldout + sum(lines.skipped)
@@ -174,7 +176,10 @@ def build_manifest(
             "unk_tokens": sum(r.unk_tokens for r in records),
             "bytes": sum(r.bytes for r in records),
         }
-        totals[split]["unk_rate"] = unk_rate(totals[split])
+        split_total = totals[split]
+        split_total["unk_rate"] = SplitTotals(
+            split_total["sentences"], split_total["tokens"], split_total["unk_tokens"], len(records)
+        ).unk_rate
     lines = _line_record(total)
     lines["read"] = lines.pop("lines")
     lines["longest_sentence_tokens"] = total.max_sentence_tokens

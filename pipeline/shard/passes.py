@@ -41,14 +41,14 @@ class LineSettings:
     tokenizer: str
     moses_lang: str
     lowercase: bool
-    max_line_bytes: int
     heldout_fraction: float
     main_sources: int
     """Inputs ``0 .. main_sources-1`` are split by hash; later ones are explicit held-out inputs."""
     dedup: bool = False
     """Remove later copies of a sentence (:mod:`pipeline.shard.duplicates`)."""
     reading: Reading = Reading()
-    """How a chunk's records become lines (its fields, whether documents are split into sentences)."""
+    """How a chunk's records become lines (its fields, whether documents are split into sentences)
+    and the longest line kept (``max_line_bytes``: the reader's limit is the tokenizer's)."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def chunk_sentences(chunk: Chunk, settings: LineSettings, keep_hashes: bool = Fa
         sentences = tokenize_lines(
             text.data,
             tokenize,
-            settings.max_line_bytes,
+            settings.reading.max_line_bytes,
             heldout_threshold(settings.heldout_fraction),
             all_heldout=chunk.source >= settings.main_sources,
             dropped_overlong=chunk.overlong + text.overlong,

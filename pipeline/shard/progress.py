@@ -7,8 +7,7 @@ import time
 
 from tqdm import tqdm
 
-from pipeline.formats.shard_format import MANIFEST_FILE, manifest_kneser_ney, unk_rate, unlearnable_unk
-from pipeline.formats.unigram import manifest_unigram_perplexity
+from pipeline.formats.shard_manifest import LineCounts, ShardManifest
 
 
 class Progress:
@@ -75,88 +74,88 @@ def format_rate(count: float, seconds: float) -> str:
 
 
 def summary(
-    manifest: dict,
+    manifest: ShardManifest,
     seconds: float,
-    output: str,
     reused: int = 0,
     baseline_seconds: float = 0.0,
     dedup_seconds: float | None = None,
 ) -> str:
     """A few lines describing a finished run, for stdout (``baseline_seconds``: the Kneser-Ney
     pass's share of ``seconds``; ``dedup_seconds``: the deduplicating pass's, None where it did not
-    run: a rerun from the plan)."""
-    lines = manifest["lines"]
-    totals = manifest["totals"]
-    tokens = totals["train"]["tokens"] + totals["heldout"]["tokens"]
-    skipped = ", ".join(f"{n} {why}" for why, n in sorted(lines["skipped"].items()))
-    parts = [f"shard: wrote {output} in {seconds:.1f}s ({format_rate(tokens, seconds)} tokens/s)"]
-    if "documents" in lines:
-        parts.append(_documents_line(manifest))
+    run: a rerun from the plan). ``manifest``: the one the run just wrote (its line record)."""
+    lines, totals = manifest.lines, manifest.totals
+    if lines is None:
+        raise ValueError("summary: the manifest has no line record (not one this shard stage wrote)")
+    tokens = totals["train"].tokens + totals["heldout"].tokens
+    skipped = ", ".join(f"{n} {why}" for why, n in sorted(lines.skipped.items()))
+    parts = [f"shard: wrote {manifest.folder} in {seconds:.1f}s ({format_rate(tokens, seconds)} tokens/s)"]
+    if lines.documents is not None:
+        parts.append(_documents_line(manifest, lines))
     parts += [
-        f"  {'sentences split' if 'documents' in lines else 'lines read'} {lines['read']}: skipped {skipped}; {lines['invalid_utf8_replaced']} with invalid UTF-8 replaced, "
-        f"{lines['control_chars_replaced']} with control characters replaced",
+        f"  {'sentences split' if lines.documents is not None else 'lines read'} {lines.read}: skipped {skipped}; {lines.invalid_utf8_replaced} with invalid UTF-8 replaced, "
+        f"{lines.control_chars_replaced} with control characters replaced",
     ]
-    parts.append(_duplicates_line(manifest, dedup_seconds))
+    parts.append(_duplicates_line(manifest, lines, dedup_seconds))
     for split in ("train", "heldout"):
         t = totals[split]
         parts.append(
-            f"  {split}: {t['sentences']} sentences, {t['tokens']} tokens ({t['unk_tokens']} <UNK>: "
-            f"{unk_rate(t):.2%}), {t['shards']} shards"
+            f"  {split}: {t.sentences} sentences, {t.tokens} tokens ({t.unk_tokens} <UNK>: "
+            f"{t.unk_rate:.2%}), {t.shards} shards"
         )
     parts.append(
-        f"  vocabulary: {manifest['vocab']['size']} entries ({manifest['vocab']['distinct_train_tokens']} distinct training tokens)"
+        f"  vocabulary: {manifest.vocab.size} entries ({manifest.vocab.distinct_train_tokens} distinct training tokens)"
     )
     parts.append(_baseline_line(manifest, baseline_seconds))
     if reused:
         parts.append(f"  reused {reused} shards already written by an earlier run")
-    warning = unlearnable_unk(manifest)
+    warning = manifest.unlearnable_unk()
     if warning:
         parts.append(warning)
     return "\n".join(parts)
 
 
-def _documents_line(manifest: dict) -> str:
+def _documents_line(manifest: ShardManifest, lines: LineCounts) -> str:
     """The documents a record corpus held and those skipped (in which input first)."""
-    lines = manifest["lines"]
-    split = manifest["config"].get("split_sentences")
-    how = "split into sentences" if split is not False else "a line each (split_sentences=false)"
-    line = f"  documents read {lines['documents']}, {how}"
-    if lines["records_skipped"]:
-        field = manifest["config"].get("text_field", "text")
-        first = next(i for i in manifest["inputs_detail"] if i.get("records_skipped"))
+    how = (
+        "split into sentences"
+        if manifest.settings.split_sentences is not False
+        else "a line each (split_sentences=false)"
+    )
+    line = f"  documents read {lines.documents}, {how}"
+    if lines.records_skipped:
+        path, number = lines.first_skipped or ("?", "?")
         line += (
-            f"; warning: {lines['records_skipped']} records skipped (no string field {field!r}, "
-            f"or not a JSON object), the first {first['path']} record {first['first_skipped_record']}"
+            f"; warning: {lines.records_skipped} records skipped (no string field {manifest.settings.text_field!r}, "
+            f"or not a JSON object), the first {path} record {number}"
         )
     return line
 
 
-def _duplicates_line(manifest: dict, seconds: float | None) -> str:
-    if not manifest["config"].get("dedup"):
+def _duplicates_line(manifest: ShardManifest, lines: LineCounts, seconds: float | None) -> str:
+    if not manifest.settings.dedup:
         return "  duplicates: kept (dedup=false)"
-    removed = manifest["lines"]["duplicates"]
     said = ", ".join(
-        f"{split} {removed[split]['sentences']} sentences ({removed[split]['tokens']} tokens)"
+        f"{split} {lines.duplicates[split][0]} sentences ({lines.duplicates[split][1]} tokens)"
         for split in ("train", "heldout")
     )
     return f"  duplicates removed: {said}" + ("" if seconds is None else f" (its pass {seconds:.1f}s)")
 
 
-def _baseline_line(manifest: dict, seconds: float) -> str:
-    unigram = manifest_unigram_perplexity(manifest)
+def _baseline_line(manifest: ShardManifest, seconds: float) -> str:
+    unigram = manifest.unigram_perplexity
     if unigram is None:
-        arpa = manifest["config"].get("kneser_ney_arpa")  # asked for, but no model was counted
+        arpa = manifest.settings.kneser_ney_arpa  # asked for, but no model was counted
         return "  held-out baselines: none (nothing held out)" + (
             "; no ARPA file either: the Kneser-Ney model is counted only beside a held-out split"
             if arpa
             else ""
         )
     line = f"  held-out baselines: unigram perplexity {unigram:,.1f}"
-    models = manifest_kneser_ney(manifest, MANIFEST_FILE)
+    models = manifest.kneser_ney
     if models:
-        line += ", Kneser-Ney " + ", ".join(f"{kn['order']}-gram {kn['perplexity']:,.1f}" for kn in models)
+        line += ", Kneser-Ney " + ", ".join(f"{kn.order}-gram {kn.perplexity:,.1f}" for kn in models)
         line += f" ({'its pass' if len(models) == 1 else 'their passes'} {seconds:.1f}s)"
-        arpa = next((kn["arpa"] for kn in models if "arpa" in kn), None)
+        arpa = next((kn.arpa for kn in models if kn.arpa is not None), None)
         if arpa is not None:
-            line += f"; the {models[-1]['order']}-gram model as ARPA: {arpa['file']} ({arpa['bytes'] / 1e6:,.1f} MB)"
+            line += f"; the {models[-1].order}-gram model as ARPA: {arpa.file} ({arpa.bytes / 1e6:,.1f} MB)"
     return line

@@ -19,13 +19,12 @@ from typing import Any
 from pipeline.formats.shard_format import (
     COUNTS_FILE,
     MANIFEST_FILE,
-    SPLITS,
     VOCAB_FILE,
     FormatError,
-    parse_manifest,
     read_counts,
     read_vocab,
 )
+from pipeline.formats.shard_manifest import ShardManifest, parse_manifest
 from pipeline.output_folder import check_owned
 from pipeline.runtime import storage
 from pipeline.shard.errors import ShardError
@@ -39,7 +38,7 @@ def output_prefix(output: str) -> str:
     return output.rstrip("/") + "/"
 
 
-def inspect_output(output: str, identity: dict) -> tuple[dict | None, dict | None]:
+def inspect_output(output: str, identity: dict) -> tuple[ShardManifest | None, dict | None]:
     """``(manifest, plan)`` already in ``output`` for this run; ShardError when the output is not
     this stage's (``OWN_FILES``) or holds another run's shards."""
     if not check_owned(output, OWN_FILES, ShardError):
@@ -55,8 +54,9 @@ def inspect_output(output: str, identity: dict) -> tuple[dict | None, dict | Non
     manifest_path, plan_path = storage.join(output, MANIFEST_FILE), storage.join(output, PLAN_FILE)
     manifest = plan = None
     if storage.exists(manifest_path):
-        manifest = parse_manifest(storage.read_bytes(manifest_path), manifest_path)
-        check_identity(identity_of(manifest), identity, manifest_path)
+        data = storage.read_bytes(manifest_path)
+        manifest = parse_manifest(data, output)
+        check_identity(identity_of(json.loads(data)), identity, manifest_path)
     if storage.exists(plan_path):
         try:
             plan = json.loads(storage.read_bytes(plan_path).decode("utf-8"))
@@ -104,10 +104,10 @@ def check_identity(found: dict, wanted: dict, path: str) -> None:
     )
 
 
-def is_complete(output: str, manifest: dict) -> bool:
-    present = set(storage.list_prefix(output_prefix(output)))
-    names = [VOCAB_FILE, COUNTS_FILE] + [s["name"] for split in SPLITS for s in manifest["shards"][split]]
-    return all(storage.join(output, n) in present for n in names)
+def is_complete(manifest: ShardManifest) -> bool:
+    """Every file the manifest lists is in its directory."""
+    present = set(storage.list_prefix(output_prefix(manifest.folder)))
+    return all(storage.join(manifest.folder, n) in present for n in manifest.files())
 
 
 def read_vocabulary(output: str, expected_sha: str) -> Vocabulary | None:

@@ -5,8 +5,8 @@ the pipeline's wandb group, the output its ``dataset`` artifact) and its closing
 from __future__ import annotations
 
 from pipeline.config import to_dict
-from pipeline.formats.shard_format import MANIFEST_FILE, SPLITS, manifest_kneser_ney
-from pipeline.formats.unigram import manifest_unigram_perplexity
+from pipeline.formats.shard_format import MANIFEST_FILE, SPLITS
+from pipeline.formats.shard_manifest import ShardManifest
 from pipeline.runtime import storage
 from pipeline.runtime.ray_runtime import RaySession
 from pipeline.shard import progress
@@ -36,7 +36,7 @@ class ShardStage(Stage[ShardConfig, ShardDetails]):
             "shard",
             to_dict(cfg),
             shard_summary(manifest, result),
-            produces=dataset_artifact(cfg.output, manifest),
+            produces=dataset_artifact(manifest),
         )
 
     def summary(self, cfg: ShardConfig, result: StageResult[ShardDetails]) -> str:
@@ -46,7 +46,6 @@ class ShardStage(Stage[ShardConfig, ShardDetails]):
         return progress.summary(
             details.manifest,
             result.seconds,
-            result.output,
             reused=details.reused,
             baseline_seconds=details.baseline_seconds,
             dedup_seconds=details.dedup_seconds,
@@ -56,28 +55,33 @@ class ShardStage(Stage[ShardConfig, ShardDetails]):
 SHARD = ShardStage()
 
 
-def shard_summary(manifest: dict, result: StageResult[ShardDetails]) -> dict[str, float | int]:
+def shard_summary(manifest: ShardManifest, result: StageResult[ShardDetails]) -> dict[str, float | int]:
     """The run's summary: per split its sentences, tokens and shards, and the duplicates removed;
     the vocabulary; the held-out baselines (``baselines/*``, a Kneser-Ney model per order); this
     run's seconds and tokens/s."""
     summary: dict[str, float | int] = {
-        "vocab/size": manifest["vocab"]["size"],
-        "vocab/distinct_train_tokens": manifest["vocab"]["distinct_train_tokens"],
-        "lines/read": manifest["lines"]["read"],
+        "vocab/size": manifest.vocab.size,
         "seconds": result.seconds,
         "tokens_per_s": result.tokens_per_second,
     }
+    if manifest.vocab.distinct_train_tokens is not None:
+        summary["vocab/distinct_train_tokens"] = manifest.vocab.distinct_train_tokens
+    if manifest.lines is not None:
+        summary["lines/read"] = manifest.lines.read
     for split in SPLITS:
-        totals = manifest["totals"][split]
-        for key in ("sentences", "tokens", "unk_tokens", "unk_rate", "shards"):
-            summary[f"{split}/{key}"] = totals[key]
-        removed = manifest["lines"].get("duplicates", {}).get(split)
+        totals = manifest.totals[split]
+        summary |= {
+            f"{split}/sentences": totals.sentences,
+            f"{split}/tokens": totals.tokens,
+            f"{split}/unk_tokens": totals.unk_tokens,
+            f"{split}/unk_rate": totals.unk_rate,
+            f"{split}/shards": totals.shards,
+        }
+        removed = manifest.lines.duplicates.get(split) if manifest.lines is not None else None
         if removed is not None:
-            summary[f"{split}/duplicate_sentences"] = removed["sentences"]
-            summary[f"{split}/duplicate_tokens"] = removed["tokens"]
-    unigram = manifest_unigram_perplexity(manifest)
-    if unigram is not None:
-        summary["baselines/unigram_perplexity"] = unigram
-    for kneser_ney in manifest_kneser_ney(manifest, MANIFEST_FILE):
-        summary[f"baselines/kneser_ney_{kneser_ney['order']}gram_perplexity"] = kneser_ney["perplexity"]
+            summary[f"{split}/duplicate_sentences"], summary[f"{split}/duplicate_tokens"] = removed
+    if manifest.unigram_perplexity is not None:
+        summary["baselines/unigram_perplexity"] = manifest.unigram_perplexity
+    for kneser_ney in manifest.kneser_ney:
+        summary[f"baselines/kneser_ney_{kneser_ney.order}gram_perplexity"] = kneser_ney.perplexity
     return summary

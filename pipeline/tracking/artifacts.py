@@ -21,10 +21,11 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline.formats.shard_format import MANIFEST_FILE, SPLITS, VOCAB_FILE
+from pipeline.formats.shard_format import SPLITS
+from pipeline.formats.shard_manifest import ShardManifest
 from pipeline.runtime import storage
 
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9._-]+")
@@ -67,16 +68,20 @@ def artifact_name(folder: str) -> str:
     return _NOT_IN_NAME.sub("_", "-".join(parts)) or "output"
 
 
-def dataset_artifact(folder: str, manifest: dict) -> OutputArtifact:
-    """The shard stage's output: its manifest and vocabulary checked, its shards listed."""
-    shards = tuple(storage.join(folder, r["name"]) for split in SPLITS for r in manifest["shards"][split])
-    totals = manifest["totals"]
+def dataset_artifact(manifest: ShardManifest) -> OutputArtifact:
+    """The shard stage's output: its manifest and vocabulary checked, its shards listed; each
+    split's totals and the vocabulary's size as metadata."""
+    totals = {
+        split: {k: v for k, v in asdict(manifest.totals[split]).items() if v is not None}
+        | {"unk_rate": manifest.totals[split].unk_rate}
+        for split in SPLITS
+    }
     return OutputArtifact(
-        artifact_name(folder),
+        artifact_name(manifest.folder),
         "dataset",
-        checked=(storage.join(folder, MANIFEST_FILE), storage.join(folder, VOCAB_FILE)),
-        listed=shards,
-        metadata={split: dict(totals[split]) for split in SPLITS} | {"vocab_size": manifest["vocab"]["size"]},
+        checked=(manifest.path, manifest.vocab_path),
+        listed=tuple(url for split in SPLITS for url in manifest.urls(split)),
+        metadata=totals | {"vocab_size": manifest.vocab.size},
     )
 
 

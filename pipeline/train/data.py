@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.formats import shard_format
+from pipeline.formats.shard_manifest import ShardManifest, read_manifest
 from pipeline.runtime.background import HelperProcess
 from pipeline.train.char_cache import CharCache
 from pipeline.train.sentence_source import ReadAhead, SentenceSource
@@ -287,9 +287,10 @@ class LMBatchStream:
         self._finished = False
 
 
-def load_char_cache(shard_dir: str, manifest: dict | None = None) -> CharCache:
+def load_char_cache(shard_dir: str, manifest: ShardManifest | None = None) -> CharCache:
     """The :class:`CharCache` of a shard directory's ``vocab.txt`` (checked by the shard format)."""
-    return CharCache(shard_format.read_shard_vocab(shard_dir, manifest)[1])
+    manifest = read_manifest(shard_dir) if manifest is None else manifest
+    return CharCache(manifest.read_vocab()[1])
 
 
 def open_lm_batches(
@@ -299,21 +300,21 @@ def open_lm_batches(
     batch_size: int,
     unroll_steps: int,
     *,
-    manifest: dict | None = None,
+    manifest: ShardManifest | None = None,
     **stream: Any,
 ) -> LMBatchStream:
     """An :class:`LMBatchStream` over ``split`` (``train`` / ``heldout``) of a shard directory,
     checking each shard against the manifest's sentence and token counts as it is read.
     ``stream``: the stream's own keywords (``rank``, ``world_size``, ``seed``, ``test``,
     ``prefetch``), as :class:`LMBatchStream` takes them."""
-    manifest = shard_format.read_manifest(shard_dir) if manifest is None else manifest
-    urls = shard_format.shard_urls(shard_dir, split, manifest)
+    manifest = read_manifest(shard_dir) if manifest is None else manifest
+    urls = manifest.urls(split)
     if not urls:
         raise ValueError(f"shard directory {shard_dir}: the manifest lists no {split} shards")
-    if manifest["vocab"]["size"] != cache.vocab_size:
+    if manifest.vocab.size != cache.vocab_size:
         raise ValueError(
-            f"shard directory {shard_dir}: manifest vocab.size {manifest['vocab']['size']} but the "
+            f"shard directory {shard_dir}: manifest vocab.size {manifest.vocab.size} but the "
             f"vocabulary has {cache.vocab_size} tokens"
         )
-    sizes = [(entry["sentences"], entry["tokens"], entry["sha256"]) for entry in manifest["shards"][split]]
+    sizes = [(entry.sentences, entry.tokens, entry.sha256) for entry in manifest.shards[split]]
     return LMBatchStream(urls, cache, batch_size, unroll_steps, sizes=sizes, **stream)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from elmo_model import TrainingLM
+from pipeline.formats.shard_manifest import ShardManifest
 from pipeline.train.data import LMBatch
 from pipeline.train.distributed import all_reduce_sum
 from pipeline.train.errors import TrainError
@@ -159,15 +160,14 @@ def eval_batches(cfg: Any, final: bool) -> int:
     return min((n for n in limits if n > 0), default=0)
 
 
-def final_eval_batches(cfg: Any, manifest: dict, world: int) -> int:
+def final_eval_batches(cfg: Any, manifest: ShardManifest, world: int) -> int:
     """Held-out batches each of ``world`` ranks scores in the end-of-run evaluation: its share of
     ``eval_max_batches``, or of the whole split (a batch scores one target a row: every held-out
     token and each sentence's boundary)."""
     limit = eval_batches(cfg, final=True)
     if limit:
         return -(-limit // world)
-    heldout = manifest["totals"]["heldout"]
-    targets = int(heldout["tokens"]) + int(heldout["sentences"])
+    targets = manifest.totals["heldout"].targets
     return -(-targets // (cfg.eval_batch_size * EVAL_UNROLL_STEPS * world))
 
 

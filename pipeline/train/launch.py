@@ -24,6 +24,7 @@ from elmo_model import BiLMOptions, OptionsError
 from pipeline.config import UseGPU
 from pipeline.formats import shard_format
 from pipeline.formats.shard_format import UNIGRAM_METRIC, kneser_ney_metric
+from pipeline.formats.shard_manifest import ShardManifest, read_manifest
 from pipeline.formats.unigram import heldout_unigram_perplexity
 from pipeline.model_config import to_options
 from pipeline.model_loader import check_files, read_options
@@ -46,26 +47,26 @@ from pipeline.train.run_claim import claim_run_dir, data_identity, run_lease
 from pipeline.train.run_dir import OWN_FILES, RunDir
 
 
-def _check_shards(shards: str, manifest: dict) -> None:
+def _check_shards(shards: str, manifest: ShardManifest) -> None:
     """Every split has data and every listed shard exists: one listing of the shard directory (a few
     requests on S3 however many shards). The shards' bytes are not read here: each worker checks a
     shard's sha256 as it streams it (``shard_reading.read_shard_sentences``), so a launch or resume
     costs the same at 10M tokens as at a billion."""
     for split in shard_format.SPLITS:
-        if not manifest["shards"][split] or manifest["totals"][split]["tokens"] <= 0:
+        if not manifest.shards[split] or manifest.totals[split].tokens <= 0:
             raise TrainError(
                 f"shard directory {shards}: the manifest lists no {split} data; {_no_split_advice(split, manifest)}"
             )
-    shard_format.check_listed_shards(shards, manifest)
+    manifest.check_listed_shards()
 
 
-def _no_split_advice(split: str, manifest: dict) -> str:
+def _no_split_advice(split: str, manifest: ShardManifest) -> str:
     """What makes a split that a shard output lacks: a rerun into the same output would give the
     same shards, so the advice names the settings that change them."""
-    config = manifest.get("config") or {}
     if split == "heldout":
+        fraction = manifest.settings.heldout_fraction
         return (
-            f"it was sharded with heldout_fraction={config.get('heldout_fraction', '?')} and no "
+            f"it was sharded with heldout_fraction={'?' if fraction is None else fraction} and no "
             "heldout_input; shard the corpus into a new output with heldout_fraction=0.01 or a heldout_input"
         )
     return "the shard stage kept no training sentence from its input; check its inputs and their line accounting in manifest.json"
@@ -125,22 +126,22 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
         storage.configure(endpoint_url=cfg.storage_endpoint)
     shards = storage.absolute(cfg.shards.rstrip("/"))
     run_dir = storage.absolute(cfg.output.rstrip("/"))
-    manifest = shard_format.read_manifest(shards)
-    _, vocab = shard_format.read_shard_vocab(shards, manifest)
-    if len(vocab) != manifest["vocab"]["size"]:
+    manifest = read_manifest(shards)
+    _, vocab = manifest.read_vocab()
+    if len(vocab) != manifest.vocab.size:
         raise TrainError(
-            f"shard directory {shards}: vocab.txt has {len(vocab)} tokens, the manifest says {manifest['vocab']['size']}"
+            f"shard directory {shards}: vocab.txt has {len(vocab)} tokens, the manifest says {manifest.vocab.size}"
         )
     _check_shards(shards, manifest)
-    baselines = _baselines(shards, manifest)
+    baselines = _baselines(manifest)
     workers, batch, unroll = cfg.workers, cfg.batch_size, cfg.unroll_steps
     ceiling, per_epoch = run_length.ceiling_steps(cfg, manifest)
     if ceiling <= 0:
         raise TrainError(
-            f"{manifest['totals']['train']['tokens']} training tokens are less than one global batch "
+            f"{manifest.totals['train'].tokens} training tokens are less than one global batch "
             f"(batch_size {batch} x unroll_steps {unroll} x workers {workers}); set max_steps or shrink the batch"
         )
-    check_heldout_split([e["sentences"] for e in manifest["shards"]["heldout"]], cfg.eval_batch_size, workers)
+    check_heldout_split([e.sentences for e in manifest.shards["heldout"]], cfg.eval_batch_size, workers)
     if cfg.softmax.sampled and not 0 < cfg.softmax.negatives < len(vocab):
         raise TrainError(
             f"softmax.negatives ({cfg.softmax.negatives}) must be in [1, vocabulary size {len(vocab)}); "
@@ -152,7 +153,7 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
     if not run_name_ok(name):
         raise TrainError(f"run name {name!r} (the output folder's name) is not {NAME_RULE}: set name=...")
     run_lease(run_dir).check()  # another live run in this directory: refused before anything is written
-    wandb_id = claim_run_dir(run_dir, name, data_identity(shards, manifest))
+    wandb_id = claim_run_dir(run_dir, name, data_identity(manifest))
     return RunPlan(
         run_dir=run_dir,
         name=name,
@@ -170,19 +171,19 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
     )
 
 
-def _baselines(shards: str, manifest: dict) -> dict:
+def _baselines(manifest: ShardManifest) -> dict:
     """RunPlan.baselines: the unigram's, the shard stage's Kneser-Ney models where it counted them,
     and each split's ``<UNK>`` rate. Shards whose ``<UNK>`` cannot be learned get a one-line
     warning, not a refusal: their held-out perplexity is still measured, only pessimistic by the
     untrained row (docs/training.md#the-vocabulary)."""
-    baselines = {UNIGRAM_METRIC: float(heldout_unigram_perplexity(shards, manifest))}
-    for kneser_ney in shard_format.manifest_kneser_ney(manifest, shard_format.manifest_path(shards)):
-        baselines[kneser_ney_metric(kneser_ney["order"])] = float(kneser_ney["perplexity"])
+    baselines = {UNIGRAM_METRIC: float(heldout_unigram_perplexity(manifest))}
+    for kneser_ney in manifest.kneser_ney:
+        baselines[kneser_ney_metric(kneser_ney.order)] = kneser_ney.perplexity
     for split in shard_format.SPLITS:
-        baselines[f"eval/{split}_unk_rate"] = shard_format.unk_rate(manifest["totals"][split])
-    warning = shard_format.unlearnable_unk(manifest)
+        baselines[f"eval/{split}_unk_rate"] = manifest.totals[split].unk_rate
+    warning = manifest.unlearnable_unk()
     if warning:
-        print(f"{warning.replace('warning: ', f'warning: shards {shards}: ', 1)}", file=sys.stderr)
+        print(f"{warning.replace('warning: ', f'warning: shards {manifest.folder}: ', 1)}", file=sys.stderr)
     return baselines
 
 

@@ -215,7 +215,7 @@ class RunLog:
             else None
         )
         if self.wandb is not None:  # the lineage: what the run reads
-            self.wandb.use(dataset_artifact(plan.shards, plan.manifest))
+            self.wandb.use(dataset_artifact(plan.manifest))
             if plan.init_from:
                 self.wandb.use(model_artifact(*export_files(plan.init_from)))
         self.tokens_per_step = cfg.tokens_per_step(world)

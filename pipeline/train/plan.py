@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.formats.shard_manifest import ShardManifest
+
 
 @dataclass(frozen=True)
 class RunPlan:
@@ -20,7 +22,7 @@ class RunPlan:
     run_dir: str
     name: str
     shards: str
-    manifest: dict
+    manifest: ShardManifest
     vocab_size: int
     ceiling_steps: int
     steps_per_epoch: int

@@ -4,9 +4,9 @@ trains (``pipeline/output_folder.py``)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 
+from pipeline.formats.shard_manifest import ShardManifest
 from pipeline.output_folder import Lease, check_owned, read_marker
 from pipeline.runtime import storage
 from pipeline.tracking.offline_files import new_wandb_id
@@ -15,16 +15,15 @@ from pipeline.train.errors import TrainError
 from pipeline.train.run_dir import OWN_FILES, RunDir
 
 
-def data_identity(shards: str, manifest: dict) -> dict:
+def data_identity(manifest: ShardManifest) -> dict:
     """What a run trains on, as recorded in its ``run.json``: the vocabulary's sha256 and one sha256
     over the manifest's shard lists (names, counts and each shard's sha256), so the same shards
     copied elsewhere are the same data and a re-shard with another vocabulary or corpus is not."""
-    listed = json.dumps(manifest["shards"], sort_keys=True, separators=(",", ":")).encode()
     return {
-        "vocab_sha256": manifest["vocab"]["sha256"],
-        "shards_sha256": hashlib.sha256(listed).hexdigest(),
-        "vocab_size": manifest["vocab"]["size"],
-        "shards": shards,
+        "vocab_sha256": manifest.vocab.sha256,
+        "shards_sha256": manifest.listing_sha256,
+        "vocab_size": manifest.vocab.size,
+        "shards": manifest.folder,
     }
 
 

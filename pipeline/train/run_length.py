@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from pipeline.formats.shard_manifest import ShardManifest
 from pipeline.train.config import TrainConfig, budget_seconds
 from pipeline.train.distributed import broadcast_from_rank0
 
@@ -43,7 +44,7 @@ EXPORT_BYTES_PER_S = 50e6
 """A cautious write speed of the export's files (float32 weights to HDF5), for the end's price."""
 
 
-def steps_per_epoch(manifest: dict, batch_size: int, unroll_steps: int, world_size: int) -> int:
+def steps_per_epoch(manifest: ShardManifest, batch_size: int, unroll_steps: int, world_size: int) -> int:
     """bilm-tf's ``n_batches_per_epoch`` (docs/training.md#schedule-and-checkpoints): ``int(n_train_tokens / (B * U * W))`` with
     the training token count (words, no boundaries) from the manifest. Every rank gets the same
     number; it may be 0 for a corpus smaller than one global batch."""
@@ -54,10 +55,10 @@ def steps_per_epoch(manifest: dict, batch_size: int, unroll_steps: int, world_si
     ):
         if value < 1:
             raise ValueError(f"steps_per_epoch: {name} must be >= 1, got {value}")
-    return int(manifest["totals"]["train"]["tokens"] / (batch_size * unroll_steps * world_size))
+    return int(manifest.totals["train"].tokens / (batch_size * unroll_steps * world_size))
 
 
-def ceiling_steps(cfg: TrainConfig, manifest: dict) -> tuple[int, int]:
+def ceiling_steps(cfg: TrainConfig, manifest: ShardManifest) -> tuple[int, int]:
     """(the run's ceiling in steps, the steps of an epoch) for ``cfg`` on the shards of
     ``manifest``: ``max_steps``, else ``max_tokens`` over a step's tokens, else ``n_epochs``
     epochs. The ceiling is 0 for a corpus smaller than one global batch (the caller refuses it)."""

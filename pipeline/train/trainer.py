@@ -22,7 +22,6 @@ import torch
 
 from pipeline.config import to_dict
 from pipeline.errors import PipelineError
-from pipeline.formats import shard_format
 from pipeline.output_folder import fence
 from pipeline.probe.live import LiveProbe
 from pipeline.runtime import storage
@@ -69,7 +68,7 @@ class Trainer:
         self.writer = RunWriter(fence=self._lease_fence(plan))
         self.runner = runner = StepRunner(cfg, plan.options, plan.vocab_size, device)
         self.rank, self.world = runner.rank, runner.world
-        self.vocab_bytes, vocab = shard_format.read_shard_vocab(plan.shards, plan.manifest)
+        self.vocab_bytes, vocab = plan.manifest.read_vocab()
         self.cache = CharCache(vocab)
         self.batches = self._batches("train", cfg.batch_size, cfg.unroll_steps, seed=cfg.seed)
         self.guard = DivergenceGuard(cfg.guard, self._guard_sample()) if cfg.guard.enabled else None

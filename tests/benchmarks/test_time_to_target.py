@@ -20,7 +20,8 @@ from benchmarks.time_to_target import (
     trained_tokens,
     verdicts,
 )
-from pipeline.formats import kneser_ney, shard_format
+from pipeline.formats import kneser_ney
+from pipeline.formats.shard_manifest import read_manifest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "pipeline" / "train"))  # the train tests' shard builder
 from shard_builder import sample_shard_dir  # noqa: E402
@@ -93,12 +94,12 @@ def test_a_difference_is_claimed_only_when_every_seed_holds_it():
 
 def test_the_targets_are_the_manifests_model_and_the_orders_counted_here(tmp_path):
     shards = sample_shard_dir(str(tmp_path / "shards"), 700, heldout=100)
-    manifest = shard_format.read_manifest(shards)
-    train, heldout = split_ids(shards, "train", manifest), split_ids(shards, "heldout", manifest)
-    assert train[0].shape[0] == int(train[1].sum()) == manifest["totals"]["train"]["tokens"]
+    manifest = read_manifest(shards)
+    train, heldout = split_ids(manifest, "train"), split_ids(manifest, "heldout")
+    assert train[0].shape[0] == int(train[1].sum()) == manifest.totals["train"].tokens
     cache = tmp_path / "baselines.json"
     known = baselines(shards, [2, 3], cache)
-    model = kneser_ney.build(kneser_ney.count_ngrams(*train, 3), manifest["vocab"]["size"])
+    model = kneser_ney.build(kneser_ney.count_ngrams(*train, 3), manifest.vocab.size)
     assert known["kn3"] == pytest.approx(kneser_ney.perplexity(*model.score(*heldout)))
     assert known["unigram"] > known["kn2"] > known["kn3"] > 1
     assert json.loads(cache.read_text()) == pytest.approx(known)  # counted once, kept

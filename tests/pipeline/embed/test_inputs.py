@@ -12,6 +12,7 @@ import pytest
 from pipeline.embed import inputs
 from pipeline.embed.errors import EmbedError
 from pipeline.formats import shard_format
+from pipeline.formats.shard_manifest import manifest_path
 from pipeline.runtime import storage
 
 
@@ -142,7 +143,7 @@ def write_shard_dir(root: str, tars: list[list[list[list[str]]]]) -> None:
             "sha256": hashlib.sha256(vocab).hexdigest(),
         },
     }
-    storage.write_bytes(shard_format.manifest_path(root), json.dumps(manifest).encode())
+    storage.write_bytes(manifest_path(root), json.dumps(manifest).encode())
 
 
 def test_shard_directory_sentences_in_manifest_order(tmp_path):
@@ -174,7 +175,7 @@ def test_a_damaged_shard_is_named_not_embedded(tmp_path):
 
 
 def _rewrite_manifest(root: str, change) -> None:
-    path = shard_format.manifest_path(root)
+    path = manifest_path(root)
     manifest = json.loads(storage.read_bytes(path))
     change(manifest)
     storage.write_bytes(path, json.dumps(manifest).encode())

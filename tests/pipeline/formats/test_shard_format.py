@@ -1,13 +1,11 @@
 import hashlib
 import io
-import json
 
 import numpy as np
 import pytest
 import webdataset as wds
 
 from pipeline.formats import shard_format as fmt
-from pipeline.runtime import storage
 
 
 def _write_tar(samples) -> bytes:
@@ -94,89 +92,6 @@ def test_vocab_files_round_trip_and_validation(tmp_path):
             fmt.read_vocab(str(path))
 
 
-def _manifest() -> dict:
-    shard = {"name": "train-000000.tar", "sentences": 2, "tokens": 5, "sha256": "ab" * 32}
-    return {
-        "shards": {"train": [shard], "heldout": []},
-        "totals": {
-            "train": {"sentences": 2, "tokens": 5, "unk_tokens": 1},
-            "heldout": {"sentences": 0, "tokens": 0, "unk_tokens": 0},
-        },
-        "vocab": {"file": "vocab.txt", "counts_file": "vocab_counts.tsv", "size": 9, "sha256": "cd" * 32},
-    }
-
-
-def test_listed_shards_must_be_there_and_hold_what_they_claim(tmp_path):
-    manifest = _manifest()
-    with pytest.raises(fmt.FormatError, match=r"train-000000.tar is listed in manifest.json but missing"):
-        fmt.check_listed_shards(str(tmp_path), manifest)
-    (tmp_path / "train-000000.tar").write_bytes(b"x" * 20)  # room for 2 sentences of 10 bytes
-    fmt.check_listed_shards(str(tmp_path), manifest)
-    manifest["shards"]["train"][0].update(sentences=10**13, tokens=10**13)
-    with pytest.raises(fmt.FormatError, match=r"claims 10,000,000,000,000 sentences, more than its 20 bytes"):
-        fmt.check_listed_shards(str(tmp_path), manifest)
-    fmt.check_listed_shards(str(tmp_path), manifest, splits=["heldout"])
-
-
-def test_read_manifest_and_shard_urls(tmp_path):
-    with pytest.raises(fmt.FormatError, match="no manifest.json in .*did not finish"):
-        fmt.read_manifest(str(tmp_path))
-    storage.write_bytes(str(tmp_path / "manifest.json"), json.dumps(_manifest()).encode())
-    assert fmt.shard_urls(str(tmp_path), "train") == [str(tmp_path / "train-000000.tar")]
-    assert fmt.shard_urls(str(tmp_path), "heldout") == []
-    assert fmt.vocab_path(str(tmp_path)) == str(tmp_path / "vocab.txt")
-    with pytest.raises(fmt.FormatError, match="unknown split 'test'"):
-        fmt.shard_urls(str(tmp_path), "test")
-
-
-@pytest.mark.parametrize(
-    "mutate, match",
-    [
-        (lambda m: m.pop("vocab"), "needs 'shards', 'totals' and 'vocab'"),
-        (lambda m: m["shards"].pop("heldout"), "shards.heldout must be a list"),
-        (lambda m: m["shards"]["train"][0].pop("sha256"), r"shards.train\[0\].sha256"),
-        (lambda m: m["totals"]["train"].update(tokens="5"), "totals.train"),
-        (lambda m: m["totals"]["heldout"].pop("unk_tokens"), "totals.heldout.sentences/tokens/unk_tokens"),
-        (
-            lambda m: m["totals"]["train"].update(unk_tokens=6),
-            r"totals.train.unk_tokens must be in \[0, tokens\]",
-        ),
-        (lambda m: m["vocab"].pop("size"), "vocab.size"),
-        # what a stage would read, never trusted: names outside the folder, a check turned off,
-        # counts that cannot be
-        (
-            lambda m: m["shards"]["train"][0].update(name="../elsewhere/train-000000.tar"),
-            "is not a train-NNNNNN.tar file",
-        ),
-        (
-            lambda m: m["shards"]["train"][0].update(name="/etc/train-000000.tar"),
-            "is not a train-NNNNNN.tar file",
-        ),
-        (
-            lambda m: m["shards"]["train"][0].update(name="heldout-000000.tar"),
-            "is not a train-NNNNNN.tar file",
-        ),
-        (lambda m: m["shards"]["train"][0].update(sha256=""), r"shards.train\[0\].sha256 is not a sha256"),
-        (lambda m: m["shards"]["train"][0].update(sentences=-1), "0 <= sentences <= tokens"),
-        (
-            lambda m: m["vocab"].update(file="../vocab.txt"),
-            "vocab.file '../vocab.txt' is not a file of the directory",
-        ),
-        (lambda m: m["vocab"].update(sha256="x" * 64), "vocab.sha256 is not a sha256"),
-    ],
-)
-def test_invalid_manifest_is_one_line_error(tmp_path, mutate, match):
-    manifest = _manifest()
-    mutate(manifest)
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(fmt.FormatError, match=match) as err:
-        fmt.read_manifest(str(tmp_path))
-    assert "\n" not in str(err.value)
-    (tmp_path / "manifest.json").write_text("{not json")
-    with pytest.raises(fmt.FormatError, match="not valid JSON"):
-        fmt.read_manifest(str(tmp_path))
-
-
 def _many_blocks_tar(tmp_path):
     samples = [
         fmt.encode_block([[f"w{b}", "x"]] * 50, [5] * 100, fmt.block_key("train", 0, b)) for b in range(20)
@@ -217,21 +132,6 @@ def test_a_truncated_shard_is_named_truncated(tmp_path, keep):
     )
 
 
-def test_kneser_ney_models_are_read_as_a_list_from_either_format():
-    record = {"order": 3, "perplexity": 47.8, "targets": 100}
-    assert fmt.manifest_kneser_ney({"format_version": 1, "baselines": {"kneser_ney": record}}, "m") == [
-        record
-    ]
-    five = {**record, "order": 5, "perplexity": 40.4}
-    both = {"format_version": 2, "baselines": {"kneser_ney": [record, five]}}
-    assert fmt.manifest_kneser_ney(both, "m") == [record, five]
-    assert fmt.manifest_kneser_ney({"format_version": 2, "baselines": {}}, "m") == []
-    with pytest.raises(fmt.FormatError, match="not distinct ascending ones"):
-        fmt.manifest_kneser_ney({"format_version": 2, "baselines": {"kneser_ney": [five, record]}}, "m")
-    with pytest.raises(fmt.FormatError, match="for each model, an order in 2..5"):
-        fmt.manifest_kneser_ney({"format_version": 2, "baselines": {"kneser_ney": record}}, "m")
-
-
 def test_an_eval_row_names_its_baselines_weakest_first():
     row = {"eval/unigram_perplexity": 345.8, fmt.kneser_ney_metric(5): 40.4, fmt.kneser_ney_metric(3): 47.8}
     assert fmt.row_baselines(row) == [
@@ -240,23 +140,3 @@ def test_an_eval_row_names_its_baselines_weakest_first():
         ("Kneser-Ney 5-gram", 40.4),
     ]
     assert fmt.row_baselines({}) == []
-
-
-def _totals(train_unk: int, heldout_unk: int) -> dict:
-    return {
-        "config": {"min_count": 1, "max_size": 0},
-        "totals": {
-            "train": {"tokens": 1000, "unk_tokens": train_unk},
-            "heldout": {"tokens": 200, "unk_tokens": heldout_unk},
-        },
-    }
-
-
-def test_a_vocabulary_whose_unk_cannot_be_learned_is_one_warning_naming_the_setting():
-    warning = fmt.unlearnable_unk(_totals(0, 25))
-    assert warning.startswith(
-        "warning: the training split has no <UNK> while 25 of 200 held-out tokens (12.5%)"
-    )
-    assert "min_count=1, max_size=0" in warning and "min_count=3" in warning and "\n" not in warning
-    assert fmt.unlearnable_unk(_totals(5, 25)) is None  # the row is trained
-    assert fmt.unlearnable_unk(_totals(0, 0)) is None  # nothing to score by it

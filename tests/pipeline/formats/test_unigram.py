@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from pipeline.formats import shard_format
+from pipeline.formats.shard_manifest import read_manifest
 from pipeline.formats.unigram import (
     heldout_target_counts,
     heldout_unigram_perplexity,
-    manifest_unigram_perplexity,
     targets_nll,
     training_target_counts,
     unigram_log_probs,
@@ -71,15 +71,15 @@ def test_shard_directory_baseline(tmp_path, scored):
     )
     # targets a, <UNK>, </S> | b, </S>, a, </S>
     by_hand = (11**7 / (4 * 2 * 3 * 2 * 3 * 4 * 3)) ** (1 / 7)
-    assert (manifest_unigram_perplexity(manifest) is not None) == scored
-    assert heldout_unigram_perplexity(str(tmp_path)) == pytest.approx(by_hand, rel=1e-12)
+    assert (manifest.unigram_perplexity is not None) == scored
+    assert heldout_unigram_perplexity(manifest) == pytest.approx(by_hand, rel=1e-12)
 
 
 def test_counts_file_out_of_order_is_an_error(tmp_path):
     write_shard_dir(
         str(tmp_path), {"train": [[[["a", "b"]]]], "heldout": [[[["a"]]]]}, VOCAB, score_heldout=False
     )
-    manifest = shard_format.read_manifest(str(tmp_path))
+    manifest = read_manifest(str(tmp_path))
     (tmp_path / "vocab_counts.tsv").write_text("<S>\t0\n</S>\t0\n<UNK>\t0\nb\t1\na\t1\n")
     with pytest.raises(shard_format.FormatError, match="tokens differ from vocab.txt"):
-        heldout_unigram_perplexity(str(tmp_path), manifest)
+        heldout_unigram_perplexity(manifest)

@@ -15,7 +15,8 @@ from jobs.shard import main as shard_main
 from pipeline.config import load_config
 from pipeline.formats import kneser_ney
 from pipeline.formats import shard_format as fmt
-from pipeline.formats.unigram import heldout_unigram_perplexity, manifest_unigram_perplexity
+from pipeline.formats.shard_manifest import ShardManifest, read_manifest
+from pipeline.formats.unigram import heldout_unigram_perplexity
 from pipeline.runtime import storage
 from pipeline.shard import job as shard_job
 from pipeline.shard import resume as shard_resume
@@ -52,8 +53,16 @@ def _config(inputs, output, **overrides) -> ShardConfig:
 
 
 def run(inputs, output, **overrides) -> dict:
-    """The manifest of a shard run (its StageResult's details)."""
-    return run_shard(_config(inputs, output, **overrides)).details.manifest
+    """The manifest of a shard run as written (the JSON object); its StageResult's details hold
+    the same, typed."""
+    result = run_shard(_config(inputs, output, **overrides))
+    written = json.loads(storage.read_bytes(storage.join(str(output), fmt.MANIFEST_FILE)))
+    assert result.details.manifest == ShardManifest.of(written, str(output))
+    return written
+
+
+def typed(out, manifest: dict) -> ShardManifest:
+    return ShardManifest.of(manifest, str(out))
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
@@ -93,7 +102,7 @@ def baseline(ray_local, corpus, tmp_path_factory) -> tuple[Path, dict]:
 
 
 def _all_sentences(out: Path, manifest: dict, split: str) -> list[fmt.Block]:
-    return [b for url in fmt.shard_urls(str(out), split, manifest) for b in fmt.read_shard(url)]
+    return [b for url in typed(out, manifest).urls(split) for b in fmt.read_shard(url)]
 
 
 def test_shards_hold_every_sentence_once_with_matching_ids(baseline, corpus):
@@ -171,7 +180,7 @@ def test_manifest_accounts_for_every_line(baseline):
 
 def test_the_manifest_records_the_heldout_unigram_baseline(baseline):
     out, manifest = baseline
-    recorded = manifest_unigram_perplexity(manifest)
+    recorded = typed(out, manifest).unigram_perplexity
     unscored = {
         **manifest,
         "shards": {
@@ -181,7 +190,7 @@ def test_the_manifest_records_the_heldout_unigram_baseline(baseline):
             ],
         },
     }
-    from_shards = heldout_unigram_perplexity(str(out), unscored)
+    from_shards = heldout_unigram_perplexity(typed(out, unscored))
     assert recorded == pytest.approx(from_shards, rel=1e-9) and 1 < recorded < manifest["vocab"]["size"]
     assert all("unigram_nll" not in r for r in manifest["shards"]["train"])
 
@@ -201,7 +210,7 @@ def test_the_manifest_records_the_kneser_ney_baseline_of_its_shards(baseline):
     assert record["order"] == 3 and record["targets"] == targets == heldout["tokens"] + heldout["sentences"]
     assert record["nll"] == pytest.approx(nll, rel=1e-12) and record["ngrams"] == model.ngrams
     assert record["perplexity"] == pytest.approx(kneser_ney.perplexity(nll, targets), rel=1e-12)
-    assert record["perplexity"] < manifest_unigram_perplexity(manifest)  # same targets, more context
+    assert record["perplexity"] < typed(out, manifest).unigram_perplexity  # same targets, more context
 
 
 @pytest.mark.slow
@@ -324,7 +333,7 @@ def test_byte_identical_with_two_workers_and_other_chunking(baseline, corpus, tm
 def test_the_shard_run_is_on_the_dashboard_and_a_rerun_adds_none(ray_local, corpus, tmp_path, capsys):
     out = tmp_path / "shards"
     result = run_shard(_config([corpus[0]], out, workers=2, **{"wandb.mode": "offline", "wandb.group": "g1"}))
-    manifest = result.details.manifest
+    manifest = json.loads((out / fmt.MANIFEST_FILE).read_text())
     (path,) = offline_reader.run_files(out / "wandb")
     recs = offline_reader.records(path)
     run = offline_reader.run_record(recs)
@@ -335,7 +344,7 @@ def test_the_shard_run_is_on_the_dashboard_and_a_rerun_adds_none(ray_local, corp
             assert got[f"{split}/{key}"] == manifest["totals"][split][key]
         assert got[f"{split}/duplicate_sentences"] == manifest["lines"]["duplicates"][split]["sentences"]
     assert got["vocab/size"] == manifest["vocab"]["size"]
-    assert got["baselines/unigram_perplexity"] == pytest.approx(manifest_unigram_perplexity(manifest))
+    assert got["baselines/unigram_perplexity"] == pytest.approx(result.details.manifest.unigram_perplexity)
     assert (
         got["baselines/kneser_ney_3gram_perplexity"] == manifest["baselines"]["kneser_ney"][0]["perplexity"]
     )
@@ -614,9 +623,9 @@ def test_s3_input_and_output_give_the_local_bytes(baseline, corpus, s3_prefix):
     target = storage.join(s3_prefix, "shards")
     manifest = run([source], target, workers=2, chunk_bytes=30000)
     assert manifest["shards"] == local["shards"] and manifest["vocab"] == local["vocab"]
-    assert fmt.read_manifest(target)["totals"] == local["totals"]
+    assert read_manifest(target).totals == typed(out, local).totals
     assert storage.read_bytes(storage.join(target, "vocab.txt")) == (out / "vocab.txt").read_bytes()
-    first = fmt.shard_urls(target, "train")[0]
+    first = read_manifest(target).urls("train")[0]
     assert [b.sentences for b in fmt.read_shard(first)] == [
         b.sentences for b in fmt.read_shard(str(out / "train-000000.tar"))
     ]

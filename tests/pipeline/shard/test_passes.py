@@ -7,10 +7,17 @@ import pytest
 from pipeline.shard.duplicates import chunk_drops, find_duplicates, hash_ranges
 from pipeline.shard.errors import ShardError
 from pipeline.shard.passes import LineSettings, count_chunk, deduplicate_chunk, encode_chunk, retokenize
-from pipeline.shard.reader import Chunk
+from pipeline.shard.reader import Chunk, Reading
 from pipeline.shard.vocabulary import build_vocabulary
 
-SETTINGS = LineSettings("whitespace", "en", False, 200, 0.3, main_sources=1)
+SETTINGS = LineSettings(
+    tokenizer="whitespace",
+    moses_lang="en",
+    lowercase=False,
+    heldout_fraction=0.3,
+    main_sources=1,
+    reading=Reading(max_line_bytes=200),
+)
 DATA = "".join(f"line {i} of the {'big ' * (i % 4)}corpus\n" for i in range(60)).encode() + b"\n  \n"
 
 

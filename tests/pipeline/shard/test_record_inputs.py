@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from pipeline.formats import shard_format as fmt
 from pipeline.formats.sentence_split import document_lines
 from pipeline.formats.shard_format import FormatError
+from pipeline.formats.shard_manifest import read_manifest
 from pipeline.runtime import storage
 from tests.pipeline.shard.test_job import SAMPLE, _config, run, run_shard
 
@@ -93,8 +93,8 @@ def test_records_without_text_are_skipped_and_counted(ray_local, files, tmp_path
             [bad], tmp_path / "out", workers=1, text_field="body", heldout_fraction=0.0, kneser_ney_orders=[]
         )
     )
-    lines = result.details.manifest["lines"]
-    assert (lines["documents"], lines["records_skipped"]) == (2, 2)
+    lines = result.details.manifest.lines
+    assert (lines.documents, lines.records_skipped, lines.first_skipped) == (2, 2, (str(bad), 1))
     said = capsys.readouterr().out
     assert (
         f"documents read 2, split into sentences; warning: 2 records skipped (no string field 'body', or not a JSON object), the first {bad} record 1"
@@ -131,7 +131,7 @@ def test_s3_parquet_and_a_rerun_that_reads_row_groups_again(as_text, files, s3_p
     manifest = run([source], target, workers=2, text_field="body")
     _same_shards(manifest, text)
     # an interrupted run: the manifest and a shard gone; the rerun reads their row groups again
-    first = fmt.shard_urls(target, "train")[0]
+    first = read_manifest(target).urls("train")[0]
     written = storage.read_bytes(first)
     storage.delete(storage.join(target, "manifest.json"))
     storage.delete(first)

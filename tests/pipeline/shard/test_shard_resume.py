@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.formats.shard_format import COUNTS_FILE, VOCAB_FILE
+from pipeline.formats.shard_manifest import ShardManifest
 from pipeline.shard.errors import ShardError
 from pipeline.shard.manifest import PLAN_FILE, RUN_FILE, build_plan, encode_json, run_identity
 from pipeline.shard.resume import claim_output, inspect_output, is_complete, read_vocabulary
@@ -71,11 +72,19 @@ def test_the_vocabulary_is_reused_only_when_it_is_the_plans(tmp_path):
 
 
 def test_an_output_is_complete_when_every_file_its_manifest_names_is_there(tmp_path):
-    manifest = {
-        "shards": {"train": [{"name": "train-000000.tar"}], "heldout": [{"name": "heldout-000000.tar"}]}
+    entry = {"sentences": 1, "tokens": 1, "sha256": "ab" * 32}
+    total = {"sentences": 1, "tokens": 1, "unk_tokens": 0}
+    record = {
+        "shards": {
+            "train": [{"name": "train-000000.tar", **entry}],
+            "heldout": [{"name": "heldout-000000.tar", **entry}],
+        },
+        "totals": {"train": total, "heldout": total},
+        "vocab": {"file": VOCAB_FILE, "counts_file": COUNTS_FILE, "size": 4, "sha256": "cd" * 32},
     }
+    manifest = ShardManifest.of(record, str(tmp_path))
     for name in (VOCAB_FILE, COUNTS_FILE, "train-000000.tar"):
         (tmp_path / name).write_bytes(b"x")
-    assert not is_complete(str(tmp_path), manifest)
+    assert not is_complete(manifest)
     (tmp_path / "heldout-000000.tar").write_bytes(b"x")
-    assert is_complete(str(tmp_path), manifest)
+    assert is_complete(manifest)

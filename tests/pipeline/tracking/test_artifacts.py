@@ -5,16 +5,25 @@ from __future__ import annotations
 
 import json
 
+from pipeline.formats.shard_manifest import ShardManifest
 from pipeline.tracking.artifacts import artifact_name, dataset_artifact, model_artifact
 
+ENTRY = {"sentences": 1, "tokens": 3, "sha256": "ab" * 32}
 MANIFEST = {
     "shards": {
-        "train": [{"name": "train-000000.tar"}, {"name": "train-000001.tar"}],
-        "heldout": [{"name": "heldout-000000.tar"}],
+        "train": [{"name": "train-000000.tar", **ENTRY}, {"name": "train-000001.tar", **ENTRY}],
+        "heldout": [{"name": "heldout-000000.tar", **ENTRY}],
     },
-    "totals": {"train": {"tokens": 10, "sentences": 2}, "heldout": {"tokens": 3, "sentences": 1}},
-    "vocab": {"size": 7},
+    "totals": {
+        "train": {"tokens": 10, "sentences": 2, "unk_tokens": 1},
+        "heldout": {"tokens": 3, "sentences": 1, "unk_tokens": 0},
+    },
+    "vocab": {"file": "vocab.txt", "counts_file": "vocab_counts.tsv", "size": 7, "sha256": "cd" * 32},
 }
+
+
+def _dataset(folder, manifest):
+    return dataset_artifact(ShardManifest.of(manifest, str(folder)))
 
 
 def _shards(folder, manifest) -> None:
@@ -37,8 +46,15 @@ def test_names_come_from_the_outputs_place():
 
 def test_a_dataset_is_its_manifest_and_vocabulary_checked_and_its_shards_listed(tmp_path):
     _shards(tmp_path / "shards", MANIFEST)
-    spec = dataset_artifact(str(tmp_path / "shards"), MANIFEST)
+    spec = _dataset(tmp_path / "shards", MANIFEST)
     assert spec.type == "dataset" and spec.metadata["vocab_size"] == 7
+    assert spec.metadata["train"] == {
+        "sentences": 2,
+        "tokens": 10,
+        "unk_tokens": 1,
+        "shards": 2,
+        "unk_rate": 0.1,
+    }
     built = spec.build()
     entries = {path: entry.ref for path, entry in built.manifest.entries.items()}
     assert sorted(entries) == [
@@ -53,12 +69,15 @@ def test_a_dataset_is_its_manifest_and_vocabulary_checked_and_its_shards_listed(
 
 def test_the_digest_is_the_same_for_the_same_output_and_changes_with_its_manifest(tmp_path):
     _shards(tmp_path / "shards", MANIFEST)
-    first = dataset_artifact(str(tmp_path / "shards"), MANIFEST).build().digest
+    first = _dataset(tmp_path / "shards", MANIFEST).build().digest
     # the stage that reads the output builds the same artifact: the same version on the dashboard
-    assert dataset_artifact(str(tmp_path / "shards"), MANIFEST).build().digest == first
+    assert _dataset(tmp_path / "shards", MANIFEST).build().digest == first
     # a shard's content changes only through the manifest (which holds its sha256): a new version
     (tmp_path / "shards" / "train-000000.tar").write_bytes(b"other bytes, manifest unchanged")
-    assert dataset_artifact(str(tmp_path / "shards"), MANIFEST).build().digest == first
-    changed = {**MANIFEST, "totals": {**MANIFEST["totals"], "train": {"tokens": 11, "sentences": 2}}}
+    assert _dataset(tmp_path / "shards", MANIFEST).build().digest == first
+    changed = {
+        **MANIFEST,
+        "totals": {**MANIFEST["totals"], "train": {"tokens": 11, "sentences": 2, "unk_tokens": 0}},
+    }
     (tmp_path / "shards" / "manifest.json").write_text(json.dumps(changed))
-    assert dataset_artifact(str(tmp_path / "shards"), changed).build().digest != first
+    assert _dataset(tmp_path / "shards", changed).build().digest != first

@@ -14,6 +14,7 @@ from jobs.train import main as train_main
 from pipeline.config import ConfigError, load_config
 from pipeline.formats import shard_format
 from pipeline.formats.shard_format import FormatError
+from pipeline.formats.shard_manifest import read_manifest
 from pipeline.formats.unigram import heldout_unigram_perplexity
 from pipeline.runtime import cluster_capacity, storage
 from pipeline.train.config import TrainConfig
@@ -56,7 +57,9 @@ def test_a_launch_reads_no_shard_bytes_on_the_driver(shards, tmp_path):
     junk = os.urandom(1 << 20) * 16  # 16 MiB where each shard was: not even a tar
     manifest = json.loads(storage.read_bytes(os.path.join(shards, "manifest.json")))
     listed = manifest["shards"]
-    expected = heldout_unigram_perplexity(shards)  # recorded in the manifest by the shard writer
+    expected = heldout_unigram_perplexity(
+        read_manifest(shards)
+    )  # recorded in the manifest by the shard writer
     # the shard stage's Kneser-Ney record, as it writes it
     manifest["baselines"] = {
         "kneser_ney": [
@@ -263,8 +266,7 @@ def other_shards(tmp_path):
 
 def _same_size_vocabulary(shards: str, like: str) -> None:
     """Rewrite ``shards``' vocabulary to the size of ``like``'s (different words, as with max_size)."""
-    manifest = shard_format.read_manifest(like)
-    size = manifest["vocab"]["size"]
+    size = read_manifest(like).vocab.size
     vocab_file = os.path.join(shards, "vocab.txt")
     words = storage.read_bytes(vocab_file).decode().splitlines()
     words = (words + [f"extra{i}" for i in range(size)])[:size]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from train_shards import fixture_sentences, fixture_vocab, many_shards_dir, word
 from elmo_model.characters import token_to_ids
 from pipeline.formats import shard_format
 from pipeline.formats.shard_format import BOS_ID, EOS_ID, UNK_ID
+from pipeline.formats.shard_manifest import read_manifest
 from pipeline.runtime import storage
 from pipeline.train.char_cache import CharCache
 from pipeline.train.data import LMBatchStream, load_char_cache, open_lm_batches
@@ -183,8 +185,8 @@ def test_state_dict_rejects_another_rank(tmp_path, vocab, cache):
 
 
 def test_steps_per_epoch_from_manifest(fixture_dir):
-    manifest = shard_format.read_manifest(fixture_dir)
-    assert manifest["totals"]["train"]["tokens"] == 134
+    manifest = read_manifest(fixture_dir)
+    assert manifest.totals["train"].tokens == 134
     assert steps_per_epoch(manifest, 2, 5, 1) == 13  # int(134 / 10)
     assert steps_per_epoch(manifest, 2, 5, 2) == 6  # int(134 / 20): same on every rank
     assert steps_per_epoch(manifest, 128, 20, 3) == 0
@@ -195,7 +197,7 @@ def test_steps_per_epoch_from_manifest(fixture_dir):
 def test_uneven_ranks_both_keep_yielding(tmp_path, vocab, cache):
     """3 shards over 2 ranks: rank 1 holds half the data of rank 0, and still never runs out."""
     many_shards_dir(str(tmp_path), vocab)
-    manifest = shard_format.read_manifest(str(tmp_path))
+    manifest = read_manifest(str(tmp_path))
     steps = 5 * steps_per_epoch(manifest, 2, 3, 2)
     for rank in (0, 1):
         stream = open_lm_batches(str(tmp_path), "train", cache, 2, 3, rank=rank, world_size=2)
@@ -204,8 +206,10 @@ def test_uneven_ranks_both_keep_yielding(tmp_path, vocab, cache):
 
 def test_manifest_that_does_not_match_the_shards(tmp_path, vocab, cache):
     many_shards_dir(str(tmp_path), vocab)
-    manifest = shard_format.read_manifest(str(tmp_path))
-    manifest["shards"]["train"][1]["sentences"] += 1
+    manifest = read_manifest(str(tmp_path))
+    entries = list(manifest.shards["train"])
+    entries[1] = replace(entries[1], sentences=entries[1].sentences + 1)
+    manifest = replace(manifest, shards={**manifest.shards, "train": tuple(entries)})
     stream = open_lm_batches(str(tmp_path), "train", cache, 2, 3, test=True, manifest=manifest)
     with pytest.raises(shard_format.FormatError, match=r"train-000001.tar: manifest lists 8 sentences"):
         list(stream)
@@ -214,8 +218,8 @@ def test_manifest_that_does_not_match_the_shards(tmp_path, vocab, cache):
 def test_shard_ids_outside_the_vocabulary(tmp_path, vocab):
     many_shards_dir(str(tmp_path), vocab)
     small = CharCache(vocab[:5])
-    manifest = shard_format.read_manifest(str(tmp_path))
-    manifest["vocab"]["size"] = 5
+    manifest = read_manifest(str(tmp_path))
+    manifest = replace(manifest, vocab=replace(manifest.vocab, size=5))
     stream = open_lm_batches(str(tmp_path), "train", small, 2, 3, manifest=manifest)
     with pytest.raises(shard_format.FormatError, match="outside the vocabulary of 5"):
         next(stream)
@@ -240,7 +244,7 @@ def test_s3_shards_give_the_same_batches(s3_prefix, fixture_dir, vocab):
 
 
 def test_lm_batch_stream_checks_arguments(fixture_dir, cache):
-    urls = shard_format.shard_urls(fixture_dir, "train")
+    urls = read_manifest(fixture_dir).urls("train")
     with pytest.raises(ValueError, match="unroll_steps must be >= 1"):
         LMBatchStream(urls, cache, 2, 0)
     with pytest.raises(ValueError, match="batch_size must be >= 1"):

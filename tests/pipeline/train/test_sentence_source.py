@@ -18,6 +18,7 @@ from train_shards import fixture_vocab, many_shards_dir, source_sentences, word_
 
 from pipeline.formats import shard_format
 from pipeline.formats.shard_format import BOS_ID, EOS_ID
+from pipeline.formats.shard_manifest import read_manifest
 from pipeline.train.sentence_source import ReadAhead, SentenceSource, rank_sentence_count
 from pipeline.train.shard_reading import read_shard_sentences
 
@@ -29,7 +30,7 @@ def vocab():
 
 def test_training_passes_shuffle_each_pass_and_direction(tmp_path, vocab):
     all_sentences = many_shards_dir(str(tmp_path), vocab)
-    urls = shard_format.shard_urls(str(tmp_path), "train")
+    urls = read_manifest(str(tmp_path)).urls("train")
 
     def source(**kw):
         return SentenceSource(urls, len(vocab), **kw)
@@ -53,8 +54,8 @@ def test_training_passes_shuffle_each_pass_and_direction(tmp_path, vocab):
 @pytest.mark.parametrize("n_shards,world_size", [(3, 2), (4, 2), (1, 2), (2, 3)])
 def test_rank_subsets_are_disjoint_and_cover_the_split(tmp_path, vocab, n_shards, world_size):
     all_sentences = many_shards_dir(str(tmp_path), vocab, n_shards=n_shards)
-    urls = shard_format.shard_urls(str(tmp_path), "train")
-    counts = [e["sentences"] for e in shard_format.read_manifest(str(tmp_path))["shards"]["train"]]
+    urls = read_manifest(str(tmp_path)).urls("train")
+    counts = [e.sentences for e in read_manifest(str(tmp_path)).shards["train"]]
     seen = []
     for rank in range(world_size):
         got = source_sentences(
@@ -70,7 +71,7 @@ def test_rank_subsets_are_disjoint_and_cover_the_split(tmp_path, vocab, n_shards
 
 def test_the_next_shard_is_decoded_in_another_process_that_close_ends(tmp_path, vocab):
     many_shards_dir(str(tmp_path), vocab)
-    urls = shard_format.shard_urls(str(tmp_path), "train")
+    urls = read_manifest(str(tmp_path)).urls("train")
     source = SentenceSource(urls, len(vocab), test=True)
     source.next_sentence()
     worker = source.process.pid
@@ -130,7 +131,7 @@ class RecordingReader:
 
 def test_the_next_shard_is_read_in_a_thread_when_a_shard_starts(tmp_path, vocab):
     many_shards_dir(str(tmp_path), vocab)
-    urls = shard_format.shard_urls(str(tmp_path), "train")
+    urls = read_manifest(str(tmp_path)).urls("train")
     reader = RecordingReader()
     source = SentenceSource(urls, len(vocab), test=True, reader=reader, prefetch=ReadAhead.thread)
     source.next_sentence()
@@ -145,7 +146,7 @@ def test_the_next_shard_is_read_in_a_thread_when_a_shard_starts(tmp_path, vocab)
 
 def test_a_failed_read_ahead_raises_where_its_shard_is_needed(tmp_path, vocab):
     many_shards_dir(str(tmp_path), vocab)
-    urls = shard_format.shard_urls(str(tmp_path), "train")
+    urls = read_manifest(str(tmp_path)).urls("train")
     source = SentenceSource(
         urls, len(vocab), test=True, reader=RecordingReader(fail=urls[1]), prefetch=ReadAhead.thread
     )
@@ -160,7 +161,7 @@ def test_a_stopped_read_ahead_process_is_named_not_waited_for_forever(tmp_path, 
 
     monkeypatch.setattr(sentence_source, "READ_AHEAD_TIMEOUT_S", 2.0)
     many_shards_dir(str(tmp_path), vocab)
-    urls = shard_format.shard_urls(str(tmp_path), "train")
+    urls = read_manifest(str(tmp_path)).urls("train")
     source = SentenceSource(urls, len(vocab), test=True)
     source.next_sentence()  # the first shard read here; the second one is asked of the helper
     source.process.close()  # that answer may be in already: ask again, and stop the new helper at once

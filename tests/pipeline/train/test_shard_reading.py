@@ -32,8 +32,8 @@ def ids_of(sentence):
 @pytest.fixture
 def shard(tmp_path):
     manifest = write_shard_dir(str(tmp_path), {"train": [BLOCKS]}, VOCAB)
-    entry = manifest["shards"]["train"][0]
-    return str(tmp_path / entry["name"]), (entry["sentences"], entry["tokens"], entry["sha256"])
+    entry = manifest.shards["train"][0]
+    return str(tmp_path / entry.name), (entry.sentences, entry.tokens, entry.sha256)
 
 
 @pytest.mark.parametrize("stride", [None, (0, 2), (1, 2)])

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from pipeline.formats import shard_format
+from pipeline.formats.shard_manifest import ShardManifest, manifest_path
 from pipeline.formats.unigram import (
     heldout_target_counts,
     targets_nll,
@@ -42,7 +43,7 @@ def write_shard_dir(
     counts: list[int] | None = None,
     score_heldout: bool = True,
 ) -> dict:
-    """Write a shard directory under ``root`` (local or s3://) and return its manifest.
+    """Write a shard directory under ``root`` (local or s3://) and return its manifest (typed).
 
     ``splits``: split name -> shards -> blocks -> sentences (token lists). OOV tokens get the
     ``<UNK>`` id. ``counts``: the vocab_counts.tsv column (default: counts over the train split).
@@ -111,8 +112,8 @@ def write_shard_dir(
         "size": len(vocab),
         "sha256": hashlib.sha256(vocab_bytes).hexdigest(),
     }
-    storage.write_bytes(shard_format.manifest_path(root), json.dumps(manifest).encode())
-    return manifest
+    storage.write_bytes(manifest_path(root), json.dumps(manifest).encode())
+    return ShardManifest.of(manifest, root)
 
 
 def many_shards_dir(root, vocab, n_shards=3, per_shard=7):
