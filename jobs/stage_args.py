@@ -8,18 +8,16 @@ so the most specific thing a user typed wins.
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import signal
 import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from omegaconf import DictConfig
 
 from pipeline.config import load_config, preset_names
-from pipeline.errors import PipelineError, Terminated
+from pipeline.errors import PipelineError
+from pipeline.runtime import stopping
 from pipeline.runtime.redaction import redact
 
 
@@ -111,70 +109,16 @@ def run_main(body: Callable[[], int | None]) -> int:
     ``interrupted`` and exits 130, SIGTERM while Ray runs (`Terminated`) prints ``terminated`` and
     exits 143 (128 + the signal, as a shell reports it); anything else is a bug and keeps its
     traceback."""
-    _hear_ctrl_c()
-    _hear_sigterm()
-    _hear_hang_up()
+    stopping.hear_stops()
     try:
         return int(body() or 0)
     except PipelineError as err:
         print(f"error: {redact(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as caught:  # its message, when there is one, says what a rerun continues from
-        from pipeline.runtime import ray_runtime  # only here: `elmo --help` need not import Ray
-
-        stop = ray_runtime.as_heard(caught)
-        if isinstance(stop, Terminated):
-            print(f"terminated: {stop}" if str(stop) else "terminated", file=sys.stderr)
-            return 128 + signal.SIGTERM
-        print(f"interrupted: {stop}" if str(stop) else "interrupted", file=sys.stderr)
-        return 130
-
-
-def _hear_ctrl_c() -> None:
-    """SIGINT stops a run at every moment of it. A command started in the background by a
-    non-interactive shell (``cmd &`` in a script, some CI runners) inherits SIGINT ignored, and
-    Python then raises no KeyboardInterrupt; Ray Train installs its own handler once training
-    starts, so a ``kill -INT`` (or a Ctrl-C to the script) was lost in a run's first seconds and
-    obeyed after them. Here it is heard from the start."""
-    if (
-        threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    ):
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def _hear_sigterm() -> None:
-    """SIGTERM stops every stage as it stops those on Ray (whose session puts its own handler in
-    place while it runs and restores this one): by `Terminated`, so the stage ends its work the way
-    a Ctrl-C does and the run says ``terminated`` and exits 143. Without it a stage that runs no
-    Ray (``elmo probe``) was killed by the signal, silently."""
-    _handle_if_default(signal.SIGTERM, _raise_terminated)
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated()
-
-
-def _hear_hang_up() -> None:
-    """A closed terminal (SIGHUP) stops a stage as SIGTERM does, by sending this process a SIGTERM:
-    whichever SIGTERM handler is in place then (this module's, a Ray session's, train's graceful
-    stop) ends the work, so outputs are left whole and checkpoints kept, where the default action
-    killed the driver at once without a word. A SIGHUP ignored (``nohup``) stays ignored."""
-    _handle_if_default(signal.SIGHUP, _hang_up_as_sigterm)
-
-
-def _hang_up_as_sigterm(signum, frame) -> None:
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _handle_if_default(signum: int, handler: Callable) -> None:
-    """Put ``handler`` on ``signum`` where the signal still has its default action (main thread
-    only): a handler someone set, or an ignore (``nohup``), is theirs to keep."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signum) in (
-        signal.SIG_DFL,
-        None,
-    ):
-        signal.signal(signum, handler)
+        word, status = stopping.exit_status(caught)
+        print(f"{word}: {caught}" if str(caught) else word, file=sys.stderr)
+        return status
 
 
 def main_argv(argv: Sequence[str] | None) -> list[str]:

@@ -52,7 +52,8 @@ from pipeline.embed.errors import WORKER_ERRORS, EmbedError
 from pipeline.embed.file_format import EmbeddingFormat
 from pipeline.embed.resume import commit_shard
 from pipeline.embed.shard_vectors import ShardVectors
-from pipeline.runtime.background import STOPPED_STATES, process_state
+from pipeline.runtime import stopping
+from pipeline.runtime.background import STOPPED_STATES, process_state, when_parent_goes
 
 _HEADER = struct.Struct(">Q")
 """A message's length, before the pickled message."""
@@ -303,9 +304,11 @@ def _read_exactly(sock: socket.socket, size: int) -> bytes:
 def serve() -> None:
     """A writer process's loop: requests in, ``commit_shard``, entries out, until the actor closes
     its end or is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _stop)
-    _watch_parent(os.getppid())
+    # SIGTERM leaves by an exception, so a commit in progress discards its partial file (once: the
+    # watchdog's SIGTERM and the parent watch's can both come)
+    stopping.child_process(exit_on_sigterm=True)
+    # a SIGTERM to this process once its actor is gone (killed: its socket may live on in a process it forked)
+    when_parent_goes(os.getppid(), lambda: os.kill(os.getpid(), signal.SIGTERM), PARENT_POLL_S)
     sock = socket.socket(fileno=int(sys.argv[1]))
     mapped: dict[int, np.ndarray] = {}
     while True:
@@ -349,23 +352,3 @@ def _shared_view(where: SharedArray, fds: list[int], mapped: dict[int, np.ndarra
     dtype = np.dtype(where.dtype)
     nbytes = int(np.prod(where.shape, dtype=np.int64)) * dtype.itemsize
     return mapped[where.buffer][where.offset : where.offset + nbytes].view(dtype).reshape(where.shape)
-
-
-def _stop(signum, frame) -> None:
-    """SIGTERM: leave by an exception, so a commit in progress discards its partial file. Once:
-    the watchdog's SIGTERM and the parent watch's can both come, and a second exception raised
-    while the first discards the file would leave it behind."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise SystemExit(128 + signum)
-
-
-def _watch_parent(parent: int) -> None:
-    """A SIGTERM to this process once its actor is gone (killed: its socket may live on in a
-    process it forked)."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_POLL_S)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

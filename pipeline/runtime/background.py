@@ -147,16 +147,20 @@ class WriteQueue:
                     self._changed.notify_all()
 
 
-def exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
-    """In a helper process: exit as soon as ``parent_pid`` is no longer its parent (the parent died,
-    even by SIGKILL). Starts a daemon thread that polls."""
+def when_parent_goes(parent_pid: int, then: Callable[[], None], poll_s: float = 1.0) -> threading.Thread:
+    """In a helper process: call ``then`` (in a daemon thread) as soon as ``parent_pid`` is no
+    longer its parent: the parent died, even by SIGKILL, and the child was re-parented. The one
+    parent watch of the package's helpers (the shard read-ahead, embed's writers, the cluster
+    watchdog): a pipe to the parent can outlive it in a process it forked, its parent pid cannot."""
 
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(poll_s)
-        os._exit(0)
+        then()
 
-    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 class HelperProcessError(RuntimeError):
@@ -311,7 +315,7 @@ def _end_jobs(child: subprocess.Popen) -> None:
 
 def _serve(jobs: BinaryIO, results: BinaryIO, parent_pid: int) -> None:
     """The child's loop: a job from ``jobs``, its answer to ``results``, until ``jobs`` ends."""
-    exit_with_parent(parent_pid)  # jobs end with the parent too, unless a fork kept their pipe open
+    when_parent_goes(parent_pid, lambda: os._exit(0))  # jobs end with the parent, even if a fork kept their pipe open
     sys.path[:] = pickle.load(jobs)
     while True:
         try:

@@ -21,7 +21,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+
+from pipeline.runtime import stopping
+from pipeline.runtime.background import when_parent_goes
 
 MARKER_VAR = "ELMO_EMBEDDED_RAY"
 """Environment variable whose value names one embedded cluster."""
@@ -72,8 +76,9 @@ def stop_marked(marker: str, grace: float = GRACE_SECONDS) -> list[int]:
 
 def watch(marker: str, temp_dir: str) -> None:
     """Wait for the driver (this process's parent, writer of stdin) to go, then stop the cluster."""
-    parent = os.getppid()
-    while os.getppid() == parent:
+    parent_gone = threading.Event()
+    when_parent_goes(os.getppid(), parent_gone.set, POLL_SECONDS)
+    while not parent_gone.is_set():
         ready, _, _ = select.select([sys.stdin], [], [], POLL_SECONDS)
         if ready and not os.read(sys.stdin.fileno(), 4096):
             break  # EOF: the driver closed the pipe, or died
@@ -116,5 +121,5 @@ class Watchdog:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stopping.child_process()
     watch(sys.argv[1], sys.argv[2])

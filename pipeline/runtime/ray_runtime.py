@@ -20,13 +20,13 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import ray
 
 from pipeline.errors import PipelineError, Terminated
+from pipeline.runtime import stopping
 from pipeline.runtime.cluster_watchdog import MARKER_VAR, Watchdog
 
 LOOPBACK = "127.0.0.1"
@@ -110,26 +110,6 @@ def ray_processes_in_own_session() -> Iterator[None]:
         services.ConsolePopen = original
 
 
-_heard_sigterm = False
-"""Whether this process's SIGTERM handler ran since the last `ray_session` began."""
-
-
-def _raise_terminated(signum, frame) -> None:
-    global _heard_sigterm
-    _heard_sigterm = True
-    raise Terminated()
-
-
-def as_heard(stop: KeyboardInterrupt) -> KeyboardInterrupt:
-    """``stop`` as the signal that caused it. Ray's blocking calls (``ray.get``, ``ray.wait``) catch
-    what a signal handler raises and raise a KeyboardInterrupt of their own, so a SIGTERM heard
-    while the driver waits on a task (the shard stage writing its ARPA file, say) comes out as an
-    interrupt (130) instead of a termination (143): here it is a `Terminated` again."""
-    if _heard_sigterm and not isinstance(stop, Terminated):
-        return Terminated(*stop.args)
-    return stop
-
-
 class RayStartError(PipelineError):
     """Ray could not start (an embedded cluster) or be joined (an address)."""
 
@@ -173,14 +153,12 @@ def _start_failure(err: Exception, address: str | None) -> str:
 
 
 def _raise_on_sigterm():
-    """Make SIGTERM raise `Terminated` in the main thread, as Ctrl-C raises KeyboardInterrupt, so a
-    stage stops the same way (Ray shut down, the cluster stopped, outputs left whole). Installed
-    after ``ray.init``, which sets handlers of its own: one that exits the process from inside the
-    stage with status 15, and a C++ one that prints a stack trace as if Ray had crashed. Returns the
+    """SIGTERM raises `Terminated` (``pipeline.runtime.stopping``), so a stage stops the same way
+    as on Ctrl-C (Ray shut down, the cluster stopped, outputs left whole). Put in place again after
+    ``ray.init``, which sets handlers of its own: one that exits the process from inside the stage
+    with status 15, and a C++ one that prints a stack trace as if Ray had crashed. Returns the
     handler replaced (None where signals cannot be set: not the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, _raise_terminated)
+    return stopping.install(signal.SIGTERM, stopping.raise_terminated)
 
 
 EMBEDDED_DEFAULTS = {
@@ -260,18 +238,18 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     gets a temp dir of its own and a watchdog (``pipeline.runtime.cluster_watchdog``) that stops it and
     removes that dir when the driver exits, however it exits.
     """
-    global _embedded, _heard_sigterm
+    global _embedded
     if ray.is_initialized():
         yield
         return
-    _heard_sigterm = False
+    stopping.forget_sigterm()
     address = address or os.environ.get("RAY_ADDRESS") or None
     kwargs = {"logging_level": logging.WARNING}
     watchdog = saved_env = None
     previous = os.environ.get("RAY_ADDRESS")
     # from the first moment: a SIGTERM while Ray starts stops it like one later (the cluster stopped,
     # "terminated", 143), not Python's default death that leaves Ray's agents behind
-    previous_sigterm = _raise_on_sigterm()
+    previous_sigterm = _raise_on_sigterm()  # None where signals cannot be set: not the main thread
     try:
         if address:
             context = _init_or_terminated(address=address, **kwargs)
@@ -305,8 +283,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         yield
     finally:
         _embedded = False
-        if previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, previous_sigterm)
+        stopping.restore(signal.SIGTERM, previous_sigterm)
         # no thread still running (a library's) may find this cluster's address and ray.init() again
         # into it while it stops, or after
         if previous is None:

@@ -47,6 +47,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from pipeline.errors import PipelineError
+from pipeline.runtime import stopping
 
 HOST = "127.0.0.1"
 REGION = "us-east-1"
@@ -497,10 +498,6 @@ def export_lines(server: LocalS3Server) -> list[str]:
     ]
 
 
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.tools.local_s3",
@@ -510,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=None, help="S3 port (default: a free one)")
     parser.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    stopping.install(signal.SIGTERM, stopping.raise_terminated)  # a KeyboardInterrupt: stops the server below
     server = LocalS3Server(args.data_dir, port=args.port)
     try:
         server.start()

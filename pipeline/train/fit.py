@@ -1,21 +1,20 @@
 """One training run on Ray Train, as the driver fits it: its attempts (``fit_with_restarts``: a lost
 worker restarts the run from its latest checkpoint, an error about the input ends it), each a
 ``TorchTrainer`` that Ray never restarts itself, and the driver's graceful stop while it trains
-(``GracefulStop``: the first SIGTERM or Ctrl-C stops after a step with its checkpoint, a second one
+(``graceful_stop``: the first SIGTERM or Ctrl-C stops after a step with its checkpoint, a second one
 or the grace period's end aborts; docs/reliability.md#stopping). ``launch.run_training`` calls it.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import sys
 import tempfile
-import threading
 
-from pipeline.errors import PipelineError, Terminated
-from pipeline.runtime import ray_runtime, storage
+from pipeline.errors import PipelineError
+from pipeline.runtime import ray_runtime, stopping, storage
+from pipeline.runtime.stopping import GracefulStop, stop_error
 from pipeline.train.checkpoint import latest_checkpoint
 from pipeline.train.config import TrainConfig
 from pipeline.train.errors import TrainError
@@ -62,73 +61,30 @@ GRACE_S = 25.0
 is aborted: within Kubernetes' default 30 s grace period, with time left to stop the cluster."""
 
 
-class GracefulStop:
+PROMISE = "stopping after the current step, whose checkpoint is written"
+"""What the first signal's line says the run will do."""
+
+
+def graceful_stop(relay) -> GracefulStop:
     """The driver's signals while a run trains: the first SIGTERM or SIGINT asks the run to stop
     after its current step, that step's checkpoint written (``pipeline.train.stop``), and gives it
     ``GRACE_S``; a second signal, or the grace period passed, aborts it as Ray Train's own Ctrl-C
-    does (the latest complete checkpoint stays). ``received``: the first signal, None before one."""
-
-    def __init__(self, relay):
-        self.relay, self.received, self._abort, self._timer = relay, None, None, None
-        self.grace_over = False
-        """Whether the grace period ran out (rather than a second signal coming)."""
-
-    def install(self, abort=None) -> None:
-        """Handle SIGINT and SIGTERM (main thread only); ``abort``: Ray Train's SIGINT handler,
-        which aborts the run (None before Ray Train put it in place)."""
-        if abort is not None:
-            self._abort = abort
-        signal.signal(signal.SIGINT, self.handle)
-        signal.signal(signal.SIGTERM, self.handle)
-
-    def handle(self, signum, frame) -> None:
-        if self.received is None:
-            self.received = signum
-            self.relay.request_stop.remote()
-            print(
-                f"{signal.Signals(signum).name}: stopping after the current step, whose checkpoint is "
-                f"written (at most {GRACE_S:.0f} s; a second signal stops at once)",
-                file=sys.stderr,
-                flush=True,
-            )
-            self._timer = threading.Timer(GRACE_S, self._run_out)
-            self._timer.daemon = True
-            self._timer.start()
-            return
-        if self._abort is None:
-            raise stop_error(self.received)
-        self._abort(signal.SIGINT, frame)
-
-    def _run_out(self) -> None:
-        self.grace_over = True
-        os.kill(os.getpid(), signal.SIGINT)
-
-    def aborted(self, run_dir: str) -> str:
-        """What an aborted stop kept: the latest complete checkpoint, and no export."""
-        why = (
-            f"no step boundary within the {GRACE_S:.0f} s grace period: a long step, or the final evaluation "
-            "and export"
-            if self.grace_over
-            else "a second signal"
-        )
-        kept = (
-            f"the latest checkpoint {kept} is kept"
-            if (kept := latest_checkpoint(run_dir))
-            else "no checkpoint"
-        )
-        return f"aborted ({why}); {kept}, the run is not exported; rerun the same command to continue"
-
-    def done(self) -> None:
-        """The run ended: no grace period left to run out."""
-        if self._timer is not None:
-            self._timer.cancel()
+    does (the latest complete checkpoint stays)."""
+    return GracefulStop(lambda: relay.request_stop.remote(), GRACE_S, PROMISE)
 
 
-def stop_error(signum: int | None, message: str = "") -> KeyboardInterrupt:
-    """What the entry point reports for a run stopped by ``signum``: `Terminated` (``terminated``,
-    143) for SIGTERM, else KeyboardInterrupt (``interrupted``, 130), with ``message`` after it."""
-    kind = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
-    return kind(message) if message else kind()
+def aborted(graceful: GracefulStop, run_dir: str) -> str:
+    """What an aborted stop kept: the latest complete checkpoint, and no export."""
+    why = (
+        f"no step boundary within the {GRACE_S:.0f} s grace period: a long step, or the final evaluation "
+        "and export"
+        if graceful.grace_over
+        else "a second signal"
+    )
+    kept = (
+        f"the latest checkpoint {kept} is kept" if (kept := latest_checkpoint(run_dir)) else "no checkpoint"
+    )
+    return f"aborted ({why}); {kept}, the run is not exported; rerun the same command to continue"
 
 
 def _stoppable_trainer(graceful: GracefulStop):
@@ -139,7 +95,7 @@ def _stoppable_trainer(graceful: GracefulStop):
     class StoppableTrainer(TorchTrainer):
         def _register_sigint_handler(self, controller):
             super()._register_sigint_handler(controller)
-            graceful.install(abort=signal.getsignal(signal.SIGINT))
+            graceful.install(abort=stopping.current(signal.SIGINT))
 
         def _create_default_callbacks(self):
             # Ray Train's placement-group cleaner asks the State API every second whether the
@@ -160,7 +116,7 @@ def _fit(cfg: TrainConfig, plan: RunPlan, relay) -> int | None:
     from ray.train.torch import TorchConfig
 
     ray_storage = tempfile.mkdtemp(prefix="elmo-ray-train-")
-    graceful = GracefulStop(relay)
+    graceful = graceful_stop(relay)
     trainer = _stoppable_trainer(graceful)(
         train_loop_per_worker,
         train_loop_config={"config": cfg, "plan": plan, "relay": relay},
@@ -177,27 +133,20 @@ def _fit(cfg: TrainConfig, plan: RunPlan, relay) -> int | None:
             **_quiet_train_logging(),
         ),
     )
-    previous_sigint, previous_sigterm = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    main_thread = threading.current_thread() is threading.main_thread()  # where signals can be set
-    if main_thread:
-        graceful.install()
-    try:
-        trainer.fit()
-    except SystemExit:
-        # Ray Train's own SIGINT handler aborted the run (its workers stop; the latest complete
-        # checkpoint stays as it was) and then exits the process; here that is a Ctrl-C (or a
-        # SIGTERM) like any other, which the entry point reports with exit status 130 (or 143).
-        raise stop_error(graceful.received, graceful.aborted(plan.run_dir)) from None
-    except Exception:
-        if graceful.received is not None:  # the run failed while stopping: stopped, not restarted
-            raise stop_error(graceful.received) from None
-        raise
-    finally:
-        graceful.done()
-        if main_thread:
-            signal.signal(signal.SIGINT, previous_sigint)  # Ray leaves its handler installed
-            signal.signal(signal.SIGTERM, previous_sigterm)
-        shutil.rmtree(ray_storage, ignore_errors=True)
+    with graceful:  # its handlers in place (main thread only) and the ones before restored after
+        try:
+            trainer.fit()
+        except SystemExit:
+            # Ray Train's own SIGINT handler aborted the run (its workers stop; the latest complete
+            # checkpoint stays as it was) and then exits the process; here that is a Ctrl-C (or a
+            # SIGTERM) like any other, which the entry point reports with exit status 130 (or 143).
+            raise stop_error(graceful.received, aborted(graceful, plan.run_dir)) from None
+        except Exception:
+            if graceful.received is not None:  # the run failed while stopping: stopped, not restarted
+                raise stop_error(graceful.received) from None
+            raise
+        finally:
+            shutil.rmtree(ray_storage, ignore_errors=True)
     return graceful.received
 
 

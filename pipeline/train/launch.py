@@ -31,6 +31,7 @@ from pipeline.model_loader import check_files, read_options
 from pipeline.output_folder import taken_back_on_failure
 from pipeline.runtime import cluster_capacity, ray_runtime, storage
 from pipeline.runtime.ray_runtime import RaySession
+from pipeline.runtime.stopping import stop_error
 from pipeline.stage import StageResult
 from pipeline.tracking.config import WandbMode
 from pipeline.tracking.offline_files import sync_command
@@ -39,7 +40,7 @@ from pipeline.train import run_length
 from pipeline.train.config import NAME_RULE, TrainConfig, run_name_ok
 from pipeline.train.errors import TrainError
 from pipeline.train.evaluate import check_heldout_split
-from pipeline.train.fit import fit_with_restarts, stop_error
+from pipeline.train.fit import fit_with_restarts
 from pipeline.train.metrics import read_metrics, repair_metrics
 from pipeline.train.plan import RunPlan
 from pipeline.train.progress import RelayFollower, relay_actor
@@ -157,7 +158,6 @@ def prepare_run(cfg: TrainConfig) -> RunPlan:
     return RunPlan(
         run_dir=run_dir,
         name=name,
-        shards=shards,
         manifest=manifest,
         vocab_size=len(vocab),
         ceiling_steps=ceiling,

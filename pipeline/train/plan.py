@@ -21,8 +21,8 @@ class RunPlan:
 
     run_dir: str
     name: str
-    shards: str
     manifest: ShardManifest
+    """The shard directory's manifest (``manifest.folder``: the shards, absolute)."""
     vocab_size: int
     ceiling_steps: int
     steps_per_epoch: int

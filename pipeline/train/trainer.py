@@ -123,7 +123,7 @@ class Trainer:
 
     def _batches(self, split: str, batch_size: int, unroll_steps: int, **kwargs):
         return open_lm_batches(
-            self.plan.shards,
+            self.plan.manifest.folder,
             split,
             self.cache,
             batch_size,

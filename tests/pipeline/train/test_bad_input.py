@@ -428,7 +428,7 @@ def test_the_same_shards_copied_elsewhere_resume(shards, tmp_path):
     copy = str(tmp_path / "copy")
     shutil.copytree(shards, copy)
     plan = prepare_run(cfg_for(copy, run, SMALL))
-    assert plan.shards == copy
+    assert plan.manifest.folder == copy
 
 
 def test_a_second_run_into_the_same_output_is_refused_while_the_first_holds_it(shards, tmp_path):

@@ -564,9 +564,9 @@ def test_no_placement_group_cleaner_where_no_state_api_answers(monkeypatch):
     cluster without a dashboard each ask warned (253 lines in a five-minute H200 run), so a run
     there goes without it, and keeps it where the dashboard runs."""
     from pipeline.runtime import ray_runtime
-    from pipeline.train.fit import GracefulStop, _stoppable_trainer
+    from pipeline.train.fit import _stoppable_trainer, graceful_stop
 
-    trainer = _stoppable_trainer(GracefulStop(None))(lambda _: None, train_loop_config={})
+    trainer = _stoppable_trainer(graceful_stop(None))(lambda _: None, train_loop_config={})
     names = lambda: [type(c).__name__ for c in trainer._create_default_callbacks()]  # noqa: E731
     monkeypatch.setattr(ray_runtime, "state_api_available", lambda: True)
     assert "PlacementGroupCleanerCallback" in names()
@@ -578,16 +578,16 @@ def test_no_placement_group_cleaner_where_no_state_api_answers(monkeypatch):
 def test_an_aborted_stop_says_what_it_kept_and_that_no_export_was_written(tmp_path):
     """Issue 65, item 12: a stop whose grace period ran out in the final evaluation printed a bare
     ``terminated``: it now names why it was aborted, the checkpoint kept and the missing export."""
-    from pipeline.train.fit import GRACE_S, GracefulStop
+    from pipeline.train.fit import GRACE_S, aborted, graceful_stop
 
     run = str(tmp_path / "run")
-    graceful = GracefulStop(None)
-    assert graceful.aborted(run) == (
+    graceful = graceful_stop(None)
+    assert aborted(graceful, run) == (
         "aborted (a second signal); no checkpoint, the run is not exported; rerun the same command to continue"
     )
     ckpt.mark_complete(ckpt.checkpoint_path(run, 40), 40, 1)
     graceful.grace_over = True
-    assert graceful.aborted(run) == (
+    assert aborted(graceful, run) == (
         f"aborted (no step boundary within the {GRACE_S:.0f} s grace period: a long step, or the final "
         f"evaluation and export); the latest checkpoint {ckpt.checkpoint_path(run, 40)} is kept, the run is "
         "not exported; rerun the same command to continue"
