@@ -315,7 +315,9 @@ def _end_jobs(child: subprocess.Popen) -> None:
 
 def _serve(jobs: BinaryIO, results: BinaryIO, parent_pid: int) -> None:
     """The child's loop: a job from ``jobs``, its answer to ``results``, until ``jobs`` ends."""
-    when_parent_goes(parent_pid, lambda: os._exit(0))  # jobs end with the parent, even if a fork kept their pipe open
+    when_parent_goes(
+        parent_pid, lambda: os._exit(0)
+    )  # jobs end with the parent, even if a fork kept their pipe open
     sys.path[:] = pickle.load(jobs)
     while True:
         try:
