@@ -21,7 +21,11 @@ import re
 from pipeline.embed.file_format import FORMATS
 from pipeline.runtime import storage
 
-FORMAT = "elmo-embeddings/1"
+SCHEMA = "elmo-embeddings/2"
+"""The schema of this stage's ``run.json`` and ``manifest.json``, under the key ``schema``."""
+FIRST_SCHEMA = "elmo-embeddings/1"
+"""The first schema, under the key ``format`` (which the config uses for the file format); its
+records may lack the settings of ``RUN_DEFAULTS``, added later."""
 MANIFEST_FILE = "manifest.json"
 PROGRESS_DIR = "_progress"
 RUN_FILE = "run.json"
@@ -39,12 +43,30 @@ version of the stage, counts 0)."""
 
 
 RUN_DEFAULTS = {"precision": "float32", "pool": "none", "layout": "allennlp", "file_format": "hdf5"}
-"""Run settings added after ``run.json`` was first written: an older run had these values."""
+"""Run settings added during the first schema: a first-schema run that does not record one had this
+value."""
 
 
-def with_defaults(run: dict) -> dict:
-    """``run`` (a ``run.json``) with ``RUN_DEFAULTS`` for the settings an older version did not record."""
-    return {**RUN_DEFAULTS, **run}
+def schema_of(document: object) -> str | None:
+    """The schema of a ``run.json`` or ``manifest.json`` document this stage wrote, None for any
+    other document."""
+    if not isinstance(document, dict):
+        return None
+    if document.get("schema") == SCHEMA:
+        return SCHEMA
+    if "schema" not in document and document.get("format") == FIRST_SCHEMA:
+        return FIRST_SCHEMA
+    return None
+
+
+def current(document: dict) -> dict:
+    """A ``run.json`` or ``manifest.json`` document in this schema: a first-schema one gets its key
+    renamed and ``RUN_DEFAULTS`` for the settings it did not record (the only schema that may lack
+    them); one in this schema is as it is."""
+    if schema_of(document) != FIRST_SCHEMA:
+        return dict(document)
+    recorded = {k: v for k, v in document.items() if k != "format"}
+    return {"schema": SCHEMA, **RUN_DEFAULTS, **recorded}
 
 
 SHARD_NAME = re.compile(rf"embeddings-(\d{{6,}})\.({'|'.join(FORMATS)})")
@@ -79,9 +101,9 @@ def totals(entries: list[dict]) -> dict:
 def build_manifest(run: dict, model: dict, entries: list[dict], config: dict) -> dict:
     """The manifest document: ``run`` settings, ``model`` (paths, sha256, dims), shards in line order."""
     ordered = sorted(entries, key=lambda e: e["index"])
-    run = with_defaults(run)
+    run = current(run)
     return {
-        "format": FORMAT,
+        "schema": SCHEMA,
         "layers": run["layers"],
         "dtype": run["dtype"],
         "layout": run["layout"],

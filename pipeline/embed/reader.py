@@ -38,7 +38,7 @@ def read_embeddings(output: str) -> Iterator[tuple[int, np.ndarray]]:
         return
     document = _manifest(output)
     pooled = document.get("pool") == "mean"
-    fmt = format_named(document.get("file_format", manifest.RUN_DEFAULTS["file_format"]))
+    fmt = format_named(document["file_format"])
     for entry in _entries(output, document):
         yield from _shard(output, entry, pooled, fmt)
 
@@ -56,9 +56,9 @@ def _manifest(output: str) -> dict:
         document = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError):
         document = None
-    if not isinstance(document, dict) or document.get("format") != manifest.FORMAT:
-        raise EmbedError(f"{path}: not an elmo embed manifest ({manifest.FORMAT})")
-    return document
+    if manifest.schema_of(document) is None:
+        raise EmbedError(f"{path}: not an elmo embed manifest ({manifest.SCHEMA} or {manifest.FIRST_SCHEMA})")
+    return manifest.current(document)
 
 
 REQUIRED = {"name": str, "index": int, "first_line": int, "end_line": int, "sha256": str}

@@ -91,7 +91,7 @@ def _check_own_manifest(output: str) -> None:
         document = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError):
         document = None
-    if isinstance(document, dict) and document.get("format") == manifest.FORMAT:
+    if manifest.schema_of(document) is not None:
         return
     try:
         shard_manifest.parse_manifest(data, output)
@@ -118,12 +118,12 @@ def claim_output(output: str, run: dict) -> bool:
     """Record ``run`` as the owner of ``output``; True when an earlier run with the same settings is resumed.
 
     EmbedError when the output holds a run with other settings, naming the first difference. A
-    setting one side does not record (an older version's) counts as its default value.
+    first-schema run (``manifest.current``) counts the settings it did not record as their defaults.
     """
     path = manifest.run_path(output)
     if storage.exists(path):
-        previous = manifest.with_defaults(read_marker(output, OWN_FILES, EmbedError))
-        current = manifest.with_defaults(run)
+        previous = manifest.current(read_marker(output, OWN_FILES, EmbedError))
+        current = manifest.current(run)
         for key in sorted(set(current) | set(previous)):
             if previous.get(key) != current.get(key):
                 raise EmbedError(

@@ -49,7 +49,7 @@ from pipeline.tracking.stage_run import StageRun
 def run_settings(cfg, kind: str, paths: list[str], model_sha256: str) -> dict:
     """The settings that decide the vectors; a rerun into the same output must repeat them."""
     return {
-        "format": manifest.FORMAT,
+        "schema": manifest.SCHEMA,
         "input_kind": kind,
         "input": list(paths),
         "shard_splits": list(cfg.shard_splits) if kind == "shards" else [],

@@ -32,12 +32,9 @@ from __future__ import annotations
 
 import mmap
 import os
-import pickle
 import queue
 import select
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -54,9 +51,7 @@ from pipeline.embed.resume import commit_shard
 from pipeline.embed.shard_vectors import ShardVectors
 from pipeline.runtime import stopping
 from pipeline.runtime.background import STOPPED_STATES, process_state, when_parent_goes
-
-_HEADER = struct.Struct(">Q")
-"""A message's length, before the pickled message."""
+from pipeline.runtime.child_process import Channel, start_python
 
 _MAX_FDS = 1
 """File descriptors a request carries: its buffer's, when its vectors are on one."""
@@ -177,7 +172,7 @@ class ShardWriters:
         request = {
             "output": output,
             "stats": stats,
-            "format": fmt,
+            "file_format": fmt,
             "shard": (shard.first_line, vectors, shard.offsets, shard.pooled, shard.tokens),
             "live": self.buffers.live(),
         }
@@ -194,34 +189,29 @@ class ShardWriters:
 
 
 class _Writer:
-    """One writer process and the actor's end of its socket."""
+    """One writer process and the actor's end of its channel (Linux: memfds travel beside it)."""
 
     def __init__(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # Linux: memfds, SCM_RIGHTS
+        self.channel, theirs = Channel.pair(_MAX_FDS)
         try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", _MAIN, str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                # a session (and group) of its own: a Ctrl-C or a scheduler's signal to the job's
-                # group is the driver's to act on; a writer stops with its actor (see serve)
-                start_new_session=True,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+            # a session (and group) of its own: a Ctrl-C or a scheduler's signal to the job's group is
+            # the driver's to act on; a writer stops with its actor (see serve)
+            self.process = start_python(
+                ["-c", _MAIN, str(theirs.fileno())], pass_fds=[theirs.fileno()], own_session=True
             )
         except BaseException:
-            ours.close()
+            self.channel.close()
             raise
         finally:
             theirs.close()
-        self.socket = ours
 
     def commit(self, request: dict, fds: list[int], nbytes: int) -> dict:
         """The entry of the shard ``request`` carries (its vectors ``nbytes``), from the writer."""
         index = request["stats"]["index"]
         try:
-            _send(self.socket, request, fds)
+            self.channel.send(request, fds)
             self._await_answer(index, ANSWER_MIN_S + nbytes / ANSWER_BYTES_PER_S)
-            (kind, value), _ = _receive(self.socket)
+            (kind, value), _ = self.channel.receive()
         except (EOFError, OSError):
             raise EmbedError(
                 f"the writer process of shard {index} (pid {self.process.pid}) {self._ended()} before committing it; "
@@ -238,7 +228,7 @@ class _Writer:
         stopped ``STOPPED_S``, end it and raise an EmbedError naming its pid and state."""
         started = time.monotonic()
         stopped_since = None
-        while not select.select([self.socket], [], [], POLL_S)[0]:
+        while not select.select([self.channel], [], [], POLL_S)[0]:
             code, state = process_state(self.process.pid)
             now = time.monotonic()
             stopped_since = (stopped_since or now) if code in STOPPED_STATES else None
@@ -258,44 +248,12 @@ class _Writer:
         return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
     def close(self) -> None:
-        self.socket.close()  # the writer's next read ends: it exits
+        self.channel.close()  # the writer's next read ends: it exits
         try:
             self.process.wait(timeout=STOP_WAIT_S)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-
-
-def _send(sock: socket.socket, message: object, fds: list[int] = ()) -> None:
-    data = pickle.dumps(message, protocol=5)
-    header = _HEADER.pack(len(data))
-    if fds:
-        socket.send_fds(sock, [header], list(fds))
-    else:
-        sock.sendall(header)
-    sock.sendall(data)
-
-
-def _receive(sock: socket.socket) -> tuple[object, list[int]]:
-    """A message and the file descriptors sent with it; EOFError when the other end has closed."""
-    header, fds, _, _ = socket.recv_fds(sock, _HEADER.size, _MAX_FDS)
-    if not header:
-        raise EOFError
-    header += _read_exactly(sock, _HEADER.size - len(header))
-    (size,) = _HEADER.unpack(header)
-    # only ever bytes this module's other end pickled, over a socket pair no one else holds
-    return pickle.loads(_read_exactly(sock, size)), fds  # noqa: S301
-
-
-def _read_exactly(sock: socket.socket, size: int) -> bytes:
-    data = bytearray(size)
-    view, got = memoryview(data), 0
-    while got < size:
-        count = sock.recv_into(view[got:])
-        if not count:
-            raise EOFError
-        got += count
-    return bytes(data)
 
 
 # ---------------------------------------------------------------- the writer process
@@ -309,11 +267,11 @@ def serve() -> None:
     stopping.child_process(exit_on_sigterm=True)
     # a SIGTERM to this process once its actor is gone (killed: its socket may live on in a process it forked)
     when_parent_goes(os.getppid(), lambda: os.kill(os.getpid(), signal.SIGTERM), PARENT_POLL_S)
-    sock = socket.socket(fileno=int(sys.argv[1]))
+    channel = Channel.from_fd(int(sys.argv[1]), _MAX_FDS)
     mapped: dict[int, np.ndarray] = {}
     while True:
         try:
-            request, fds = _receive(sock)
+            request, fds = channel.receive()
         except (EOFError, ConnectionError):
             return
         try:
@@ -323,7 +281,7 @@ def serve() -> None:
         except Exception:  # a bug: its traceback goes back to the actor
             reply = ("failure", traceback.format_exc())
         try:
-            _send(sock, reply)
+            channel.send(reply)
         except (BrokenPipeError, ConnectionError):
             return
 
@@ -337,7 +295,7 @@ def _commit(request: dict, fds: list[int], mapped: dict[int, np.ndarray]) -> dic
     for key in set(mapped) - set(request["live"]):
         del mapped[key]  # buffers the actor has dropped (the request's own is live: the actor views it)
     shard = ShardVectors(first_line, vectors, offsets, pooled, tokens)
-    return commit_shard(request["output"], request["stats"], shard, request["format"])
+    return commit_shard(request["output"], request["stats"], shard, request["file_format"])
 
 
 def _shared_view(where: SharedArray, fds: list[int], mapped: dict[int, np.ndarray]) -> np.ndarray:

@@ -6,10 +6,9 @@ steps run, the next shard read while this one is trained on. Daemon threads: a p
 them (a checkpoint only counts once its ``COMPLETE`` is written; an abandoned read is dropped).
 
 :class:`HelperProcess` runs picklable work in a child started as ``python -m pipeline.runtime.background``
-(not multiprocessing's spawn, which re-imports the parent's main script in the child: a Ray
-worker's ``default_worker.py`` with all of Ray, or a user's script without a ``__main__`` guard,
-which then runs again). The child imports only what the work needs and ends with its parent, even
-one killed by SIGKILL, where no shutdown message ever comes.
+(``child_process.start_python``: not multiprocessing's spawn), jobs and answers over a
+``child_process.Channel``. The child imports only what the work needs and ends with its parent
+(:func:`when_parent_goes`), even one killed by SIGKILL, where no shutdown message ever comes.
 """
 
 from __future__ import annotations
@@ -25,7 +24,9 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, BinaryIO
+from typing import Any
+
+from pipeline.runtime.child_process import Channel, start_python
 
 
 def in_thread(work: Callable[[], Any], name: str) -> Future:
@@ -178,6 +179,7 @@ class HelperProcess:
 
     def __init__(self) -> None:
         self._child: subprocess.Popen | None = None
+        self._channel: Channel | None = None
         self._pending: collections.deque[Future] = collections.deque()
         self._lock = threading.Lock()
         self._collector: threading.Thread | None = None
@@ -197,8 +199,7 @@ class HelperProcess:
                 self._start()
             self._pending.append(future)
             try:
-                self._child.stdin.write(job)
-                self._child.stdin.flush()
+                self._channel.send_pickled(job)
             except OSError:
                 pass  # the child is gone: the collector fails every pending future, this one too
         return future
@@ -223,33 +224,30 @@ class HelperProcess:
             if child is not None:
                 self._finalizer.detach()
                 child.kill()
-                _end_jobs(child)
+                self._channel.stop_sending()
                 self._collector.join(timeout=10)
+                self._channel.close()
 
     def _start(self) -> None:
-        results_read, results_write = os.pipe()
-        # the child finds this package where the parent does, then takes the parent's whole path
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # above pipeline/
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-        child = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.runtime.background", str(results_write), str(os.getpid())],
-            stdin=subprocess.PIPE,
-            pass_fds=(results_write,),
-            env=env,
-        )
-        os.close(results_write)
-        _send(child.stdin, list(sys.path))
+        channel, theirs = Channel.pair()
+        try:
+            child = start_python(
+                ["-m", "pipeline.runtime.background", str(theirs.fileno()), str(os.getpid())],
+                pass_fds=[theirs.fileno()],
+            )
+        except BaseException:
+            channel.close()
+            raise
+        finally:
+            theirs.close()
         collector = threading.Thread(
-            target=_collect,
-            args=(child, os.fdopen(results_read, "rb"), self._pending),
-            name="helper-results",
-            daemon=True,
+            target=_collect, args=(child, channel, self._pending), name="helper-results", daemon=True
         )
         collector.start()
-        self._child, self._collector = child, collector
+        self._child, self._channel, self._collector = child, channel, collector
         # collected without a close: the child answers what was submitted, then sees its jobs end
         # (no reference to self here, or this object would never be collected)
-        self._finalizer = weakref.finalize(self, _end_jobs, child)
+        self._finalizer = weakref.finalize(self, channel.stop_sending)
 
 
 _STATES = {
@@ -277,26 +275,20 @@ def process_state(pid: int) -> tuple[str, str]:
     return code, _STATES.get(code, f"state {code}")
 
 
-def _send(stream: BinaryIO, message: Any) -> None:
-    pickle.dump(message, stream, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.flush()
-
-
-def _collect(child: subprocess.Popen, results: BinaryIO, pending: collections.deque) -> None:
+def _collect(child: subprocess.Popen, channel: Channel, pending: collections.deque) -> None:
     """Hands each answer to the oldest pending future; when the child ends, fails the rest."""
     reason = ""
-    with results:
-        while True:
-            try:
-                ok, value = pickle.load(results)
-            except EOFError:  # the child ended
-                break
-            except Exception as err:  # noqa: BLE001 - an answer this process cannot read: stop the child
-                reason = f"; its answer could not be read: {err}"
-                child.kill()
-                break
-            future = pending.popleft()
-            future.set_result(value) if ok else future.set_exception(value)
+    while True:
+        try:
+            (ok, value), _ = channel.receive()
+        except (EOFError, OSError):  # the child ended (or this end was closed)
+            break
+        except Exception as err:  # noqa: BLE001 - an answer this process cannot read: stop the child
+            reason = f"; its answer could not be read: {err}"
+            child.kill()
+            break
+        future = pending.popleft()
+        future.set_result(value) if ok else future.set_exception(value)
     code = child.wait()
     while pending:
         pending.popleft().set_exception(
@@ -306,26 +298,17 @@ def _collect(child: subprocess.Popen, results: BinaryIO, pending: collections.de
         )
 
 
-def _end_jobs(child: subprocess.Popen) -> None:
-    try:
-        child.stdin.close()
-    except OSError:
-        pass  # a killed child's pipe may refuse the flush
-
-
-def _serve(jobs: BinaryIO, results: BinaryIO, parent_pid: int) -> None:
-    """The child's loop: a job from ``jobs``, its answer to ``results``, until ``jobs`` ends."""
-    when_parent_goes(
-        parent_pid, lambda: os._exit(0)
-    )  # jobs end with the parent, even if a fork kept their pipe open
-    sys.path[:] = pickle.load(jobs)
+def _serve(channel: Channel, parent_pid: int) -> None:
+    """The child's loop: a job, its answer, until the parent stops sending (or is gone)."""
+    # jobs end with the parent, even if a fork kept its end of the channel open
+    when_parent_goes(parent_pid, lambda: os._exit(0))
     while True:
         try:
-            fn, args = pickle.load(jobs)
+            (fn, args), _ = channel.receive()
         except EOFError:
             return
         except Exception as err:  # noqa: BLE001 - a job that does not unpickle here: say so, and stop
-            _send(results, (False, HelperProcessError(f"the helper process cannot read a job: {err}")))
+            channel.send((False, HelperProcessError(f"the helper process cannot read a job: {err}")))
             return
         try:
             answer = (True, fn(*args))
@@ -335,12 +318,11 @@ def _serve(jobs: BinaryIO, results: BinaryIO, parent_pid: int) -> None:
             data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as err:  # noqa: BLE001 - an answer that does not pickle
             data = pickle.dumps((False, HelperProcessError(f"{answer[1]!r} cannot be sent back ({err})")))
-        results.write(data)
-        results.flush()
+        channel.send_pickled(data)
 
 
 if __name__ == "__main__":
     # run the module's own copy, not __main__'s, so HelperProcessError pickles under its real name
     from pipeline.runtime import background
 
-    background._serve(sys.stdin.buffer, os.fdopen(int(sys.argv[1]), "wb"), int(sys.argv[2]))
+    background._serve(Channel.from_fd(int(sys.argv[1])), int(sys.argv[2]))

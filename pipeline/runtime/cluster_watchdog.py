@@ -26,6 +26,7 @@ import time
 
 from pipeline.runtime import stopping
 from pipeline.runtime.background import when_parent_goes
+from pipeline.runtime.child_process import start_python
 
 MARKER_VAR = "ELMO_EMBEDDED_RAY"
 """Environment variable whose value names one embedded cluster."""
@@ -96,16 +97,14 @@ class Watchdog:
         self._process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if k != MARKER_VAR}
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.runtime.cluster_watchdog", self.marker, self.temp_dir],
+        self._process = start_python(
+            ["-m", "pipeline.runtime.cluster_watchdog", self.marker, self.temp_dir],
             stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=env,
+            quiet=True,
+            without_env=[MARKER_VAR],  # not one of the processes it stops
             # its own session: a Ctrl-C to the terminal's process group must not stop the watchdog
             # before the cluster it watches
-            start_new_session=True,
+            own_session=True,
         )
 
     def stop(self, timeout: float = 30.0) -> None:

@@ -147,3 +147,23 @@ def test_a_tiny_shard_whose_dataset_claims_gigabytes_is_refused_before_it_is_rea
     single.symlink_to("/dev/zero")
     with pytest.raises(EmbedError, match="single.hdf5: not a regular file"):
         list(read_embeddings(str(single)))
+
+
+def test_an_output_of_the_first_schema_is_still_read_and_resumed(ray_local, tmp_path):
+    """Outputs written before the schema got its own key (``"format": "elmo-embeddings/1"``, and no
+    record of the settings added later) read the same and a rerun into them resumes."""
+    output = _embed(str(tmp_path), "out", {})
+    expected = list(read_embeddings(output))
+    later = ("schema", "file_format", "layout", "pool", "precision")
+    for path in (tmp_path / "out" / "manifest.json", tmp_path / "out" / "_progress" / "run.json"):
+        document = json.loads(path.read_text())
+        path.write_text(
+            json.dumps(
+                {"format": "elmo-embeddings/1", **{k: v for k, v in document.items() if k not in later}}
+            )
+        )
+    got = list(read_embeddings(output))
+    assert [line for line, _ in got] == [line for line, _ in expected]
+    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(got, expected, strict=True))
+    _embed(str(tmp_path), "out", {})  # the same settings: a resume with nothing to do, not a refusal
+    assert [line for line, _ in read_embeddings(output)] == [line for line, _ in expected]
