@@ -32,6 +32,11 @@ from pipeline.formats.shard_format import (
 )
 from pipeline.runtime import storage
 
+FORMAT_VERSION = 2
+"""The manifest's ``format_version``. 2: ``baselines.kneser_ney`` is a list of models (one per
+``kneser_ney_orders``), and the line record and each held-out shard's ``unigram_nll`` are always
+there. 1 held one model; a manifest of 1 or of no version (an older shard stage) may lack the
+line record and the held-out shards' ``unigram_nll``, which are then read as absent."""
 MIN_SENTENCE_BYTES = 10
 """A sentence costs a shard at least this many bytes: a 4-byte length, a 4-byte id per token (at
 least one) and its text with a newline (at least 2 bytes). A manifest that claims more sentences
@@ -232,7 +237,8 @@ class ShardManifest:
         shards, totals, vocab = (record.get(k) for k in ("shards", "totals", "vocab"))
         if not isinstance(shards, dict) or not isinstance(totals, dict) or not isinstance(vocab, dict):
             raise FormatError(f"manifest {where}: needs 'shards', 'totals' and 'vocab' objects")
-        entries = {split: _entries(shards.get(split), split, where) for split in SPLITS}
+        current = record.get("format_version") == FORMAT_VERSION  # an older one may lack some records
+        entries = {split: _entries(shards.get(split), split, where, current) for split in SPLITS}
         listed = json.dumps(shards, sort_keys=True, separators=(",", ":")).encode()
         return cls(
             folder=folder,
@@ -241,7 +247,7 @@ class ShardManifest:
             vocab=_vocab(vocab, where),
             kneser_ney=_kneser_ney(record, where),
             settings=_settings(record.get("config"), where),
-            lines=_lines(record.get("lines"), record.get("inputs_detail"), where),
+            lines=_lines(record.get("lines"), record.get("inputs_detail"), where, current),
             listing_sha256=hashlib.sha256(listed).hexdigest(),
         )
 
@@ -284,7 +290,7 @@ def _typed(value: Any, kind: type) -> bool:
     return isinstance(value, kind)
 
 
-def _entries(listed: Any, split: str, where: str) -> tuple[ShardEntry, ...]:
+def _entries(listed: Any, split: str, where: str, current: bool) -> tuple[ShardEntry, ...]:
     if not isinstance(listed, list):
         raise FormatError(f"manifest {where}: shards.{split} must be a list")
     entries = []
@@ -302,8 +308,8 @@ def _entries(listed: Any, split: str, where: str) -> tuple[ShardEntry, ...]:
         if not 0 <= entry["sentences"] <= entry["tokens"]:
             raise FormatError(f"{field}: sentences and tokens must be 0 <= sentences <= tokens")
         nll = entry.get("unigram_nll")
-        if nll is not None and not (_typed(nll, float) and nll >= 0):
-            raise FormatError(f"{field}.unigram_nll is not a finite number >= 0")
+        if (nll is not None or (current and split == "heldout")) and not (_typed(nll, float) and nll >= 0):
+            raise FormatError(f"{field}.unigram_nll missing or not a finite number >= 0")
         entries.append(ShardEntry(entry["name"], entry["sentences"], entry["tokens"], entry["sha256"], nll))
     return tuple(entries)
 
@@ -414,8 +420,8 @@ def _settings(config: Any, where: str) -> ShardSettings:
     return ShardSettings(**found)
 
 
-def _lines(lines: Any, inputs: Any, where: str) -> LineCounts | None:
-    if lines is None:
+def _lines(lines: Any, inputs: Any, where: str, current: bool) -> LineCounts | None:
+    if lines is None and not current:
         return None
     bad = FormatError(f"manifest {where}: lines is not the shard stage's line record")
     if not isinstance(lines, dict):

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.formats.shard_format import COUNTS_FILE, MANIFEST_FILE, SPLITS, VOCAB_FILE
-from pipeline.formats.shard_manifest import SplitTotals
+from pipeline.formats.shard_manifest import FORMAT_VERSION, SplitTotals
 from pipeline.output_folder import LEASE_FILE, OwnFiles
 from pipeline.shard.baseline import ARPA_FILE
 from pipeline.shard.config import RUNTIME_KEYS, record_defaults
@@ -34,8 +34,6 @@ from pipeline.shard.vocabulary import Vocabulary
 from pipeline.shard.writer import ShardRecord
 from pipeline.tracking.offline_files import RUNS_PATTERN
 
-FORMAT_VERSION = 2
-"""2: ``baselines.kneser_ney`` is a list of models (one per ``kneser_ney_orders``); 1 held one."""
 RUN_FILE = "shard_run.json"
 """The run's identity, written before anything else: it makes the folder this stage's
 (``pipeline/output_folder.py``), and a rerun with another identity is refused."""

@@ -87,7 +87,10 @@ def test_read_manifest_and_urls(tmp_path):
             lambda m: m["shards"]["train"][0].update(tokens=True),
             r"shards.train\[0\].tokens missing or not int",
         ),
-        (lambda m: m["shards"]["train"][0].update(unigram_nll="1"), r"unigram_nll is not a finite number"),
+        (
+            lambda m: m["shards"]["train"][0].update(unigram_nll="1"),
+            r"unigram_nll missing or not a finite number",
+        ),
         (lambda m: m["totals"]["train"].update(tokens="5"), "totals.train"),
         (lambda m: m["totals"]["train"].update(bytes=1.5), "totals.train.blocks/bytes not int"),
         (lambda m: m["totals"]["heldout"].pop("unk_tokens"), "totals.heldout.sentences/tokens/unk_tokens"),
@@ -143,8 +146,26 @@ def test_invalid_manifest_is_one_line_error(tmp_path, mutate, match):
         parse_manifest(b"{not json", str(tmp_path))
 
 
+LINES = {"read": 2, "skipped": {"empty": 0, "overlong": 0}}
+
+
+def test_what_an_older_shard_stage_did_not_record_is_required_of_this_version():
+    heldout = {"name": "heldout-000000.tar", "sentences": 1, "tokens": 3, "sha256": "ef" * 32}
+    older = _manifest()
+    older["shards"]["heldout"] = [heldout]
+    read = ShardManifest.of(older, "d")  # no version: the line record and the unigram's cost may be absent
+    assert read.lines is None and read.unigram_perplexity is None
+    current = older | {"format_version": 2}
+    with pytest.raises(FormatError, match=r"shards.heldout\[0\].unigram_nll missing"):
+        ShardManifest.of(current, "d")
+    current["shards"] = {"train": older["shards"]["train"], "heldout": [{**heldout, "unigram_nll": 3.0}]}
+    with pytest.raises(FormatError, match="lines is not the shard stage's line record"):
+        ShardManifest.of(current, "d")
+    assert ShardManifest.of(current | {"lines": LINES}, "d").lines.read == 2
+
+
 def _with_kneser_ney(version: int, models) -> dict:
-    return _manifest() | {"format_version": version, "baselines": {"kneser_ney": models}}
+    return _manifest() | {"format_version": version, "baselines": {"kneser_ney": models}, "lines": LINES}
 
 
 def test_kneser_ney_models_are_read_as_a_list_from_either_format():
@@ -155,7 +176,10 @@ def test_kneser_ney_models_are_read_as_a_list_from_either_format():
     five = {**record, "order": 5, "perplexity": 40.4, "arpa": arpa}
     models = ShardManifest.of(_with_kneser_ney(2, [record, five]), "d").kneser_ney
     assert models == (three, KneserNeyModel(5, 40.4, 100, ArpaFile("kneser_ney.arpa.gz", 1000, "ab" * 32)))
-    assert ShardManifest.of(_manifest() | {"format_version": 2, "baselines": {}}, "d").kneser_ney == ()
+    assert (
+        ShardManifest.of(_manifest() | {"format_version": 2, "baselines": {}, "lines": LINES}, "d").kneser_ney
+        == ()
+    )
     with pytest.raises(FormatError, match="not distinct ascending ones"):
         ShardManifest.of(_with_kneser_ney(2, [five, record]), "d")
     with pytest.raises(FormatError, match="for each model, an order in 2..5"):
