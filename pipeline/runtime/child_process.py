@@ -98,7 +98,7 @@ class Channel:
         header, fds, _, _ = socket.recv_fds(self.socket, _HEADER.size, max(self.max_fds, 1))
         if not header:
             raise EOFError
-        header += self._exactly(_HEADER.size - len(header))
+        header += bytes(self._exactly(_HEADER.size - len(header)))
         (size,) = _HEADER.unpack(header)
         return pickle.loads(self._exactly(size)), fds  # noqa: S301 - the package's own processes
 
@@ -113,12 +113,12 @@ class Channel:
     def close(self) -> None:
         self.socket.close()
 
-    def _exactly(self, size: int) -> bytes:
-        data = bytearray(size)
+    def _exactly(self, size: int) -> bytearray:
+        data = bytearray(size)  # returned as it is: pickle reads a bytearray without a copy
         view, got = memoryview(data), 0
         while got < size:
             count = self.socket.recv_into(view[got:])
             if not count:
                 raise EOFError
             got += count
-        return bytes(data)
+        return data
