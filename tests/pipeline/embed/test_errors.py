@@ -269,18 +269,17 @@ def test_a_failed_run_takes_back_its_claim_and_the_folders_it_made(where, tmp_pa
 
 def test_rerun_with_other_settings_or_changed_input_is_refused(tmp_path):
     out = str(tmp_path / "out")
-    run = {"layers": "all", "dtype": "float32"}
-    assert resume.claim_output(out, run) is False
-    assert resume.claim_output(out, dict(run)) is True
+    first = {"format": manifest.FIRST_SCHEMA, "layers": "all", "dtype": "float32"}
+    assert resume.claim_output(out, first) is False
+    assert resume.claim_output(out, dict(first)) is True
     with pytest.raises(EmbedError, match=r"holds a run with other settings \(layers: 'all', now 'top'\)"):
-        resume.claim_output(out, {**run, "layers": "top"})
-    # a claim written before layout, pool and precision were recorded holds their defaults
-    assert (
-        resume.claim_output(out, {**run, "layout": "allennlp", "pool": "none", "precision": "float32"})
-        is True
-    )
+        resume.claim_output(out, {**first, "layers": "top"})
+    # a claim of the first schema, written before layout, pool, precision and file_format were
+    # recorded, holds their defaults; this schema's run resumes it
+    now = {"schema": manifest.SCHEMA, "layers": "all", "dtype": "float32", **manifest.RUN_DEFAULTS}
+    assert resume.claim_output(out, now) is True
     with pytest.raises(EmbedError, match=r"other settings \(layout: 'allennlp', now 'packed'\)"):
-        resume.claim_output(out, {**run, "layout": "packed"})
+        resume.claim_output(out, {**now, "layout": "packed"})
 
     path = tmp_path / "in.txt"
     path.write_bytes(b"a\nb\nc\n")
