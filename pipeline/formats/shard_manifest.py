@@ -156,7 +156,7 @@ class ShardManifest:
 
     @property
     def path(self) -> str:
-        return storage.join(self.folder, MANIFEST_FILE)
+        return manifest_path(self.folder)
 
     @property
     def vocab_path(self) -> str:
@@ -231,7 +231,7 @@ class ShardManifest:
     def of(cls, record: Any, folder: str) -> ShardManifest:
         """The manifest of the JSON object ``record`` (as the shard stage builds or writes it) for
         the directory ``folder``, checked."""
-        where = storage.join(folder, MANIFEST_FILE)
+        where = manifest_path(folder)
         if not isinstance(record, dict):
             raise FormatError(f"manifest {where}: expected a JSON object")
         shards, totals, vocab = (record.get(k) for k in ("shards", "totals", "vocab"))
@@ -257,9 +257,7 @@ def parse_manifest(data: bytes, folder: str) -> ShardManifest:
     try:
         record = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise FormatError(
-            f"manifest {storage.join(folder, MANIFEST_FILE)} is not valid JSON ({err})"
-        ) from None
+        raise FormatError(f"manifest {manifest_path(folder)} is not valid JSON ({err})") from None
     return ShardManifest.of(record, folder)
 
 
