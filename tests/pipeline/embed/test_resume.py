@@ -11,13 +11,19 @@ import numpy as np
 import pytest
 from embed_fixtures import shard_of
 
-from pipeline.embed import resume
+from pipeline.embed import manifest, resume
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.file_format import chosen_format
 from pipeline.embed.inputs import ShardSpec
 from pipeline.output_folder import taken_back_on_failure
 
-RUN = {"input": "corpus.txt", "model_sha256": "ab" * 32, "layers": "all", "dtype": "float32"}
+RUN = {
+    "schema": manifest.SCHEMA,
+    "input": "corpus.txt",
+    "model_sha256": "ab" * 32,
+    "layers": "all",
+    "dtype": "float32",
+}
 
 
 def specs(count: int, lines: int = 10) -> list[ShardSpec]:
@@ -43,8 +49,14 @@ def test_a_claim_is_written_once_and_resumed_only_with_the_same_settings(tmp_pat
     assert resume.claim_output(out, RUN) is False
     assert json.loads((tmp_path / "emb" / "_progress" / "run.json").read_text()) == RUN
     assert resume.claim_output(out, dict(RUN)) is True
-    # a setting an older run did not record counts as its default
-    assert resume.claim_output(out, {**RUN, "precision": "float32"}) is True
+    # a setting a first-schema run did not record counts as its default; in this schema it is a difference
+    first = tmp_path / "first" / "_progress"
+    first.mkdir(parents=True)
+    recorded = {k: v for k, v in RUN.items() if k != "schema"}
+    (first / "run.json").write_text(json.dumps({"format": manifest.FIRST_SCHEMA, **recorded}))
+    assert resume.claim_output(str(tmp_path / "first"), {**RUN, **manifest.RUN_DEFAULTS}) is True
+    with pytest.raises(EmbedError, match=r"other settings \(precision: None, now 'float32'\)"):
+        resume.claim_output(out, {**RUN, "precision": "float32"})
     with pytest.raises(EmbedError, match=r"other settings \(layers: 'all', now 'top'\)"):
         resume.claim_output(out, {**RUN, "layers": "top"})
     (tmp_path / "emb" / "_progress" / "run.json").write_text("{not json")
