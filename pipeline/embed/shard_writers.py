@@ -9,7 +9,7 @@ entry:
 
     actor thread: passes -> ShardAssembler -> vectors on a SharedBuffers buffer
                   -> ShardWriters.commit ------(socket: entry fields, the buffer's fd)-----> writer
-                  <----------------------------(the entry, or a one-line error)------------- commit_shard
+                  <----------------------------(child_process.outcome: the entry or an error)--- commit_shard
 
 The vectors are never copied between processes: the actor's ``BufferPool`` allocates its buffers
 as memfds (:class:`SharedBuffers`), and a writer maps each buffer once, read-only, the first time
@@ -39,7 +39,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 import weakref
 from dataclasses import dataclass
 
@@ -51,7 +50,7 @@ from pipeline.embed.resume import commit_shard
 from pipeline.embed.shard_vectors import ShardVectors
 from pipeline.runtime import stopping
 from pipeline.runtime.background import STOPPED_STATES, process_state, when_parent_goes
-from pipeline.runtime.child_process import Channel, start_python
+from pipeline.runtime.child_process import Channel, outcome, result_of, start_python
 
 _MAX_FDS = 1
 """File descriptors a request carries: its buffer's, when its vectors are on one."""
@@ -211,17 +210,16 @@ class _Writer:
         try:
             self.channel.send(request, fds)
             self._await_answer(index, ANSWER_MIN_S + nbytes / ANSWER_BYTES_PER_S)
-            (kind, value), _ = self.channel.receive()
+            answer, _ = self.channel.receive()
         except (EOFError, OSError):
             raise EmbedError(
                 f"the writer process of shard {index} (pid {self.process.pid}) {self._ended()} before committing it; "
                 "rerun the same command to redo it"
             ) from None
-        if kind == "entry":
-            return value
-        if kind == "error":
-            raise EmbedError(value)
-        raise RuntimeError(f"the writer process of shard {index} failed:\n{value}")
+        try:
+            return result_of(answer)
+        except WORKER_ERRORS as err:
+            raise EmbedError(str(err)) from None
 
     def _await_answer(self, index: int, limit_s: float) -> None:
         """Return once the writer's answer is there; past ``limit_s``, or once the writer has been
@@ -274,14 +272,9 @@ def serve() -> None:
             request, fds = channel.receive()
         except (EOFError, ConnectionError):
             return
+        answer = outcome(_commit, request, fds, mapped, expected=WORKER_ERRORS)
         try:
-            reply = ("entry", _commit(request, fds, mapped))
-        except WORKER_ERRORS as err:
-            reply = ("error", str(err))
-        except Exception:  # a bug: its traceback goes back to the actor
-            reply = ("failure", traceback.format_exc())
-        try:
-            channel.send(reply)
+            channel.answer(answer)
         except (BrokenPipeError, ConnectionError):
             return
 

@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from pipeline.runtime.child_process import Channel, start_python
+from pipeline.runtime.child_process import Channel, HelperProcessError, outcome, start_python
 
 
 def in_thread(work: Callable[[], Any], name: str) -> Future:
@@ -162,10 +162,6 @@ def when_parent_goes(parent_pid: int, then: Callable[[], None], poll_s: float = 
     thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
     thread.start()
     return thread
-
-
-class HelperProcessError(RuntimeError):
-    """The helper process ended before it answered, or its answer could not be sent back."""
 
 
 class HelperProcess:
@@ -310,19 +306,11 @@ def _serve(channel: Channel, parent_pid: int) -> None:
         except Exception as err:  # noqa: BLE001 - a job that does not unpickle here: say so, and stop
             channel.send((False, HelperProcessError(f"the helper process cannot read a job: {err}")))
             return
-        try:
-            answer = (True, fn(*args))
-        except Exception as err:  # noqa: BLE001 - raised again by the parent's future
-            answer = (False, err)
-        try:
-            data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as err:  # noqa: BLE001 - an answer that does not pickle
-            data = pickle.dumps((False, HelperProcessError(f"{answer[1]!r} cannot be sent back ({err})")))
-        channel.send_pickled(data)
+        channel.answer(outcome(fn, *args))
 
 
 if __name__ == "__main__":
-    # run the module's own copy, not __main__'s, so HelperProcessError pickles under its real name
+    # run the module's own copy, not __main__'s, so what it defines pickles under its real name
     from pipeline.runtime import background
 
     background._serve(Channel.from_fd(int(sys.argv[1])), int(sys.argv[2]))

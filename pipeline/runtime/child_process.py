@@ -10,6 +10,11 @@
 - :class:`Channel`: one end of a socket pair carrying length-framed pickled messages, with file
   descriptors beside a message where needed (``SCM_RIGHTS``: Linux memfds). Pickle is safe here
   only because the two ends are this package's own processes over a pair no one else holds.
+- One answer shape for every helper: the child sends :func:`outcome` of each job (``(True, value)``
+  or ``(False, the exception)``, with the child's traceback as a note of a bug's exception) with
+  :meth:`Channel.answer`, and the parent takes it with :func:`result_of`, which returns the value or
+  raises the child's exception. :class:`HelperProcessError` is the one error of a helper that ended
+  before it answered, a job it could not read, or an exception that could not travel back.
 
 A child watches its parent with ``background.when_parent_goes`` and sets its signals with
 ``stopping.child_process``.
@@ -23,13 +28,44 @@ import socket
 import struct
 import subprocess
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 from typing import Any
 
 _HEADER = struct.Struct(">Q")
 """A message's length, before the pickled message."""
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 """The folder that holds ``pipeline/``."""
+
+
+class HelperProcessError(RuntimeError):
+    """A helper process ended before it answered, could not read a job, or raised an exception that
+    could not be sent back."""
+
+
+Outcome = tuple[bool, Any]
+"""A job's answer on the wire: ``(True, value)`` or ``(False, exception)``."""
+
+
+def outcome(work: Callable[..., Any], *args: Any, expected: tuple[type[BaseException], ...] = ()) -> Outcome:
+    """``work(*args)``'s answer, run in the child. An ``Exception`` is answered, not raised: one of
+    ``expected`` (an error the parent reports in one line) as it is, any other (a bug) with the
+    child's traceback added as a note, so the parent's traceback shows where it happened."""
+    try:
+        return True, work(*args)
+    except expected as err:
+        return False, err
+    except Exception as err:  # noqa: BLE001 - raised again in the parent by result_of
+        err.add_note(f"in helper process {os.getpid()}:\n{traceback.format_exc().rstrip()}")
+        return False, err
+
+
+def result_of(answer: Outcome) -> Any:
+    """The value of an :func:`outcome`, or its exception raised here."""
+    ok, value = answer
+    if not ok:
+        raise value
+    return value
 
 
 def start_python(
@@ -92,6 +128,15 @@ class Channel:
         else:
             self.socket.sendall(header)
         self.socket.sendall(data)
+
+    def answer(self, answer: Outcome) -> None:
+        """Send an :func:`outcome`; one whose exception (or value) does not pickle goes as a
+        HelperProcessError naming it."""
+        try:
+            data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as err:  # noqa: BLE001 - an answer that does not pickle
+            data = pickle.dumps((False, HelperProcessError(f"{answer[1]!r} cannot be sent back ({err})")))
+        self.send_pickled(data)
 
     def receive(self) -> tuple[Any, list[int]]:
         """The next message and the descriptors sent with it."""

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.runtime.background import HelperProcess, HelperProcessError, WriteQueue, in_thread
+from pipeline.runtime.background import HelperProcess, WriteQueue, in_thread
+from pipeline.runtime.child_process import HelperProcessError
 
 ROOT = Path(__file__).resolve().parents[3]
 

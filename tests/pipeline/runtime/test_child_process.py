@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pipeline.runtime.child_process import Channel, start_python
+from pipeline.runtime.child_process import Channel, HelperProcessError, outcome, result_of, start_python
 
 pytestmark = pytest.mark.subprocess
 
@@ -54,3 +54,41 @@ def test_a_helper_gets_messages_and_descriptors_and_answers(tmp_path, monkeypatc
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def _divide(a, b):
+    return a / b
+
+
+class _Expected(ValueError):
+    pass
+
+
+def _refuse():
+    raise _Expected("one line for the user")
+
+
+def test_every_helper_answers_in_one_shape_a_value_an_expected_error_or_a_bug_with_its_traceback():
+    ours, theirs = Channel.pair()
+    child_end = Channel(theirs)
+    try:
+        for answer in (
+            outcome(_divide, 6, 3),
+            outcome(_refuse, expected=(_Expected,)),
+            outcome(_divide, 1, 0, expected=(_Expected,)),
+            (False, ValueError(lambda: None)),  # an exception that does not pickle
+        ):
+            child_end.answer(answer)
+        assert result_of(ours.receive()[0]) == 2.0
+        with pytest.raises(_Expected, match="one line for the user") as expected:
+            result_of(ours.receive()[0])
+        assert not getattr(expected.value, "__notes__", None)  # nothing added to a one-line error
+        with pytest.raises(ZeroDivisionError) as bug:
+            result_of(ours.receive()[0])
+        (note,) = bug.value.__notes__
+        assert note.startswith(f"in helper process {os.getpid()}:") and "in _divide" in note
+        with pytest.raises(HelperProcessError, match="cannot be sent back"):
+            result_of(ours.receive()[0])
+    finally:
+        ours.close()
+        child_end.close()

@@ -156,7 +156,7 @@ def test_a_failed_read_ahead_raises_where_its_shard_is_needed(tmp_path, vocab):
 
 
 def test_a_stopped_read_ahead_process_is_named_not_waited_for_forever(tmp_path, vocab, monkeypatch):
-    from pipeline.runtime.background import HelperProcessError
+    from pipeline.runtime.child_process import HelperProcessError
     from pipeline.train import sentence_source
 
     monkeypatch.setattr(sentence_source, "READ_AHEAD_TIMEOUT_S", 2.0)
