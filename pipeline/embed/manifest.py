@@ -38,8 +38,8 @@ COUNTED = (
     "split_sentences",
     "bytes",
 )
-"""Entry fields summed into ``totals`` (a field missing from an entry, written by an older
-version of the stage, counts 0)."""
+"""Entry fields summed into ``totals``: every entry has them (``resume.complete_shards`` gives a
+first-schema entry the ones it lacks as 0)."""
 
 
 RUN_DEFAULTS = {"precision": "float32", "pool": "none", "layout": "allennlp", "file_format": "hdf5"}
@@ -93,7 +93,7 @@ def manifest_path(output: str) -> str:
 
 def totals(entries: list[dict]) -> dict:
     """Sums of the counted fields, plus the number of shards."""
-    out = {key: sum(int(e.get(key, 0)) for e in entries) for key in COUNTED}
+    out = {key: sum(e[key] for e in entries) for key in COUNTED}
     out["shards"] = len(entries)
     return out
 

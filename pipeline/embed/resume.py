@@ -142,20 +142,28 @@ def _entry_ok(output: str, entry: dict, verify: bool, fmt: EmbeddingFormat) -> b
     return not verify or storage.sha256(path) == entry["sha256"]
 
 
-def _well_formed(entry: object, index: int) -> bool:
-    """Whether ``entry`` is a shard record as ``commit_shard`` writes it, for shard ``index``."""
-    return (
+def _well_formed(entry: object, index: int, schema: str) -> bool:
+    """Whether ``entry`` is a shard record as ``commit_shard`` writes it, for shard ``index``, in
+    the output's ``schema`` (a first-schema entry may lack counts added later)."""
+    if not (
         isinstance(entry, dict)
         and entry.get("index") == index
         and all(isinstance(entry.get(k), str) for k in ("name", "sha256", "input_sha256"))
-    )
+    ):
+        return False
+    counts = [entry.get(k) for k in manifest.COUNTED]
+    if schema == manifest.FIRST_SCHEMA:
+        counts = [c for c in counts if c is not None]
+    return all(type(c) is int and c >= 0 for c in counts)
 
 
 def complete_shards(
     output: str, specs: list[ShardSpec], verify: bool, fmt: EmbeddingFormat
 ) -> dict[int, dict]:
     """Entries of the shards a previous run finished in the run's format ``fmt`` (index -> entry),
-    checked against ``specs``."""
+    checked against ``specs``. A first-schema output's entries get the counts they lack as 0
+    (``manifest.COUNTED``); an entry of this schema that lacks one is redone."""
+    schema = manifest.schema_of(read_marker(output, OWN_FILES, EmbedError))
     found: dict[int, dict] = {}
     for path in storage.list_prefix(manifest.progress_dir(output) + "/"):
         match = manifest.ENTRY_NAME.fullmatch(path.rsplit("/", 1)[-1])
@@ -171,7 +179,7 @@ def complete_shards(
             entry = json.loads(storage.read_bytes(path))
         except (json.JSONDecodeError, UnicodeDecodeError):
             continue  # unreadable entry: the shard is simply redone
-        if not _well_formed(entry, index):
+        if not _well_formed(entry, index, schema):
             continue  # not a record commit_shard wrote ([], {}, torn): redone the same way
         spec = specs[index]
         if entry.get("input_sha256") != spec.input_sha256:
@@ -180,7 +188,7 @@ def complete_shards(
                 "since the previous run; use another output or delete it"
             )
         if _entry_ok(output, entry, verify, fmt):
-            found[index] = entry
+            found[index] = {**dict.fromkeys(manifest.COUNTED, 0), **entry}
     return found
 
 

@@ -13,10 +13,10 @@ FIRST_RUN = {"format": manifest.FIRST_SCHEMA, **RUN}
 
 
 def test_the_manifest_lists_shards_in_line_order_with_their_totals_and_the_run(tmp_path):
+    zero = dict.fromkeys(manifest.COUNTED, 0)
     entries = [
-        {"index": 1, "name": "embeddings-000001.hdf5", "sentences": 2, "tokens": 9, "bytes": 100},
-        # written by an older version: no split_sentences field, which counts 0
-        {"index": 0, "name": "embeddings-000000.hdf5", "sentences": 2, "tokens": 5, "bytes": 80,
+        {**zero, "index": 1, "name": "embeddings-000001.hdf5", "sentences": 2, "tokens": 9, "bytes": 100},
+        {**zero, "index": 0, "name": "embeddings-000000.hdf5", "sentences": 2, "tokens": 5, "bytes": 80,
          "split_sentences": 1, "empty_sentences": 1},
     ]  # fmt: skip
     document = manifest.build_manifest(FIRST_RUN, {"sha256": "m"}, entries, {"workers": 1})

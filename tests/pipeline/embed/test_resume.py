@@ -33,15 +33,16 @@ def specs(count: int, lines: int = 10) -> list[ShardSpec]:
 PACKED = chosen_format("hdf5", "packed")
 
 
-def commit(output: str, spec: ShardSpec, fill: float = 1.0) -> dict:
-    os.makedirs(output, exist_ok=True)  # the run's claim makes it: a commit never does
+COUNTS = {key: 1 for key in manifest.COUNTED if key != "bytes"}
+"""A shard's counts, as ``shard_work.shard_stats`` gives them (``bytes`` is the commit's)."""
+
+
+def commit(output: str, spec: ShardSpec, fill: float = 1.0, claim: bool = True) -> dict:
+    if claim and not os.path.exists(os.path.join(output, "_progress", "run.json")):
+        resume.claim_output(output, RUN)  # the run's claim makes the folder: a commit never does
     shard = shard_of(spec.first_line, [np.full((2, 4), fill, dtype=np.float32)] * spec.num_lines)
-    return resume.commit_shard(
-        output,
-        {"index": spec.index, "input_sha256": spec.input_sha256},
-        shard,
-        PACKED,
-    )
+    stats = {"index": spec.index, "input_sha256": spec.input_sha256, **COUNTS}
+    return resume.commit_shard(output, stats, shard, PACKED)
 
 
 def test_a_claim_is_written_once_and_resumed_only_with_the_same_settings(tmp_path):
@@ -116,6 +117,22 @@ def test_a_claim_that_is_not_an_object_is_named_damaged(tmp_path, record):
         resume.claim_output(out, RUN)
 
 
+def test_an_entry_lacking_a_count_is_redone_unless_the_output_is_of_the_first_schema(tmp_path):
+    out, shards = str(tmp_path / "emb"), specs(2)
+    entries = [commit(out, spec) for spec in shards]
+    record = tmp_path / "emb" / "_progress" / "embeddings-000001.json"
+    record.write_text(json.dumps({k: v for k, v in entries[1].items() if k != "split_sentences"}))
+    assert resume.complete_shards(out, shards, verify=True, fmt=PACKED) == {0: entries[0]}
+    record.write_text(json.dumps({**entries[1], "tokens": -3}))  # a count is a whole number >= 0
+    assert list(resume.complete_shards(out, shards, verify=True, fmt=PACKED)) == [0]
+    # a first-schema output's entries were written before some counts existed: those count 0
+    first = {"format": manifest.FIRST_SCHEMA, **{k: v for k, v in RUN.items() if k != "schema"}}
+    (tmp_path / "emb" / "_progress" / "run.json").write_text(json.dumps(first))
+    record.write_text(json.dumps({k: v for k, v in entries[1].items() if k != "split_sentences"}))
+    found = resume.complete_shards(out, shards, verify=True, fmt=PACKED)
+    assert found == {0: entries[0], 1: {**entries[1], "split_sentences": 0}}
+
+
 def test_a_changed_input_is_refused_not_mixed(tmp_path):
     out, shards = str(tmp_path / "emb"), specs(3)
     commit(out, shards[2])
@@ -135,7 +152,7 @@ def test_a_commit_never_creates_the_output_folder_moved_away_mid_run(tmp_path):
     os.rename(out, tmp_path / "moved")
     shard = shard_of(10, [np.zeros((2, 4), np.float32)] * 10)
     with pytest.raises(EmbedError) as caught:
-        resume.commit_shard(out, {"index": 1, "input_sha256": "in1"}, shard, PACKED)
+        resume.commit_shard(out, {"index": 1, "input_sha256": "in1", **COUNTS}, shard, PACKED)
     assert str(caught.value) == (
         f"output {out}: the folder is gone (moved or deleted while the run wrote it), and a commit never "
         "creates it: move it back and rerun, or rerun into a new output"
@@ -166,7 +183,7 @@ def test_only_this_stages_files_make_an_output_its_own(tmp_path):
     resume.check_own_folder(str(out))  # new
     out.mkdir()
     resume.check_own_folder(str(out))  # empty
-    commit(str(out), specs(1)[0])
+    commit(str(out), specs(1)[0], claim=False)
     with pytest.raises(EmbedError, match="but no _progress/run.json: not an elmo embed output"):
         resume.check_own_folder(str(out))
     resume.claim_output(str(out), RUN)
