@@ -166,50 +166,49 @@ def test_a_writers_error_comes_back_as_one_line_and_it_serves_on(writers, tmp_pa
     pool.release(shard)
 
 
-def test_a_killed_writer_is_named_and_its_shard_left_to_the_rerun(tmp_path):
+@pytest.fixture
+def one_writer():
+    """``(writers, pool, shard, pid)``: one writer process and a two-line shard on its buffers."""
     writers = ShardWriters(1)
     try:
         pool = BufferPool(writers.buffers)
         shard = _shard(pool, 0, [2, 2])
-        (pid,) = writers.pids
-        os.kill(pid, signal.SIGKILL)
-        message = rf"^the writer process of shard 3 \(pid {pid}\) was killed by signal 9 before committing it; rerun"
-        with pytest.raises(EmbedError, match=message):
-            writers.commit(str(tmp_path), {"index": 3}, shard, PACKED)
-        assert not tmp_path.joinpath("_progress").exists() and list(tmp_path.iterdir()) == []
+        yield writers, pool, shard, writers.pids[0]
         pool.release(shard)
     finally:
         writers.close()
 
 
+def test_a_killed_writer_is_named_and_its_shard_left_to_the_rerun(tmp_path, one_writer):
+    writers, _, shard, pid = one_writer
+    os.kill(pid, signal.SIGKILL)
+    message = (
+        rf"^the writer process of shard 3 \(pid {pid}\) was killed by signal 9 before committing it; rerun"
+    )
+    with pytest.raises(EmbedError, match=message):
+        writers.commit(str(tmp_path), {"index": 3}, shard, PACKED)
+    assert not tmp_path.joinpath("_progress").exists() and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("bound", ["stopped", "limit"])
-def test_a_writer_that_does_not_answer_is_ended_and_named(tmp_path, monkeypatch, bound):
+def test_a_writer_that_does_not_answer_is_ended_and_named(tmp_path, monkeypatch, bound, one_writer):
     """Issue 65, item 2: a SIGSTOPped writer (or one blocked in the kernel) held the embed for ever,
     silently. Stopped, it is ended after ``STOPPED_S``; in any state, past the commit's limit."""
     monkeypatch.setattr(shard_writers, "POLL_S", 0.05)
     if bound == "stopped":
         monkeypatch.setattr(shard_writers, "STOPPED_S", 0.5)
-        expected = "stopped by a signal"
     else:  # never ended for being stopped: the limit ends it
         monkeypatch.setattr(shard_writers, "STOPPED_S", 3600.0)
         monkeypatch.setattr(shard_writers, "ANSWER_MIN_S", 1.0)
-        expected = "stopped by a signal"
-    writers = ShardWriters(1)
-    try:
-        pool = BufferPool(writers.buffers)
-        shard = _shard(pool, 0, [2, 2])
-        (pid,) = writers.pids
-        os.kill(pid, signal.SIGSTOP)
-        started = time.monotonic()
-        message = rf"^the writer process of shard 3 \(pid {pid}, {expected}\) did not answer within \d+ s; it was ended; rerun"
-        with pytest.raises(EmbedError, match=message) as err:
-            writers.commit(str(tmp_path), {"index": 3}, shard, PACKED)
-        assert time.monotonic() - started < 5.0 and "\n" not in str(err.value)
-        assert not _alive(pid)  # ended, not left stopped
-        assert not tmp_path.joinpath("_progress").exists()
-        pool.release(shard)
-    finally:
-        writers.close()
+    writers, _, shard, pid = one_writer
+    os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    message = rf"^the writer process of shard 3 \(pid {pid}, stopped by a signal\) did not answer within \d+ s; it was ended; rerun"
+    with pytest.raises(EmbedError, match=message) as err:
+        writers.commit(str(tmp_path), {"index": 3}, shard, PACKED)
+    assert time.monotonic() - started < 5.0 and "\n" not in str(err.value)
+    assert not _alive(pid)  # ended, not left stopped
+    assert not tmp_path.joinpath("_progress").exists()
 
 
 ACTOR = """
