@@ -21,16 +21,8 @@
 #      first commit (the figure a long job runs at)
 # The steps' limits add up to 540 s: a shorter BUDGET loses the last ones first.
 set -u
-out=${1:?usage: gpu_embed_session.sh OUTDIR}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-py=${PYTHON:-python3}
-device=${DEVICE:-cuda}
-deadline=$((SECONDS + ${BUDGET:-480}))
-work=$(mktemp -d /tmp/elmo-gpu-embed-XXXXXX)
-logs=$work/logs
-mkdir -p "$logs"
 . "$(dirname "$0")/session_step.sh"
+session_begin embed 480 "${1:-}"
 use_site
 if [ "$device" = cuda ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$out/summary.txt"

@@ -34,20 +34,12 @@
 # A corpus travels xz-compressed (gzip works too): beside the packages (.whl/site.tar.xz, 31 MB) a
 # gzipped Debian corpus (20-24 MB) would pass the call's 64 MiB carry limit, its xz (14-16 MB) does not.
 set -u
-out=${1:?usage: gpu_train_session.sh OUTDIR}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-py=${PYTHON:-python3}
-device=${DEVICE:-cuda}
+. "$(dirname "$0")/session_step.sh"
+session_begin train 540 "${1:-}"
 steps=${STEPS:-300}            # the dry run uses a few steps
 resume_steps=$((steps + (steps + 2) / 3))
 extra=${EXTRA:-}               # more train overrides (the dry run: a small batch)
 part=${PART:-all}              # bench (1, 2, 5), run (3), io (the CUDA tests and 5), convergence (4), reference (6), recipe (7), or all
-deadline=$((SECONDS + ${BUDGET:-540}))  # every step ends by then, whatever its own limit
-work=$(mktemp -d /tmp/elmo-gpu-XXXXXX)
-logs=$work/logs
-mkdir -p "$logs"
-. "$(dirname "$0")/session_step.sh"
 use_site
 if [ "$device" = cuda ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader

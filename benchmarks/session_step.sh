@@ -1,6 +1,19 @@
-# Sourced by the GPU session scripts (gpu_train_session.sh, gpu_embed_session.sh): the carried
-# packages, and one time-limited step. Needs $py, $work (removed by the script at its end), $out (where
-# summary.txt goes), $logs (per-step logs) and $deadline (in $SECONDS) set first.
+# Sourced by the GPU session scripts (gpu_train_session.sh, gpu_embed_session.sh): the session's
+# folders and limits, the carried packages, and one time-limited step.
+
+session_begin() {  # session_begin NAME BUDGET_S OUTDIR: sets $out (where summary.txt goes), $py,
+    # $device, $deadline (in $SECONDS: BUDGET overrides BUDGET_S), $work (removed by the script at
+    # its end) and $logs (per-step logs)
+    out=${3:?usage: gpu_$1_session.sh OUTDIR}
+    mkdir -p "$out"
+    export PYTHONUNBUFFERED=1
+    py=${PYTHON:-python3}
+    device=${DEVICE:-cuda}
+    deadline=$((SECONDS + ${BUDGET:-$2}))  # every step ends by then, whatever its own limit
+    work=$(mktemp -d "/tmp/elmo-gpu-$1-XXXXXX")
+    logs=$work/logs
+    mkdir -p "$logs"
+}
 
 use_site() {  # SITE=.whl/site.tar.xz (infra/gpu_site.sh, carried in): its packages unpacked onto PYTHONPATH
     [ -n "${SITE:-}" ] || return 0
