@@ -5,7 +5,8 @@ Modules, in the order a run uses them:
 - ``config``: EmbedConfig (every key documented) and the up-front setting checks;
 - ``pipeline.model_loader`` (shared with the probe): find, check, hash and load the model (folder or
   two files, local or s3://), and the device it runs on;
-- ``inputs``: cut the input (text files or a shard directory) into fixed line ranges, read one back;
+- ``inputs``: cut the input (text files, a shard directory, record files) into line ranges, read one
+  back; ``record_inputs``: a record corpus's shards of whole records, planned by Ray tasks;
 - ``resume``: claim the output, find complete shards, commit a shard atomically (exactly-once);
 - ``dataflow``: the Ray Data graph: CPU tasks preparing shards (``shard_work``) feeding an actor
   pool of ``EmbedActor`` (``actor``: the stage's actor), each holding one ``LoadedModel``
@@ -21,7 +22,9 @@ Modules, in the order a run uses them:
   ``pass_size``: a pass's rows and tokens sized to the device; ``startup``: the run's start-up
   phases, timed and said; ``errors``: EmbedError; ``stage``: the stage's closing lines.
 
-Public, for users: ``read_embeddings(output)`` (``reader``: any output, in line order),
+Public, for users: ``read_embeddings(output)`` (``reader``: any output, in line order; with
+``records=True`` each sentence's record id and index too) and ``read_record_vectors(output)`` (an
+output pooled per record),
 ``ElmoEmbedder`` (``data_embedder``: a step of one's own Ray Data pipeline), and for documents
 ``SentenceSplitter`` and ``pool_records`` (``documents``: records split into sentences that keep
 their record's columns, and a record's mean vector). They are imported on
@@ -32,14 +35,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ElmoEmbedder", "SentenceSplitter", "pool_records", "read_embeddings"]
+__all__ = ["ElmoEmbedder", "SentenceSplitter", "pool_records", "read_embeddings", "read_record_vectors"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "read_embeddings":
-        from pipeline.embed.reader import read_embeddings
+    if name in ("read_embeddings", "read_record_vectors"):
+        from pipeline.embed import reader
 
-        return read_embeddings
+        return getattr(reader, name)
     if name == "ElmoEmbedder":
         from pipeline.embed.data_embedder import ElmoEmbedder
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
 import numpy as np
 
+from pipeline.embed.config import PoolOver
 from pipeline.embed.errors import WORKER_ERRORS, EmbedError
 from pipeline.embed.loaded_model import LoadedModel, release_free_memory
 from pipeline.embed.settings import EmbedSettings, concurrent_calls
-from pipeline.embed.shard_vectors import BufferPool
+from pipeline.embed.shard_vectors import BufferPool, pooled_by_record
 from pipeline.embed.shard_work import ShardWork
 from pipeline.embed.shard_writers import ShardWriters
 from pipeline.embed.startup import ACTOR_KEY
@@ -37,6 +39,7 @@ class EmbedActor:
     def __init__(self, source: ModelSource, settings: EmbedSettings, output: str):
         began_at, started = time.time(), time.perf_counter()
         self.source, self.settings, self.output = source, settings, output
+        self.by_record = settings.config.pool_over is PoolOver.record
         # started first: the writers' imports overlap the model's load
         self.writers = ShardWriters(concurrent_calls(settings))
         self.model = LoadedModel(source, settings, BufferPool(self.writers.buffers))
@@ -52,7 +55,8 @@ class EmbedActor:
             raise EmbedError(work.error)
         startup, self._startup = self._startup, None  # the first call takes it
         started = time.perf_counter()
-        shard = self.model.embed(work)
+        embedded = dataclasses.replace(self.model.embed(work), records=work.records)
+        shard = pooled_by_record(embedded) if self.by_record else embedded
         if startup is not None:
             startup["first_passes"] = time.perf_counter() - started
         try:
@@ -69,6 +73,8 @@ class EmbedActor:
                 file_format=fmt.name,
                 pool=c.pool.value,
             )
+            if self.by_record:
+                stats.update(pool_over="record", rows=shard.num_lines)
             started = time.perf_counter()
             entry = self.writers.commit(self.output, stats, shard, fmt)
             if startup is None:
@@ -76,7 +82,7 @@ class EmbedActor:
             startup["first_write"] = time.perf_counter() - started
             return {**entry, ACTOR_KEY: startup}
         finally:
-            self.model.buffers.release(shard)
+            self.model.buffers.release(embedded)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         entries, written = [], []

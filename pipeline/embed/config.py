@@ -38,6 +38,13 @@ class Pool(enum.Enum):
     """One vector per sentence: the mean over its tokens of the chosen layers."""
 
 
+class PoolOver(enum.Enum):
+    sentence = "sentence"
+    """``pool=mean`` gives a vector per sentence."""
+    record = "record"
+    """``pool=mean`` gives a vector per record of a record corpus: the mean of its sentences' token vectors."""
+
+
 class Layout(enum.Enum):
     allennlp = "allennlp"
     """One dataset per sentence, keyed by its input line (AllenNLP's ``elmo`` command)."""
@@ -72,9 +79,21 @@ class EmbedConfig:
     """The model's HDF5 weights (bilm-tf layout, local or s3://); used with ``options_file``."""
     input: list[str] = field(default_factory=list)
     """Input: plain-text files with one whitespace-tokenized sentence per line (local or s3://,
-    globs allowed, read in sorted order as one concatenated corpus), or a single shard directory
-    (the shard stage's output, recognised by its manifest.json). A sentence's key is its 0-based
-    line number in that concatenation. Compressed files are not accepted: shards are read by byte range."""
+    globs allowed, read in sorted order as one concatenated corpus), a single shard directory
+    (the shard stage's output, recognised by its manifest.json), or record files (Parquet, JSON
+    Lines: known by their content) whose documents are split into sentences, each keeping its
+    record's id. A sentence's key is its 0-based line number in that concatenation. Compressed
+    files are not accepted: shards are read by byte range."""
+    text_field: str = "text"
+    """Record input: the field (JSON Lines) or column (Parquet) that holds a record's document."""
+    id_field: str = ""
+    """Record input: the field or column of a record's id (a string or an integer), kept beside each
+    of its sentences' vectors; empty: a record is known as ``FILE:NUMBER`` (its row or line in its file)."""
+    split_sentences: bool = True
+    """Record input: split documents into sentences (Bling Fire; docs/benchmarks.md#sentence-splitters-for-documents-benchmarkssentence_splitterspy);
+    ``false``: each record is one sentence. Text input is always read a sentence a line."""
+    max_record_bytes: int = 16 * 1024 * 1024
+    """Record input: JSON Lines lines longer than this are skipped and counted (0: no limit)."""
     output: str = MISSING
     """Output folder or s3:// prefix (``embeddings-NNNNNN.hdf5`` shards + ``manifest.json``), or a path
     ending in ``.hdf5``/``.h5`` for one AllenNLP-style file (single-file mode). A folder must be empty,
@@ -95,6 +114,10 @@ class EmbedConfig:
     pool: Pool = Pool.none
     """``mean``: one vector per sentence (the mean over its tokens, boundaries excluded), (N+1, 2P)
     for ``all`` or (2P,) otherwise; an empty line gets zeros."""
+    pool_over: PoolOver = PoolOver.sentence
+    """With ``pool=mean`` and record input: ``sentence`` (a vector per sentence) or ``record`` (a
+    vector per record: the mean of all its sentences' token vectors; read with
+    ``pipeline.embed.read_record_vectors``). ``record`` needs ``layout=packed`` or ``format=parquet``."""
     layout: Layout = Layout.allennlp
     """HDF5 shard layout: ``allennlp`` (a dataset per sentence) or ``packed`` (three datasets per shard,
     for large corpora; docs/outputs.md#embeddings). A single-file output is always ``allennlp``."""
@@ -121,8 +144,9 @@ class EmbedConfig:
     encodes one shard while the next one's passes run, so one actor per GPU is the usual choice.
     A fraction must be <= 1; above 1, a whole number."""
     lines_per_shard: int = 1000
-    """Input lines per output shard: shard k holds lines [k*lines_per_shard, (k+1)*lines_per_shard).
-    The unit of resumption and of memory (one shard's vectors are held at a time per actor)."""
+    """Input lines per output shard: shard k holds lines [k*lines_per_shard, (k+1)*lines_per_shard)
+    (a record corpus: whole records of at least this many sentences, fewer at the end of a planning
+    unit). The unit of resumption and of memory (one shard's vectors are held at a time per actor)."""
     batch_tokens: int = 0
     """Token budget of one forward pass: sentences x padded length (boundaries included) stays within
     it; sentences are sorted by length inside a shard so batches carry little padding. 0: 4,096 on a
@@ -196,6 +220,8 @@ class EmbedConfig:
                 ),
                 ("stop_after_shards", self.stop_after_shards, self.stop_after_shards >= 0, ">= 0"),
                 ("readers", self.readers, self.readers >= 0, ">= 0 (0: the CPUs the actors leave)"),
+                ("text_field", self.text_field, bool(self.text_field), "a field or column name"),
+                ("max_record_bytes", self.max_record_bytes, self.max_record_bytes >= 0, ">= 0"),
                 (
                     "output",
                     self.output,
@@ -219,6 +245,13 @@ class EmbedConfig:
             raise ConfigError(
                 f"layout=packed writes shards into a folder; output {self.output} is a single .hdf5 file "
                 "(always AllenNLP's layout): use layout=allennlp or a folder output"
+            )
+        if self.pool_over is PoolOver.record and (
+            self.pool is not Pool.mean or (self.format is FileFormat.hdf5 and self.layout is Layout.allennlp)
+        ):
+            raise ConfigError(
+                "pool_over=record writes a vector per record: it needs pool=mean, and layout=packed or "
+                "format=parquet (AllenNLP's layout keys a vector by its sentence's line)"
             )
         if self.stateful and self.precision is not Precision.float32:
             raise ConfigError(

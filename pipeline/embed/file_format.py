@@ -25,7 +25,7 @@ from typing import BinaryIO
 import numpy as np
 
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.shard_vectors import ShardVectors
+from pipeline.embed.shard_vectors import RecordKeys, ShardVectors
 from pipeline.runtime import storage
 
 Rows = Iterator[tuple[int, np.ndarray]]
@@ -41,6 +41,7 @@ class EmbeddingFormat:
     name: str
     writer: Callable[[ShardVectors, str, BinaryIO], str]
     reader: Callable[[bytes, str, bool, int | None], Rows]
+    keys_reader: Callable[[bytes, str, int], RecordKeys | None]
     layout: str = ""
     """Empty while unbound: a format found in a manifest only reads."""
 
@@ -72,6 +73,10 @@ class EmbeddingFormat:
         use (``where``: its path, for errors; ``rows``: the vectors the manifest counts, or None)."""
         return self.reader(data, where, pooled, rows)
 
+    def read_record_keys(self, data: bytes, where: str, lines: int) -> RecordKeys | None:
+        """A shard's record keys, one per each of its ``lines`` lines (None: a shard of text)."""
+        return self.keys_reader(data, where, lines)
+
 
 def _write_hdf5(shard: ShardVectors, layout: str, out: BinaryIO) -> str:
     from pipeline.embed.hdf5_shard import write_shard
@@ -83,6 +88,12 @@ def _read_hdf5(data: bytes, where: str, pooled: bool, rows: int | None) -> Rows:
     from pipeline.embed.hdf5_shard import iter_hdf5
 
     return iter_hdf5(data, where, rows)  # the file says whether it is pooled
+
+
+def _hdf5_keys(data: bytes, where: str, lines: int) -> RecordKeys | None:
+    from pipeline.embed.hdf5_shard import read_record_keys
+
+    return read_record_keys(data, where, lines)
 
 
 def _write_parquet(shard: ShardVectors, layout: str, out: BinaryIO) -> str:
@@ -97,13 +108,19 @@ def _read_parquet(data: bytes, where: str, pooled: bool, rows: int | None) -> Ro
     return iter_shard(data, where, pooled, rows)
 
 
+def _parquet_keys(data: bytes, where: str, lines: int) -> RecordKeys | None:
+    from pipeline.embed.parquet_shard import read_record_keys
+
+    return read_record_keys(data, where, lines)
+
+
 FORMATS = {
     f.name: f
     for f in (
         # HDF5 shards, in ``layout`` (AllenNLP's, or packed)
-        EmbeddingFormat("hdf5", _write_hdf5, _read_hdf5),
+        EmbeddingFormat("hdf5", _write_hdf5, _read_hdf5, _hdf5_keys),
         # Parquet shards: a row per line, the vectors as Arrow lists (pandas, Polars, DuckDB, Spark, Ray Data)
-        EmbeddingFormat("parquet", _write_parquet, _read_parquet),
+        EmbeddingFormat("parquet", _write_parquet, _read_parquet, _parquet_keys),
     )
 }
 """Every shard file format by name: the one list of them."""

@@ -11,6 +11,9 @@ AllenNLP's ``sentence_to_index``.
 int64 (S,), sentence i's input line. Pooled (``pool=mean``) a sentence is one row of ``vectors``
 (``offsets`` is then 0..S). The file's ``layout`` attribute says which layout it has.
 
+A record corpus's shard (either layout) also holds ``record_ids`` (S,) UTF-8 strings, each
+sentence's record id, and ``record_sentences`` int32 (S,), its index in that record.
+
 Timestamps are off, so the same vectors always give the same bytes (a rerun reproduces a shard's
 sha256).
 """
@@ -29,12 +32,14 @@ import numpy as np
 
 from elmo_model.hdf5_storage import require_stored_here
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.shard_vectors import ShardVectors, line_value
+from pipeline.embed.shard_vectors import RecordKeys, ShardVectors, line_value
 from pipeline.runtime import storage
 
 SENTENCE_TO_INDEX = "sentence_to_index"
 LAYOUTS = ("allennlp", "packed")
 PACKED = ("vectors", "offsets", "lines")
+RECORD_DATASETS = ("record_ids", "record_sentences")
+"""A record corpus's shard: each sentence's record id and index in the record."""
 WRITE_CHUNK = 4 * 1024 * 1024
 """Bytes written and hashed per step: each chunk is hashed while it is still in the CPU's cache."""
 
@@ -67,6 +72,7 @@ def write_shard(shard: ShardVectors, layout: str, out: BinaryIO) -> str:
             with h5py.File(local, "w", track_order=False) as file:
                 for i in range(shard.num_lines):
                     file.create_dataset(str(shard.first_line + i), data=shard.value(i), track_times=False)
+                _write_record_keys(file, shard)
             with open(local, "rb") as written:
                 while chunk := written.read(WRITE_CHUNK):
                     sink.write(chunk)
@@ -84,11 +90,51 @@ def _packed_skeleton(shard: ShardVectors, vectors: np.ndarray, path: str) -> int
         # no room for no vectors (an address HDF5 leaves undefined): nothing goes between the parts
         address = room.id.get_offset() if vectors.nbytes else 0
         out.create_dataset("offsets", data=np.asarray(shard.offsets, dtype=np.int64), track_times=False)
-        lines = np.arange(shard.first_line, shard.first_line + shard.num_lines, dtype=np.int64)
-        out.create_dataset("lines", data=lines, track_times=False)
+        out.create_dataset("lines", data=shard.line_numbers, track_times=False)
+        _write_record_keys(out, shard)
         out.attrs["layout"] = "packed"
         out.attrs["pooled"] = shard.pooled
     return address
+
+
+def _write_record_keys(out: h5py.File, shard: ShardVectors) -> None:
+    if shard.records is None:
+        return
+    strings = h5py.string_dtype(encoding="utf-8")
+    out.create_dataset(
+        "record_ids", data=np.asarray(shard.records.ids, dtype=object), dtype=strings, track_times=False
+    )
+    out.create_dataset(
+        "record_sentences", data=np.asarray(shard.records.sentence, dtype=np.int32), track_times=False
+    )
+
+
+def read_record_keys(data: bytes, where: str, lines: int) -> RecordKeys | None:
+    """A shard's record keys (None for a shard of text), checked: stored in the file itself,
+    strings and integers, one per each of its ``lines`` sentences."""
+    with _open(data, where) as shard:
+        present = [name for name in RECORD_DATASETS if name in shard]
+        if not present:
+            return None
+        if len(present) < len(RECORD_DATASETS):
+            raise EmbedError(
+                f"{where}: has {present[0]} without {set(RECORD_DATASETS).difference(present).pop()}"
+            )
+        for name in RECORD_DATASETS:
+            require_stored_here(shard, name, where, EmbedError)
+        ids, sentence = shard["record_ids"], shard["record_sentences"]
+        if (
+            not isinstance(ids, h5py.Dataset)
+            or not isinstance(sentence, h5py.Dataset)
+            or h5py.check_string_dtype(ids.dtype) is None
+            or sentence.dtype.kind != "i"
+            or ids.shape != (lines,)
+            or sentence.shape != (lines,)
+        ):
+            raise EmbedError(
+                f"{where}: record_ids and record_sentences are not {lines:,} strings and integers"
+            )
+        return RecordKeys([s.decode("utf-8") for s in ids[()]], sentence[()].astype(np.int32))
 
 
 def _open(data: bytes, where: str) -> h5py.File:
@@ -124,7 +170,7 @@ def iter_line_datasets(handle: h5py.File, where: str) -> Iterator[tuple[int, np.
     """The AllenNLP layout's ``(line, value)`` pairs of an open file (a shard or a single file), in
     line order, one dataset read at a time, each checked first (``checked_dataset``)."""
     try:
-        keys = sorted(int(k) for k in handle.keys() if k != SENTENCE_TO_INDEX)
+        keys = sorted(int(k) for k in handle.keys() if k != SENTENCE_TO_INDEX and k not in RECORD_DATASETS)
     except ValueError:
         raise EmbedError(f"{where}: holds a dataset that is not named by a line number") from None
     for key in keys:

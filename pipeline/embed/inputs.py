@@ -1,5 +1,8 @@
 """The input corpus as fixed line ranges ("shard specs"), and reading one range back.
 
+Three kinds of input: sentence-per-line text, a shard directory, and record corpora (Parquet, JSON
+Lines), whose shards are whole records planned by Ray tasks (``record_inputs``).
+
 The driver makes one streaming pass over the input (:func:`plan_shards`) and cuts it into ranges of
 ``lines_per_shard`` lines; shard k is always lines ``[k * lines_per_shard, (k + 1) * lines_per_shard)``
 of the concatenated input, so a rerun knows exactly which shards exist. Each spec records where its
@@ -15,14 +18,23 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from pipeline.embed.errors import EmbedError
+from pipeline.embed.record_inputs import (
+    RECORD_KINDS,
+    RecordPlan,
+    RecordReading,
+    count_units,
+    read_records,
+    record_kind,
+    units_of,
+)
+from pipeline.embed.shard_vectors import RecordKeys
 from pipeline.formats import shard_format
 from pipeline.formats.compression import HEAD_BYTES, compression_of
-from pipeline.formats.records import PARQUET_MAGIC
+from pipeline.formats.shard_format import FormatError
 from pipeline.formats.shard_manifest import manifest_path, read_manifest
 from pipeline.runtime import storage
 
@@ -35,7 +47,9 @@ class Segment:
     """Part of one input file: ``kind`` ``text`` = bytes [start, end); ``tar`` = sentences [start, end)
     of a shard tar, counted from its first block, and the tar's sha256 from the shard manifest
     (checked over the whole file at every read); ``last``: the range ends where the manifest says
-    the tar does (its reader checks that no sentence follows)."""
+    the tar does (its reader checks that no sentence follows). ``parquet`` = rows [start, end);
+    ``jsonl`` = bytes [start, end) of whole lines, the first of them the file's line
+    ``first_record`` (0-based)."""
 
     kind: str
     path: str
@@ -43,6 +57,7 @@ class Segment:
     end: int
     sha256: str = ""
     last: bool = False
+    first_record: int = 0
 
 
 @dataclass(frozen=True)
@@ -70,7 +85,9 @@ def is_shard_dir(path: str) -> bool:
 
 
 def resolve_inputs(patterns: Sequence[str]) -> tuple[str, list[str]]:
-    """``("shards", [dir])`` or ``("text", sorted files)``; EmbedError when nothing usable is named."""
+    """``("shards", [dir])``, ``("text", sorted files)`` or ``("records", sorted files)`` (Parquet
+    and JSON Lines, known by their content); EmbedError when nothing usable is named, or text and
+    records are mixed."""
     if not patterns:
         raise EmbedError("no input given: pass --input FILES or input=[...]")
     if len(patterns) == 1 and is_shard_dir(patterns[0]):
@@ -79,12 +96,22 @@ def resolve_inputs(patterns: Sequence[str]) -> tuple[str, list[str]]:
         paths = storage.expand(list(patterns))
     except storage.StorageError as err:
         raise EmbedError(f"input: {err}") from None
+    try:
+        kinds = {path: record_kind(path) for path in paths}
+    except (storage.StorageError, FormatError) as err:
+        raise EmbedError(f"input: {err}") from None
+    records = [path for path, kind in kinds.items() if kind]
+    if records and len(records) < len(paths):
+        text = next(path for path, kind in kinds.items() if not kind)
+        raise EmbedError(
+            f"input mixes records ({records[0]}) and sentence-per-line text ({text}): embed them in two runs"
+        )
     for path in paths:
-        if path.endswith(COMPRESSED_SUFFIXES):
+        if not records and path.endswith(COMPRESSED_SUFFIXES):
             raise EmbedError(
                 f"input {path}: compressed files are not read (shards are read by byte range); decompress it first"
             )
-    return "text", paths
+    return ("records" if records else "text"), paths
 
 
 class _Planner:
@@ -143,8 +170,6 @@ def _text_segments(path: str, planner: _Planner) -> None:
                 raise EmbedError(
                     f"input {path}: {kind}-compressed data (shards are read by byte range); decompress it first"
                 )
-            if pos == 0:
-                _refuse_records(chunk, path)
             view_start = 0
             while True:
                 need = planner.room - lines
@@ -164,27 +189,6 @@ def _text_segments(path: str, planner: _Planner) -> None:
         if pos > start:
             lines += last_byte != b"\n"
             planner.add(Segment("text", path, start, pos), lines, digest.digest())
-
-
-RECORDS_HINT = (
-    "elmo embed reads sentence-per-line text or a shard folder: shard the records with elmo shard, or "
-    "embed them with SentenceSplitter and ElmoEmbedder in a Ray Data pipeline (README: Embed a corpus)"
-)
-
-
-def _refuse_records(head: bytes, path: str) -> None:
-    """A record corpus is not read as lines of text: Parquet (its magic bytes), or JSON Lines whose
-    first line is an object with a string ``text`` (a text file of other JSON is text)."""
-    if head.startswith(PARQUET_MAGIC):
-        raise EmbedError(f"input {path}: a Parquet file; {RECORDS_HINT}")
-    first = head.split(b"\n", 1)[0]
-    if first.lstrip().startswith(b"{"):
-        try:
-            record = json.loads(first)
-        except ValueError:
-            return
-        if isinstance(record, dict) and isinstance(record.get("text"), str):
-            raise EmbedError(f"input {path}: JSON Lines records; {RECORDS_HINT}")
 
 
 def _nth_newline(data: bytes, start: int, n: int) -> int | None:
@@ -221,11 +225,18 @@ def _tar_segments(shard_dir: str, splits: Sequence[str], planner: _Planner) -> N
 
 
 def plan_shards(
-    kind: str, paths: Sequence[str], lines_per_shard: int, shard_splits: Sequence[str] = ()
+    kind: str,
+    paths: Sequence[str],
+    lines_per_shard: int,
+    shard_splits: Sequence[str] = (),
+    reading: RecordReading | None = None,
 ) -> list[ShardSpec]:
-    """The shard specs of the whole input, in line order (one streaming pass over text input)."""
+    """The shard specs of the whole input, in line order (one streaming pass over text input;
+    records: ``plan_records``, which runs Ray tasks)."""
     if lines_per_shard < 1:
         raise EmbedError(f"lines_per_shard must be >= 1, got {lines_per_shard}")
+    if kind == "records":
+        return plan_records(paths, lines_per_shard, reading or RecordReading()).specs
     planner = _Planner(lines_per_shard)
     if kind == "shards":
         _tar_segments(paths[0], shard_splits, planner)
@@ -234,6 +245,37 @@ def plan_shards(
             _text_segments(path, planner)
     planner.flush()
     return planner.specs
+
+
+def plan_records(paths: Sequence[str], lines_per_shard: int, reading: RecordReading) -> RecordPlan:
+    """The shards of a record corpus: its units named here, counted by Ray tasks
+    (``record_inputs.count_units``), a shard per piece, lines numbered in input order."""
+    try:
+        units = [u for path in paths for u in units_of(path, record_kind(path) or "", reading)]
+    except (storage.StorageError, FormatError) as err:
+        raise EmbedError(f"input: {err}") from None
+    plan = RecordPlan([])
+    line, file_lines = 0, dict.fromkeys(paths, 0)
+    for unit, count in zip(units, count_units(units, reading, lines_per_shard), strict=True):
+        base = file_lines[unit.path]  # JSON Lines: the file's lines before the unit
+        for piece in count.pieces:
+            segment = Segment(
+                unit.kind, unit.path, piece.start, piece.end, first_record=base + piece.lines_before
+            )
+            plan.specs.append(ShardSpec(len(plan.specs), line, piece.sentences, (segment,), piece.sha256))
+            line += piece.sentences
+        counts = plan.counts
+        if count.skipped and not counts.first_skipped:
+            where = (
+                f"record {base + count.first_skipped}"
+                if count.first_skipped >= 0
+                else "a line over max_record_bytes"
+            )
+            counts.first_skipped = f"{unit.path} {where}"
+        counts.records += count.records
+        counts.skipped += count.skipped
+        file_lines[unit.path] = base + count.lines
+    return plan
 
 
 def tar_key(segment: Segment) -> bytes:
@@ -287,10 +329,26 @@ def _tar_lines(segment: Segment) -> list[bytes]:
     return lines
 
 
+def read_input(spec: ShardSpec, reading: RecordReading | None) -> tuple[list[bytes], RecordKeys | None]:
+    """:func:`read_lines` of any shard; a record corpus's (``reading``: how its records become
+    sentences) with each sentence's record keys, checked against the plan's hash of its records."""
+    if not spec.segments or spec.segments[0].kind not in RECORD_KINDS:
+        return read_lines(spec), None
+    (segment,) = spec.segments
+    lines, keys, digest = read_records(segment, reading or RecordReading())
+    if len(lines) != spec.num_lines or digest != spec.input_sha256:
+        raise EmbedError(
+            f"input {segment.path}: the records of lines {spec.first_line}-{spec.first_line + spec.num_lines - 1} "
+            "changed since this run planned them; a rerun plans the input again and keeps the shards done if "
+            "their records are unchanged (if any changed, it refuses: then use another output)"
+        )
+    return lines, keys
+
+
 def read_lines(spec: ShardSpec) -> list[bytes]:
-    """The raw lines (no newline) of one shard, ``spec.num_lines`` of them, checked against the
-    input hash the plan recorded (a line edited since the run was planned is refused, not embedded
-    under the planned line's key)."""
+    """The raw lines (no newline) of one shard of text or a shard directory, ``spec.num_lines`` of
+    them, checked against the input hash the plan recorded (a line edited since the run was planned
+    is refused, not embedded under the planned line's key)."""
     lines: list[bytes] = []
     digest = hashlib.sha256()
     try:

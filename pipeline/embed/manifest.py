@@ -98,8 +98,11 @@ def totals(entries: list[dict]) -> dict:
     return out
 
 
-def build_manifest(run: dict, model: dict, entries: list[dict], config: dict) -> dict:
-    """The manifest document: ``run`` settings, ``model`` (paths, sha256, dims), shards in line order."""
+def build_manifest(
+    run: dict, model: dict, entries: list[dict], config: dict, records: dict | None = None
+) -> dict:
+    """The manifest document: ``run`` settings, ``model`` (paths, sha256, dims), shards in line
+    order; ``records``: a record corpus's counts (``record_inputs.RecordCounts``)."""
     ordered = sorted(entries, key=lambda e: e["index"])
     run = current(run)
     return {
@@ -109,12 +112,14 @@ def build_manifest(run: dict, model: dict, entries: list[dict], config: dict) ->
         "layout": run["layout"],
         "file_format": run["file_format"],
         "pool": run["pool"],
+        **({"pool_over": run["pool_over"]} if "pool_over" in run else {}),
         "precision": run["precision"],
         "stateful": run["stateful"],
         "lines_per_shard": run["lines_per_shard"],
         "input": run["input"],
         "model": model,
         "totals": totals(ordered),
+        **({"records": records} if records is not None else {}),
         "shards": ordered,
         "config": config,
     }

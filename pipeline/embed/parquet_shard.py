@@ -10,6 +10,9 @@
   one vector of the line (``fixed_size_list<float, 2P>``, or ``(N+1) x 2P`` for ``all``). ``float``
   is float16 or float32 as ``dtype`` says.
 
+A record corpus's shard adds ``record`` (string: each line's record id) and ``sentence`` (int32: its
+index in that record).
+
 The columns are Arrow views of the shard's one array (no copy); the file is written uncompressed
 (embedding values do not compress) and hashed as it is written. The same vectors give the same bytes.
 """
@@ -24,10 +27,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.shard_vectors import ShardVectors, line_value
+from pipeline.embed.shard_vectors import RecordKeys, ShardVectors, line_value
 from pipeline.runtime import storage
 
 COLUMNS = ("line", "tokens", "vectors")
+RECORD_COLUMNS = ("record", "sentence")
 ARROW_FLOATS = {np.dtype(np.float16): pa.float16(), np.dtype(np.float32): pa.float32()}
 
 
@@ -44,14 +48,15 @@ def vectors_column(shard: ShardVectors) -> pa.Array:
 
 
 def shard_table(shard: ShardVectors) -> pa.Table:
-    lines = np.arange(shard.first_line, shard.first_line + shard.num_lines, dtype=np.int64)
-    return pa.table(
-        {
-            "line": pa.array(lines, pa.int64()),
-            "tokens": pa.array(np.asarray(shard.tokens, dtype=np.int32), pa.int32()),
-            "vectors": vectors_column(shard),
-        }
-    )
+    columns = {
+        "line": pa.array(shard.line_numbers, pa.int64()),
+        "tokens": pa.array(np.asarray(shard.tokens, dtype=np.int32), pa.int32()),
+        "vectors": vectors_column(shard),
+    }
+    if shard.records is not None:
+        columns["record"] = pa.array(shard.records.ids, pa.string())
+        columns["sentence"] = pa.array(np.asarray(shard.records.sentence, dtype=np.int32), pa.int32())
+    return pa.table(columns)
 
 
 def write_shard(shard: ShardVectors, out: BinaryIO) -> str:
@@ -102,9 +107,10 @@ def iter_shard(
         table = pq.read_table(pa.BufferReader(data))
     except (pa.ArrowInvalid, OSError) as err:
         raise EmbedError(f"{where}: not a readable Parquet file ({str(err).splitlines()[0]})") from None
-    if table.column_names != list(COLUMNS):
+    if table.column_names not in (list(COLUMNS), [*COLUMNS, *RECORD_COLUMNS]):
         raise EmbedError(
-            f"{where}: a Parquet shard has the columns {', '.join(COLUMNS)}, found {table.column_names}"
+            f"{where}: a Parquet shard has the columns {', '.join(COLUMNS)} (and, of records, "
+            f"{', '.join(RECORD_COLUMNS)}), found {table.column_names}"
         )
     vectors = table.column("vectors").combine_chunks()
     kind = vectors.type
@@ -134,3 +140,26 @@ def iter_shard(
     array = values.to_numpy(zero_copy_only=False).reshape(-1, *sizes)
     for i, line in enumerate(lines.tolist()):
         yield line, line_value(array, offsets, i, pooled)
+
+
+def read_record_keys(data: bytes, where: str, lines: int) -> RecordKeys | None:
+    """A shard's record keys (None for a shard of text), checked: a string and an int32 column
+    without nulls, one value per each of its ``lines`` lines."""
+    _check_metadata(data, where)
+    try:
+        names = pq.ParquetFile(pa.BufferReader(data)).schema_arrow.names
+        if not set(RECORD_COLUMNS) <= set(names):
+            return None
+        table = pq.read_table(pa.BufferReader(data), columns=list(RECORD_COLUMNS))
+    except (pa.ArrowInvalid, OSError) as err:
+        raise EmbedError(f"{where}: not a readable Parquet file ({str(err).splitlines()[0]})") from None
+    ids, sentence = table.column("record"), table.column("sentence")
+    if (
+        ids.type != pa.string()
+        or sentence.type != pa.int32()
+        or ids.null_count
+        or sentence.null_count
+        or len(table) != lines
+    ):
+        raise EmbedError(f"{where}: record and sentence are not {lines:,} strings and integers")
+    return RecordKeys(ids.to_pylist(), sentence.to_numpy())

@@ -5,6 +5,13 @@
     for line, vectors in read_embeddings("work/emb"):   # a folder, an s3:// prefix or one .hdf5 file
         ...   # vectors: (tokens, 2P), (N+1, tokens, 2P) for layers=all; pooled (2P,) or (N+1, 2P)
 
+    # an output of records (Parquet, JSON Lines): each sentence's record id and index in the record too
+    for line, record, sentence, vectors in read_embeddings("work/emb-docs", records=True):
+        ...
+    # one pooled per record (pool=mean pool_over=record): a vector per record
+    for record, vector in read_record_vectors("work/doc-vectors"):
+        ...
+
 A sharded output (HDF5 in AllenNLP's or the packed layout, or Parquet) is read through its
 ``manifest.json`` (written last: an output without one is not finished), a shard at a time, each
 shard's bytes checked against the manifest's sha256 before they are parsed, its line numbers against
@@ -28,19 +35,53 @@ from pipeline.embed.config import is_single_file
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.file_format import EmbeddingFormat, format_named
 from pipeline.embed.hdf5_shard import iter_line_datasets
+from pipeline.embed.shard_vectors import RecordKeys
 from pipeline.runtime import storage
 
 
-def read_embeddings(output: str) -> Iterator[tuple[int, np.ndarray]]:
-    """``(line, vectors)`` of every line ``output`` holds, in line order (memory: one shard)."""
+def read_embeddings(output: str, records: bool = False) -> Iterator[tuple]:
+    """``(line, vectors)`` of every line ``output`` holds, in line order (memory: one shard);
+    ``records``: ``(line, record id, sentence index in the record, vectors)``, for an output of a
+    record corpus (EmbedError for one of text)."""
     if is_single_file(output):
+        if records:
+            raise EmbedError(f"{output}: a single-file output holds no record ids (its input was text)")
         yield from _single_file(output)
         return
     document = _manifest(output)
+    if document.get("pool_over") == "record":
+        raise EmbedError(
+            f"{output}: holds a vector per record (pool_over=record): read it with read_record_vectors"
+        )
     pooled = document.get("pool") == "mean"
     fmt = format_named(document["file_format"])
     for entry in _entries(output, document):
-        yield from _shard(output, entry, pooled, fmt)
+        yield from _shard(output, entry, pooled, fmt, records)
+
+
+def read_record_vectors(output: str) -> Iterator[tuple[str, np.ndarray]]:
+    """``(record id, vector)`` of every record of an output pooled per record (``pool=mean
+    pool_over=record``), in input order (memory: one shard): the mean of the record's sentences'
+    token vectors, ([L,] 2P)."""
+    document = _manifest(output)
+    if document.get("pool_over") != "record":
+        raise EmbedError(
+            f"{output}: holds no vector per record (pool_over=record): read it with read_embeddings"
+        )
+    fmt = format_named(document["file_format"])
+    for entry in _entries(output, document):
+        if type(entry.get("rows")) is not int or entry["rows"] < 0:
+            raise EmbedError(
+                f"{manifest.manifest_path(output)}: shard entry {entry['index']} does not count its rows"
+            )
+        data, path = _shard_bytes(output, entry, fmt)
+        keys = _record_keys(output, fmt, data, path, entry["rows"])
+        previous = int(entry["first_line"]) - 1
+        for i, (line, value) in enumerate(fmt.read(data, path, True, entry["rows"])):
+            if not previous < line < int(entry["end_line"]):  # each record's first line, in order
+                raise EmbedError(f"{path}: record {keys.ids[i]!r} is out of place (line {line})")
+            previous = line
+            yield keys.ids[i], value
 
 
 def _manifest(output: str) -> dict:
@@ -104,7 +145,30 @@ def _entries(output: str, document: dict) -> list[dict]:
     return entries
 
 
-def _shard(output: str, entry: dict, pooled: bool, fmt: EmbeddingFormat) -> Iterator[tuple[int, np.ndarray]]:
+def _shard(output: str, entry: dict, pooled: bool, fmt: EmbeddingFormat, records: bool) -> Iterator[tuple]:
+    data, path = _shard_bytes(output, entry, fmt)
+    rows_expected = entry["end_line"] - entry["first_line"] if pooled else entry.get("tokens")
+    rows = fmt.read(data, path, pooled, rows_expected)
+    expected = int(entry["first_line"])
+    lines = int(entry["end_line"]) - expected
+    keys = _record_keys(output, fmt, data, path, lines) if records else None
+    for line, value in rows:
+        if line != expected:
+            raise EmbedError(f"{path}: expected line {expected}, found {line}")
+        if keys is None:
+            yield line, value
+        else:
+            i = line - int(entry["first_line"])
+            yield line, keys.ids[i], int(keys.sentence[i]), value
+        expected += 1
+    if expected != int(entry["end_line"]):
+        raise EmbedError(
+            f"{path}: holds lines up to {expected - 1}, its manifest says {int(entry['end_line']) - 1}"
+        )
+
+
+def _shard_bytes(output: str, entry: dict, fmt: EmbeddingFormat) -> tuple[bytes, str]:
+    """A shard's bytes and path, checked against its entry: its name, size and sha256."""
     name = entry["name"]
     if name != fmt.file_name(entry["index"]):  # a shard of this output, nothing outside it
         raise EmbedError(
@@ -123,18 +187,14 @@ def _shard(output: str, entry: dict, pooled: bool, fmt: EmbeddingFormat) -> Iter
         raise EmbedError(str(err)) from None
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise EmbedError(f"{path} is damaged or was replaced: its sha256 is not the manifest's")
-    rows_expected = entry["end_line"] - entry["first_line"] if pooled else entry.get("tokens")
-    rows = fmt.read(data, path, pooled, rows_expected)
-    expected = int(entry["first_line"])
-    for line, value in rows:
-        if line != expected:
-            raise EmbedError(f"{path}: expected line {expected}, found {line}")
-        yield line, value
-        expected += 1
-    if expected != int(entry["end_line"]):
-        raise EmbedError(
-            f"{path}: holds lines up to {expected - 1}, its manifest says {int(entry['end_line']) - 1}"
-        )
+    return data, path
+
+
+def _record_keys(output: str, fmt: EmbeddingFormat, data: bytes, path: str, rows: int) -> RecordKeys:
+    keys = fmt.read_record_keys(data, path, rows)
+    if keys is None:
+        raise EmbedError(f"{output}: holds no record ids (its input was text): read it without records=True")
+    return keys
 
 
 def _single_file(output: str) -> Iterator[tuple[int, np.ndarray]]:

@@ -21,12 +21,13 @@ from tqdm import tqdm
 from elmo_model.static_inference import OutputSpec
 from pipeline.config import UseGPU, to_dict
 from pipeline.embed import manifest
-from pipeline.embed.config import EmbedConfig, Pool, StoredDType, is_single_file
+from pipeline.embed.config import EmbedConfig, Pool, PoolOver, StoredDType, is_single_file
 from pipeline.embed.dataflow import ActorPool, embed_stream
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.file_format import chosen_format
-from pipeline.embed.inputs import ShardSpec, plan_shards, resolve_inputs
+from pipeline.embed.inputs import ShardSpec, plan_records, plan_shards, resolve_inputs
 from pipeline.embed.pass_size import PassSize, gpu_free_bytes, pass_size, per_position
+from pipeline.embed.record_inputs import RecordCounts
 from pipeline.embed.resume import (
     OWN_FILES,
     check_output,
@@ -34,7 +35,7 @@ from pipeline.embed.resume import (
     claim_output,
     complete_shards,
 )
-from pipeline.embed.settings import EmbedSettings
+from pipeline.embed.settings import EmbedSettings, record_reading
 from pipeline.embed.single_file import delete_parts, merge, parts_path
 from pipeline.embed.startup import AfterFirstCommit, StartupClock
 from pipeline.model_loader import ModelSource, load_bilm, resolve_model
@@ -66,6 +67,9 @@ def run_settings(cfg, kind: str, paths: list[str], model_sha256: str) -> dict:
         "max_sentence_tokens": cfg.max_sentence_tokens,
         "long_sentences": cfg.long_sentences.value,
         "invalid_utf8": cfg.invalid_utf8.value,
+        # a record corpus's reading decides its sentences (text runs leave it out: their claims stay as they were)
+        **({"records": dataclasses.asdict(record_reading(cfg))} if kind == "records" else {}),
+        **({"pool_over": cfg.pool_over.value} if cfg.pool_over is PoolOver.record else {}),
     }
 
 
@@ -156,6 +160,8 @@ class EmbedDetails:
     """The run's pace after its first commit; None where no shard was committed."""
     manifest: dict | None = None
     """The output's manifest, once the output is complete."""
+    records: RecordCounts | None = None
+    """A record corpus's records read and skipped (None: text input)."""
 
 
 def run_embed(
@@ -175,6 +181,16 @@ def run_embed(
     source = resolve_model(cfg.model, cfg.options_file, cfg.weights_file, EmbedError)
     load_bilm(source, EmbedError)  # a broken weights file fails here, in one line, not inside an actor
     kind, paths = resolve_inputs(cfg.input)
+    if kind != "records" and cfg.pool_over is PoolOver.record:
+        raise EmbedError(
+            "pool_over=record pools the sentences of a record; the input is sentence-per-line text "
+            "(a record corpus is Parquet or JSON Lines): use pool_over=sentence"
+        )
+    if kind == "records" and single:
+        raise EmbedError(
+            f"output {cfg.output}: records keep their ids in a folder output (a single AllenNLP file has "
+            "no room for them): use a folder output"
+        )
     check_output(cfg.output, target, single, cfg.overwrite)
     tracking = tracking or StageRun(WandbConfig(mode=WandbMode.disabled), cfg.output, "embed", {})
     job = _EmbedJob(cfg, single, target, source, kind, paths, session or RaySession.joined(), tracking, clock)
@@ -224,6 +240,8 @@ class _EmbedRun:
         self.done: dict[int, dict] = {}
         """Committed shards' entries by index, an earlier run's and this one's."""
         self.new_shards = self.new_tokens = 0
+        self.records: RecordCounts | None = None
+        """A record corpus's records read and skipped (None: text input)."""
 
     def plan(self, claim: Claim) -> list[tuple[ShardSpec, bool]]:
         """Claim the output (or find an earlier run's claim and its finished shards); the shards to
@@ -231,7 +249,12 @@ class _EmbedRun:
         the state they carry)."""
         job, cfg = self.job, self.cfg
         check_writable(job.target)
-        self.specs = plan_shards(job.kind, job.paths, cfg.lines_per_shard, cfg.shard_splits)
+        if job.kind == "records":
+            job.session.start()  # the records are counted by Ray tasks
+            plan = plan_records(job.paths, cfg.lines_per_shard, record_reading(cfg))
+            self.specs, self.records = plan.specs, plan.counts
+        else:
+            self.specs = plan_shards(job.kind, job.paths, cfg.lines_per_shard, cfg.shard_splits)
         self.settings = run_settings(cfg, job.kind, job.paths, job.source.sha256)
         resumed = claim_output(job.target, self.settings)
         claim.claimed = not resumed
@@ -303,6 +326,7 @@ class _EmbedRun:
             tuple(job.paths),
             job.clock.startup(),
             job.clock.after_first_commit(self.new_tokens),
+            records=self.records,
         )
         return StageResult("embed", self.cfg.output, seconds, self.new_tokens, details, complete=not stopped)
 
@@ -313,7 +337,10 @@ class _EmbedRun:
         if missing:
             raise EmbedError(f"output {job.target}: shards {missing[:5]} were not written; rerun to finish")
         entries = [self.done[i] for i in sorted(self.done)]
-        document = manifest.build_manifest(self.settings, job.source.to_dict(), entries, to_dict(cfg))
+        records = self.records.to_dict() if self.records else None
+        document = manifest.build_manifest(
+            self.settings, job.source.to_dict(), entries, to_dict(cfg), records
+        )
         manifest.write_json(manifest.manifest_path(job.target), document)
         result.details = dataclasses.replace(result.details, manifest=document)
         if job.single:

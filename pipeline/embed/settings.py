@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from elmo_model.static_batches import BucketPlan
 from pipeline.embed.config import EmbedConfig, Pool
 from pipeline.embed.file_format import EmbeddingFormat, chosen_format
+from pipeline.embed.record_inputs import RecordReading
 from pipeline.embed.shard_work import WorkSettings
+from pipeline.formats.records import RecordFields
 from pipeline.model_loader import pick_device
 
 
@@ -43,6 +45,12 @@ def bucket_plan(settings: EmbedSettings, device_type: str) -> BucketPlan:
     return BucketPlan(settings.batch_tokens, settings.max_batch_sentences, fixed=device_type == "cuda")
 
 
+def record_reading(config: EmbedConfig) -> RecordReading:
+    """How the run reads a record corpus's records (the driver's plan and the tasks alike)."""
+    fields = RecordFields(text=config.text_field, id=config.id_field)
+    return RecordReading(fields, config.split_sentences, config.max_record_bytes)
+
+
 def work_settings(settings: EmbedSettings) -> WorkSettings:
     """What the CPU operator needs to prepare shards for actors on ``settings.device``."""
     config = settings.config
@@ -52,6 +60,7 @@ def work_settings(settings: EmbedSettings) -> WorkSettings:
         long_sentences=config.long_sentences,
         invalid_utf8=config.invalid_utf8,
         plan=bucket_plan(settings, pick_device(settings.device).type),
+        records=record_reading(config),
     )
 
 

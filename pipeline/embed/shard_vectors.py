@@ -25,6 +25,15 @@ from elmo_model.static_batches import token_destinations
 
 
 @dataclass(frozen=True)
+class RecordKeys:
+    """Each sentence's record: ``ids[i]`` the id of sentence i's record (``id_field``'s value, or
+    ``FILE:NUMBER`` without one), ``sentence[i]`` int32 its index in that record (0-based)."""
+
+    ids: list[str]
+    sentence: np.ndarray
+
+
+@dataclass(frozen=True)
 class ShardVectors:
     """One shard's vectors: ``vectors`` (tokens, [L,] 2P) with ``offsets`` (S+1,) int64 (line i's
     tokens are ``vectors[offsets[i]:offsets[i+1]]``), or, ``pooled``, (S, [L,] 2P) a row per line
@@ -37,6 +46,19 @@ class ShardVectors:
     pooled: bool
     tokens: np.ndarray
     """(S,) int64: each line's tokens (boundaries excluded; a split line's pieces summed)."""
+    records: RecordKeys | None = None
+    """A record corpus's shard: each line's record id and its index in the record (pooled per
+    record: each row's record id and its number of sentences)."""
+    lines: np.ndarray | None = None
+    """(S,) int64 each row's line, where rows are not the lines ``first_line``.. in order (pooled per
+    record: each record's first line); None: they are."""
+
+    @property
+    def line_numbers(self) -> np.ndarray:
+        """(S,) int64: each row's line."""
+        if self.lines is not None:
+            return self.lines
+        return np.arange(self.first_line, self.first_line + self.num_lines, dtype=np.int64)
 
     @property
     def num_lines(self) -> int:
@@ -46,6 +68,32 @@ class ShardVectors:
         """Line ``i`` (counted from ``first_line``) in AllenNLP's shape: (n, 2P) or (L, n, 2P);
         pooled ([L,] 2P). A view, not a copy."""
         return line_value(self.vectors, self.offsets, i, self.pooled)
+
+
+def pooled_by_record(shard: ShardVectors) -> ShardVectors:
+    """A shard of a record corpus pooled per sentence -> a row per record: the mean of all its
+    sentences' token vectors (the token-weighted mean of their means, in float32; zeros for a record
+    whose sentences have no token), keyed by its id and its number of sentences, its line its first
+    sentence's. A shard holds whole records (``record_inputs``), so no record is cut."""
+    keys = shard.records
+    firsts = np.flatnonzero(keys.sentence == 0)  # each record's first sentence
+    tokens = np.asarray(shard.tokens, dtype=np.float64)
+    weighted = shard.vectors.astype(np.float32) * tokens.reshape(-1, *([1] * (shard.vectors.ndim - 1)))
+    sums = np.add.reduceat(weighted, firsts, axis=0)
+    record_tokens = np.add.reduceat(tokens, firsts)
+    scale = np.divide(1.0, record_tokens, out=np.zeros_like(record_tokens), where=record_tokens > 0)
+    means = (sums * scale.reshape(-1, *([1] * (sums.ndim - 1)))).astype(shard.vectors.dtype)
+    sentences = np.diff(np.append(firsts, len(tokens))).astype(np.int32)
+    ids = [keys.ids[i] for i in firsts.tolist()]  # once per record
+    return ShardVectors(
+        shard.first_line,
+        means,
+        np.arange(len(firsts) + 1),
+        True,
+        record_tokens.astype(np.int64),
+        RecordKeys(ids, sentences),
+        shard.first_line + firsts.astype(np.int64),
+    )
 
 
 def line_value(vectors, offsets, i: int, pooled: bool) -> np.ndarray:

@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from elmo_model.static_batches import BucketPlan, StaticBatch, build_passes
 from pipeline.embed.config import InvalidUTF8, LongSentences
 from pipeline.embed.errors import WORKER_ERRORS, EmbedError
-from pipeline.embed.inputs import ShardSpec, read_lines
+from pipeline.embed.inputs import ShardSpec, read_input
+from pipeline.embed.record_inputs import RecordReading
 from pipeline.embed.sentences import PreparedLines, prepare_lines
+from pipeline.embed.shard_vectors import RecordKeys
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class WorkSettings:
     long_sentences: LongSentences
     invalid_utf8: InvalidUTF8
     plan: BucketPlan
+    records: RecordReading | None = None
+    """How a record corpus's records become sentences (read for record shards only)."""
 
     def __post_init__(self) -> None:  # a choice's name is taken too, and checked
         object.__setattr__(self, "long_sentences", LongSentences(self.long_sentences))
@@ -47,7 +51,7 @@ class ShardWork:
     ``p`` (lines split at ``max_sentence_tokens`` have several pieces; empty lines none).
     ``passes``: stateless, (piece indices, ``StaticBatch``) per forward pass; ``pieces``: stateful,
     the token lists in input order. ``error``: a one-line problem found while preparing (the shard
-    is then not embedded; the driver raises it).
+    is then not embedded; the driver raises it). ``records``: a record corpus's keys of each line.
     """
 
     spec: ShardSpec
@@ -59,6 +63,7 @@ class ShardWork:
     passes: list[tuple[list[int], StaticBatch]] = field(default_factory=list)
     pieces: list[list[str]] = field(default_factory=list)
     error: str = ""
+    records: RecordKeys | None = None
 
     def to_bytes(self) -> bytes:
         return pickle.dumps(self, protocol=5)
@@ -110,14 +115,17 @@ def work_from_lines(
 def prepare_shard(spec: ShardSpec, write: bool, settings: WorkSettings) -> ShardWork:
     """Read and prepare one shard; a one-line input problem becomes ``ShardWork.error``."""
     try:
+        lines, records = read_input(spec, settings.records)
         prepared = prepare_lines(
-            read_lines(spec),
+            lines,
             spec.first_line,
             max_tokens=settings.max_sentence_tokens,
             long_sentences=settings.long_sentences.value,
             invalid_utf8=settings.invalid_utf8.value,
             where=spec.segments[0].path if spec.segments else "input",
         )
-        return work_from_lines(spec, write, prepared, settings)
+        work = work_from_lines(spec, write, prepared, settings)
+        work.records = records
+        return work
     except WORKER_ERRORS as err:
         return ShardWork(spec, write, error=str(err))

@@ -172,7 +172,15 @@ class ShardWriters:
             "output": output,
             "stats": stats,
             "file_format": fmt,
-            "shard": (shard.first_line, vectors, shard.offsets, shard.pooled, shard.tokens),
+            "shard": (
+                shard.first_line,
+                vectors,
+                shard.offsets,
+                shard.pooled,
+                shard.tokens,
+                shard.records,
+                shard.lines,
+            ),
             "live": self.buffers.live(),
         }
         writer = self._idle.get()
@@ -280,14 +288,14 @@ def serve() -> None:
 
 
 def _commit(request: dict, fds: list[int], mapped: dict[int, np.ndarray]) -> dict:
-    first_line, vectors, offsets, pooled, tokens = request["shard"]
+    first_line, vectors, offsets, pooled, tokens, records, lines = request["shard"]
     if isinstance(vectors, SharedArray):
         vectors = _shared_view(vectors, fds, mapped)
     for fd in fds:
         os.close(fd)
     for key in set(mapped) - set(request["live"]):
         del mapped[key]  # buffers the actor has dropped (the request's own is live: the actor views it)
-    shard = ShardVectors(first_line, vectors, offsets, pooled, tokens)
+    shard = ShardVectors(first_line, vectors, offsets, pooled, tokens, records, lines)
     return commit_shard(request["output"], request["stats"], shard, request["file_format"])
 
 

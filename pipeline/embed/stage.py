@@ -58,10 +58,19 @@ class EmbedStage(Stage[EmbedConfig, EmbedDetails]):
                 f"  shards {d.shards} ({d.new_shards} written now), sentences {t['sentences']:,}, tokens {t['tokens']:,}",
                 f"  empty sentences {t['empty_sentences']}, invalid UTF-8 lines {t['invalid_utf8_lines']}, "
                 f"lines with control characters {t['control_char_lines']}, split sentences {t['split_sentences']}",
+                *_records_line(d),
                 f"  {result.tokens:,} tokens in {result.seconds:.1f} s = {result.tokens_per_second:,.0f} tokens/s",
                 *summary_lines(d.startup, d.after_first_commit),
             ]
         )
+
+
+def _records_line(details: EmbedDetails) -> list[str]:
+    counts = details.records
+    if counts is None:
+        return []
+    skipped = f", {counts.skipped:,} skipped (the first: {counts.first_skipped})" if counts.skipped else ""
+    return [f"  records {counts.records:,}{skipped}; each sentence keeps its record's id and index in it"]
 
 
 EMBED = EmbedStage()

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from pipeline.formats.compression import HEAD_BYTES, compression_of
 from pipeline.formats.shard_format import FormatError
@@ -106,6 +108,47 @@ def decompressed(raw, kind: str | None, path: str):
     )
 
 
+def line_blocks(
+    stream: BinaryIO, path: str, chunk_bytes: int, max_line_bytes: int
+) -> Iterator[tuple[bytes, int]]:
+    """``(lines, overlong_dropped)`` pairs for one stream, about ``chunk_bytes`` each: ``lines`` whole
+    lines (each with its newline, but a last line without one), ``overlong_dropped`` the lines
+    longer than ``max_line_bytes`` (0: no limit) dropped unread just before them (a record's number
+    follows from both). A stream that cannot be read (a damaged gzip or zstd frame) is a FormatError
+    naming ``path``."""
+    carry = b""  # the unfinished last line of what was read so far
+    overlong = 0
+    skipping = False  # inside an overlong line: discard up to its newline
+    while block := _read(stream, chunk_bytes, path):
+        if skipping:
+            newline = block.find(b"\n")
+            if newline < 0:
+                continue
+            skipping = False
+            block = block[newline + 1 :]
+        buf = carry + block
+        cut = buf.rfind(b"\n") + 1
+        complete, carry = buf[:cut], buf[cut:]
+        dropped = 0  # a line after ``complete``: told with the next chunk (a record's number follows from it)
+        if max_line_bytes and len(carry) > max_line_bytes:
+            carry = b""
+            dropped = 1
+            skipping = True
+        if complete:
+            yield complete, overlong
+            overlong = 0
+        overlong += dropped
+    if carry or overlong:
+        yield carry, overlong
+
+
+def _read(stream: BinaryIO, size: int, path: str) -> bytes:
+    try:
+        return stream.read(size)
+    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile and zstandard.ZstdError are OSErrors
+        raise FormatError(f"cannot read input {path}: {err}") from None
+
+
 def jsonl_records(data: bytes, fields: RecordFields, first_number: int, max_bytes: int = 0) -> Records:
     """The records of whole JSON Lines ``data`` whose first line is the file's ``first_number``;
     blank lines are not records (they keep their number), lines over ``max_bytes`` (0: no limit)
@@ -182,9 +225,12 @@ def parquet_row_groups(path: str, fields: RecordFields) -> list[tuple[int, int]]
         return [(group.num_rows, group.total_byte_size) for group in groups]
 
 
-def parquet_records(path: str, groups: Sequence[int], first_number: int, fields: RecordFields) -> Records:
+def parquet_records(
+    path: str, groups: Sequence[int], first_number: int, fields: RecordFields, rows: range | None = None
+) -> Records:
     """The records of row groups ``groups`` (consecutive) of a Parquet file, whose first row is
-    the file's ``first_number``; a null text (or id) is a skipped record."""
+    the file's ``first_number``; a null text (or id) is a skipped record. ``rows``: only the file's
+    rows in this range (which those groups hold)."""
     columns = [fields.text] + ([fields.id] if fields.id else [])
     with _parquet(path) as parquet:
         try:
@@ -192,6 +238,9 @@ def parquet_records(path: str, groups: Sequence[int], first_number: int, fields:
         except Exception as err:  # a damaged page: pyarrow raises OSError or ArrowInvalid
             named = f"row group {groups[0]}" if len(groups) == 1 else f"row groups {groups[0]}-{groups[-1]}"
             raise FormatError(f"input {path}: {named} cannot be read ({_first_line(err)})") from None
+    if rows is not None:
+        table = table.slice(rows.start - first_number, len(rows))
+        first_number = rows.start
     texts = table.column(fields.text).to_pylist()
     ids = table.column(fields.id).to_pylist() if fields.id else [""] * len(texts)
     records = Records()

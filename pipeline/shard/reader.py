@@ -18,7 +18,6 @@ reports it in :attr:`Chunk.overlong`, so a corrupt multi-GB "line" cannot exhaus
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -118,41 +117,14 @@ def open_input(path: str) -> BinaryIO:
         raise ShardError(str(err)) from None
 
 
-def _read(stream: BinaryIO, size: int, path: str) -> bytes:
-    try:
-        return stream.read(size)
-    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile and zstandard.ZstdError are OSErrors
-        raise ShardError(f"cannot read input {path}: {err}") from None
-
-
 def file_chunks(
     stream: BinaryIO, path: str, chunk_bytes: int, max_line_bytes: int
 ) -> Iterator[tuple[bytes, int]]:
-    """``(lines, overlong_dropped)`` pairs for one stream, about ``chunk_bytes`` each; see :class:`Chunk`."""
-    carry = b""  # the unfinished last line of what was read so far
-    overlong = 0
-    skipping = False  # inside an overlong line: discard up to its newline
-    while block := _read(stream, chunk_bytes, path):
-        if skipping:
-            newline = block.find(b"\n")
-            if newline < 0:
-                continue
-            skipping = False
-            block = block[newline + 1 :]
-        buf = carry + block
-        cut = buf.rfind(b"\n") + 1
-        complete, carry = buf[:cut], buf[cut:]
-        dropped = 0  # a line after ``complete``: told with the next chunk (a record's number follows from it)
-        if max_line_bytes and len(carry) > max_line_bytes:
-            carry = b""
-            dropped = 1
-            skipping = True
-        if complete:
-            yield complete, overlong
-            overlong = 0
-        overlong += dropped
-    if carry or overlong:
-        yield carry, overlong
+    """``record_files.line_blocks`` of one stream, a read error as ShardError; see :class:`Chunk`."""
+    try:
+        yield from record_files.line_blocks(stream, path, chunk_bytes, max_line_bytes)
+    except FormatError as err:
+        raise ShardError(str(err)) from None
 
 
 def iter_chunks(

@@ -206,17 +206,13 @@ def test_a_manifest_is_not_trusted_for_names_checks_or_counts(tmp_path):
         inputs.plan_shards("shards", [root], lines_per_shard=4, shard_splits=["train"])
 
 
-def test_record_corpora_are_refused_with_the_way_to_embed_them(tmp_path):
+def test_record_corpora_are_known_by_their_content_not_their_name(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"text": ["One. Two."]}), tmp_path / "docs.data")
     (tmp_path / "docs.txt").write_text('{"id": 1, "text": "One. Two."}\n')
-    (tmp_path / "json.txt").write_text('{"a": 1}\nplain text after\n')  # other JSON is text
-    for name, what in (("docs.data", "a Parquet file"), ("docs.txt", "JSON Lines records")):
-        with pytest.raises(
-            EmbedError,
-            match=rf"input .*{name}: {what}; elmo embed reads sentence-per-line text .*SentenceSplitter and ElmoEmbedder",
-        ):
-            inputs.plan_shards("text", [str(tmp_path / name)], 10)
-    assert inputs.plan_shards("text", [str(tmp_path / "json.txt")], 10)[0].num_lines == 2
+    (tmp_path / "plain.txt").write_text("a sentence a line\n")
+    for name in ("docs.data", "docs.txt"):
+        assert inputs.resolve_inputs([str(tmp_path / name)]) == ("records", [str(tmp_path / name)])
+    assert inputs.resolve_inputs([str(tmp_path / "plain.txt")]) == ("text", [str(tmp_path / "plain.txt")])

@@ -91,3 +91,21 @@ def test_a_pool_hands_out_its_buffers_again_and_a_larger_one_when_needed():
     assert np.shares_memory(shard.vectors, larger)  # the one that fits (the other is 16 bytes)
     pool.release(shard)
     assert len(pool._free) == 2
+
+
+def test_a_record_is_pooled_as_the_token_weighted_mean_of_its_sentences():
+    from pipeline.embed.shard_vectors import RecordKeys, ShardVectors, pooled_by_record
+
+    rng = np.random.default_rng(3)
+    means = rng.standard_normal((5, 2, 4)).astype(np.float32)  # 5 sentences, layers=all of 2 x 4
+    tokens = np.array([3, 1, 0, 2, 4])  # sentence 2 is empty (zeros, no weight)
+    means[2] = 0
+    keys = RecordKeys(["a", "a", "b", "c", "c"], np.array([0, 1, 0, 0, 1], dtype=np.int32))
+    shard = ShardVectors(40, means, np.arange(6), True, tokens, keys)
+    records = pooled_by_record(shard)
+    assert records.records.ids == ["a", "b", "c"] and records.records.sentence.tolist() == [2, 1, 2]
+    assert records.line_numbers.tolist() == [40, 42, 43] and records.tokens.tolist() == [4, 0, 6]
+    np.testing.assert_allclose(records.vectors[0], (3 * means[0] + means[1]) / 4, atol=1e-6)
+    np.testing.assert_array_equal(records.vectors[1], 0)  # a record without tokens
+    np.testing.assert_allclose(records.vectors[2], (2 * means[3] + 4 * means[4]) / 6, atol=1e-6)
+    assert records.vectors.dtype == np.float32 and records.offsets.tolist() == [0, 1, 2, 3]
