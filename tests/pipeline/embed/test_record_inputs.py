@@ -21,6 +21,7 @@ from pipeline.embed.record_inputs import RecordReading, count_unit, read_records
 from pipeline.embed.stage import EMBED
 from pipeline.formats.records import RecordFields
 from pipeline.formats.sentence_split import split_document
+from pipeline.runtime import storage
 from pipeline.stage import run_stage
 
 READING = RecordReading(RecordFields(text="text", id="id"))
@@ -145,7 +146,7 @@ def test_each_sentence_of_a_record_corpus_is_found_by_its_record_and_a_killed_ru
         np.testing.assert_allclose(
             vectors, direct(model, text.split()), atol=2e-5, err_msg=f"{record} {index}"
         )
-    document = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    document = json.loads(storage.read_bytes(storage.join(out, "manifest.json")))
     assert document["records"] == {"records": 24, "skipped": 0, "first_skipped": ""}
     with pytest.raises(EmbedError, match=r"other settings \(records:"):
         run_stage(EMBED, _config(**args, split_sentences="false"))
