@@ -82,8 +82,8 @@ class EmbedConfig:
     globs allowed, read in sorted order as one concatenated corpus), a single shard directory
     (the shard stage's output, recognised by its manifest.json), or record files (Parquet, JSON
     Lines: known by their content) whose documents are split into sentences, each keeping its
-    record's id. A sentence's key is its 0-based line number in that concatenation. Compressed
-    files are not accepted: shards are read by byte range."""
+    record's id; JSON Lines may be gzip or zstd compressed. A sentence's key is its 0-based line
+    number in that concatenation. Compressed text is not accepted: its shards are read by byte range."""
     text_field: str = "text"
     """Record input: the field (JSON Lines) or column (Parquet) that holds a record's document."""
     id_field: str = ""

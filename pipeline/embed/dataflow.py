@@ -1,6 +1,7 @@
 """The Ray Data graph of the embed stage.
 
-    shard specs (one row per shard, only the shards still to do; SPEC_BLOCKS blocks of them)
+    shard specs (one row per shard, only the shards still to do; SPEC_BLOCKS blocks of them; a
+    compressed record file's shards in one row, read from one stream)
       -> map_batches(prepare_rows), CPU tasks: read the shard's lines, clean and tokenize them, plan
          the forward passes and build their arrays (``shard_work``) -> one prepared shard per row
       -> map_batches(EmbedActor), actor pool of ``workers`` (model loaded once per actor; one GPU
@@ -38,6 +39,7 @@ from ray.data import ActorPoolStrategy, DataContext, TaskPoolStrategy
 from pipeline.embed.actor import EmbedActor
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.inputs import ShardSpec
+from pipeline.embed.record_inputs import RecordStreams
 from pipeline.embed.settings import EmbedSettings, concurrent_calls, work_settings
 from pipeline.embed.shard_work import WorkSettings, prepare_shard
 from pipeline.model_loader import ModelSource
@@ -104,13 +106,31 @@ def spec_blocks(shards: int, readers: int) -> int:
     return max(1, min(shards, max(SPEC_BLOCKS, 4 * readers)))
 
 
-def prepare_rows(batch: dict[str, np.ndarray], settings: WorkSettings) -> dict[str, list]:
-    """CPU operator: shard specs -> prepared shards (``ShardWork.to_bytes``)."""
-    out = []
-    for spec_json, write in zip(batch["spec"], batch["write"], strict=True):
-        spec = ShardSpec.from_dict(json.loads(spec_json))
-        out.append(prepare_shard(spec, bool(write), settings).to_bytes())
-    return {"work": out}
+def prepare_rows(batch: dict[str, np.ndarray], settings: WorkSettings) -> Iterator[dict[str, list]]:
+    """CPU operator: rows of shard specs -> prepared shards (``ShardWork.to_bytes``), each handed
+    on as soon as it is prepared (a row of a compressed record file's shards reads that file once,
+    through one ``RecordStreams``)."""
+    streams = RecordStreams()
+    for specs_json in batch["specs"]:
+        for spec, write in json.loads(specs_json):
+            work = prepare_shard(ShardSpec.from_dict(spec), bool(write), settings, streams)
+            yield {"work": [work.to_bytes()]}
+
+
+def spec_rows(todo: Sequence[tuple[ShardSpec, bool]]) -> list[dict]:
+    """The graph's input rows: a shard a row, but the shards of one compressed record file (read by
+    streaming it) in one row, in order."""
+    rows: list[list] = []
+    previous = None
+    for spec, write in todo:
+        segment = spec.segments[0] if spec.segments else None
+        streamed = segment is not None and segment.kind == "jsonl-stream"
+        if streamed and previous == segment.path:
+            rows[-1].append((spec.to_dict(), write))
+        else:
+            rows.append([(spec.to_dict(), write)])
+        previous = segment.path if streamed else None
+    return [{"specs": json.dumps(row)} for row in rows]
 
 
 def embed_stream(
@@ -144,7 +164,7 @@ def build_dataset(
     pool: ActorPool,
 ) -> ray.data.Dataset:
     """The graph of the module docstring over ``todo`` (lazy: nothing runs until it is read)."""
-    rows = [{"spec": json.dumps(spec.to_dict()), "write": write} for spec, write in todo]
+    rows = spec_rows(todo)
     stateful = settings.config.stateful
     calls = concurrent_calls(settings)
     ds = ray.data.from_items(rows, override_num_blocks=spec_blocks(len(rows), pool.readers))
@@ -172,7 +192,7 @@ def build_dataset(
             batch_format="numpy",
             # More actors than shards would each load the model and then idle.
             compute=ActorPoolStrategy(
-                size=1 if stateful else min(pool.workers, len(rows)),
+                size=1 if stateful else min(pool.workers, len(todo)),
                 max_tasks_in_flight_per_actor=calls,
                 max_concurrent_calls_per_actor=calls,
                 enable_true_multi_threading=calls > 1,

@@ -26,6 +26,7 @@ from pipeline.embed.record_inputs import (
     RECORD_KINDS,
     RecordPlan,
     RecordReading,
+    RecordStreams,
     count_units,
     read_records,
     record_kind,
@@ -49,7 +50,7 @@ class Segment:
     (checked over the whole file at every read); ``last``: the range ends where the manifest says
     the tar does (its reader checks that no sentence follows). ``parquet`` = rows [start, end);
     ``jsonl`` = bytes [start, end) of whole lines, the first of them the file's line
-    ``first_record`` (0-based)."""
+    ``first_record`` (0-based); ``jsonl-stream`` = lines [start, end) of a compressed JSON Lines file."""
 
     kind: str
     path: str
@@ -329,13 +330,16 @@ def _tar_lines(segment: Segment) -> list[bytes]:
     return lines
 
 
-def read_input(spec: ShardSpec, reading: RecordReading | None) -> tuple[list[bytes], RecordKeys | None]:
+def read_input(
+    spec: ShardSpec, reading: RecordReading | None, streams: RecordStreams | None = None
+) -> tuple[list[bytes], RecordKeys | None]:
     """:func:`read_lines` of any shard; a record corpus's (``reading``: how its records become
-    sentences) with each sentence's record keys, checked against the plan's hash of its records."""
+    sentences; ``streams``: where its compressed files are read on from) with each sentence's
+    record keys, checked against the plan's hash of its records."""
     if not spec.segments or spec.segments[0].kind not in RECORD_KINDS:
         return read_lines(spec), None
     (segment,) = spec.segments
-    lines, keys, digest = read_records(segment, reading or RecordReading())
+    lines, keys, digest = read_records(segment, reading or RecordReading(), streams)
     if len(lines) != spec.num_lines or digest != spec.input_sha256:
         raise EmbedError(
             f"input {segment.path}: the records of lines {spec.first_line}-{spec.first_line + spec.num_lines - 1} "

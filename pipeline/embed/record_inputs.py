@@ -6,7 +6,7 @@ Planning is two steps, neither of which reads the corpus on the driver:
 1. The driver names the input's **units** from metadata alone (:func:`units_of`): a Parquet file's
    row groups gathered into runs of about ``UNIT_BYTES`` (uncompressed, from the footer), a JSON
    Lines file's byte ranges of about ``UNIT_BYTES`` cut at a line end (a ranged read of the bytes
-   around each cut). O(files + units).
+   around each cut), a compressed (gzip, zstd) JSON Lines file whole. O(files + units).
 2. A Ray task per unit (:func:`count_unit`) reads its records, splits them into sentences and
    answers with its **pieces**: runs of whole records of at least ``lines_per_shard`` sentences (a
    unit's last may hold fewer), each with its sentence count and the sha256 of its records' ids
@@ -18,9 +18,10 @@ order given, then records, then sentences). The plan depends on the input and th
 a rerun plans the same shards and resumes them (exactly-once as for text), and a shard whose
 records changed since is refused by its hash when it is read (:func:`read_records`).
 
-A compressed JSON Lines file cannot be entered in the middle, so it would be read from its start
-once per shard: it is refused in one line (decompress it, or convert it to Parquet); the shard
-stage reads it whole. Records the text reader would skip (no string text field, an id that is not
+A compressed JSON Lines file cannot be entered in the middle: its count task streams it whole, its
+pieces are line ranges (``jsonl-stream``), and the preparing side reads its shards in order from one
+stream (:class:`RecordStreams`; the embed graph hands one task all of a file's shards), so the file
+is decompressed once per run, not once per shard. Records the text reader would skip (no string text field, an id that is not
 a string or an integer, a line that is no JSON object, a line over ``max_record_bytes``) are
 skipped and counted here too, the first one named by file and record number.
 """
@@ -30,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,7 +50,11 @@ UNIT_BYTES = 64 * 1024 * 1024
 its own. It sets the planning tasks' size only: the shards are the same whatever it is."""
 CUT_SEARCH_BYTES = 1024 * 1024
 """Bytes read at a time past a JSON Lines cut to find the line end that the unit ends at."""
-RECORD_KINDS = ("jsonl", "parquet")
+RECORD_KINDS = ("jsonl", "parquet", "jsonl-stream")
+"""A record shard's segment kinds: Parquet rows, a plain JSON Lines file's bytes of whole lines, a
+compressed one's lines (read by streaming it from its start)."""
+STREAM_BLOCK_BYTES = 4 * 1024 * 1024
+"""Decompressed bytes of whole lines a compressed JSON Lines file is read in."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,8 @@ class RecordReading:
 @dataclass(frozen=True)
 class Unit:
     """Part of one record file that one count task reads: ``parquet`` rows [start, end) (whole row
-    groups), or ``jsonl`` bytes [start, end) (whole lines)."""
+    groups), ``jsonl`` bytes [start, end) (whole lines), or ``jsonl-stream`` a compressed file whole
+    (start 0, end -1)."""
 
     kind: str
     path: str
@@ -75,9 +81,9 @@ class Unit:
 
 @dataclass(frozen=True)
 class Piece:
-    """A shard-to-be: records [start, end) of its unit (rows, or bytes of whole lines), the unit's
-    ``lines`` before it (JSON Lines: for the file's line numbers; 0 for Parquet), its sentences and
-    the sha256 of its records."""
+    """A shard-to-be: records [start, end) of its unit (rows, bytes of whole lines, or lines of a
+    compressed file), the unit's lines before it (plain JSON Lines: for the file's line numbers;
+    else 0), its sentences and the sha256 of its records."""
 
     start: int
     end: int
@@ -120,26 +126,21 @@ class RecordPlan:
 
 
 def record_kind(path: str) -> str | None:
-    """``parquet`` or ``jsonl`` for a record file (known by its content), None for text; a
-    compressed JSON Lines file is refused."""
+    """``parquet``, ``jsonl`` or ``jsonl-stream`` (gzip or zstd) for a record file, known by its
+    content; None for text."""
     kind = record_files.input_kind(path)
-    if kind == "text":
-        return None
     if kind == "jsonl":
         with storage.open_read(path) as stream:
-            compressed = compression_of(stream.read(HEAD_BYTES))
-        if compressed:
-            raise EmbedError(
-                f"input {path}: {compressed}-compressed JSON Lines (elmo embed reads a record file by byte "
-                "range, and a compressed one would be read from its start for every shard): decompress it, "
-                "or convert it to Parquet"
-            )
-    return kind
+            if compression_of(stream.read(HEAD_BYTES)):
+                return "jsonl-stream"
+    return None if kind == "text" else kind
 
 
 def units_of(path: str, kind: str, reading: RecordReading, unit_bytes: int = UNIT_BYTES) -> list[Unit]:
     """The units of one record file, from its footer (Parquet) or from ranged reads at each cut
     (JSON Lines); the file's columns are checked here."""
+    if kind == "jsonl-stream":
+        return [Unit(kind, path, 0, -1)]
     if kind == "parquet":
         layout = record_files.parquet_row_groups(path, reading.fields)
         units = []
@@ -170,88 +171,177 @@ def _line_end_after(stream, offset: int, size: int) -> int:
     return size
 
 
-def unit_records(unit: Unit, reading: RecordReading) -> tuple[Records, bytes]:
-    """The records of ``unit``: Parquet rows numbered as in the file; JSON Lines lines numbered
-    from 0 at ``unit.start``, with the bytes read."""
+def unit_blocks(unit: Unit, reading: RecordReading) -> Iterator[tuple[Records, np.ndarray, int]]:
+    """The records of ``unit``, a block at a time: ``(records, positions, lines)``. A record's
+    number is its row (Parquet), its line in the unit (plain JSON Lines, from 0 at ``unit.start``) or
+    in the file (a compressed one); ``positions`` int64 (kept records,) is where each begins as a
+    piece boundary says it (its row, its line's first byte in the file, its line); ``lines``: the
+    block's lines (JSON Lines), for the file's line numbers."""
     if unit.kind == "parquet":
         layout = record_files.parquet_row_groups(unit.path, reading.fields)
         group_starts = np.concatenate([[0], np.cumsum([rows for rows, _ in layout])])
         first = int(np.searchsorted(group_starts, unit.start, side="right")) - 1
         last = int(np.searchsorted(group_starts, unit.end, side="left"))
-        rows = range(unit.start, unit.end)
-        groups = range(first, last)
-        return record_files.parquet_records(
+        groups, rows = range(first, last), range(unit.start, unit.end)
+        found = record_files.parquet_records(
             unit.path, groups, int(group_starts[first]), reading.fields, rows
-        ), b""
+        )
+        yield found, np.asarray(found.numbers, dtype=np.int64), 0
+        return
+    if unit.kind == "jsonl-stream":
+        line = 0
+        for block, overlong in _stream_blocks(unit.path, reading):
+            found = record_files.jsonl_records(block, reading.fields, line + overlong)
+            found.skipped += overlong
+            lines = overlong + block.count(b"\n") + (1 if block and not block.endswith(b"\n") else 0)
+            yield found, np.asarray(found.numbers, dtype=np.int64), lines
+            line += lines
+        return
     with storage.open_read(unit.path) as stream:
         stream.seek(unit.start)
         data = stream.read(unit.end - unit.start)
     if len(data) != unit.end - unit.start:
         raise EmbedError(f"input {unit.path}: file shrank while reading; the input changed")
-    return record_files.jsonl_records(data, reading.fields, 0, reading.max_record_bytes), data
+    found = record_files.jsonl_records(data, reading.fields, 0, reading.max_record_bytes)
+    line_starts = np.concatenate([[0], np.flatnonzero(np.frombuffer(data, np.uint8) == 10) + 1])
+    lines = len(line_starts) - (1 if data.endswith(b"\n") else 0)
+    yield found, unit.start + line_starts[np.asarray(found.numbers, dtype=np.int64)], lines
+
+
+def _stream_blocks(path: str, reading: RecordReading) -> Iterator[tuple[bytes, int]]:
+    """``record_files.line_blocks`` of a compressed JSON Lines file, decompressed as it is read."""
+    raw = storage.open_read(path)
+    try:
+        stream = record_files.decompressed(raw, compression_of(raw.read(HEAD_BYTES)), path)
+        raw.seek(0)
+        with stream:
+            yield from record_files.line_blocks(stream, path, STREAM_BLOCK_BYTES, reading.max_record_bytes)
+    finally:
+        raw.close()
 
 
 def records_digest(ids: Sequence[str], texts: Sequence[str]) -> str:
     """The sha256 of records' ids and texts, as a piece's plan and its read both compute it."""
     digest = hashlib.sha256()
     for ident, text in zip(ids or [""] * len(texts), texts, strict=True):  # once per record
-        digest.update(ident.encode("utf-8", "surrogatepass") + b"\0")
-        digest.update(text.encode("utf-8", "surrogatepass") + b"\0")
+        _digest_record(digest, ident, text)
     return digest.hexdigest()
+
+
+def _digest_record(digest, ident: str, text: str) -> None:
+    digest.update(ident.encode("utf-8", "surrogatepass") + b"\0")
+    digest.update(text.encode("utf-8", "surrogatepass") + b"\0")
 
 
 def count_unit(unit: Unit, reading: RecordReading, lines_per_shard: int) -> UnitCount:
     """A count task: ``unit``'s pieces (see the module docstring)."""
+    cutter = _Cutter(lines_per_shard, unit.start)
+    lines = records = skipped = 0
+    first_skipped = -1
     try:
-        found, data = unit_records(unit, reading)
+        for found, positions, block_lines in unit_blocks(unit, reading):
+            _, counts = document_sentences(found.texts, reading.split)
+            ids = found.ids or [""] * len(found.texts)
+            for record in range(len(found.texts)):  # once per record: its hash is the piece's
+                number = found.numbers[record] + (lines if unit.kind == "jsonl" else 0)
+                cutter.add(
+                    int(positions[record]), number, ids[record], found.texts[record], int(counts[record])
+                )
+            if found.skipped and first_skipped < 0:
+                first_skipped = found.first_skipped + (lines if unit.kind == "jsonl" else 0)
+            lines += block_lines
+            records += len(found.texts)
+            skipped += found.skipped + found.overlong
     except (FormatError, storage.StorageError) as err:
         raise EmbedError(str(err)) from None
-    _, counts = document_sentences(found.texts, reading.split)
-    numbers = np.asarray(found.numbers, dtype=np.int64)
-    parquet = unit.kind == "parquet"
-    lines = 0
-    if not parquet:
-        line_starts = np.concatenate([[0], np.flatnonzero(np.frombuffer(data, np.uint8) == 10) + 1])
-        lines = len(line_starts) - (1 if data.endswith(b"\n") else 0)
-    pieces: list[Piece] = []
-    for first, last in _piece_bounds(np.cumsum(counts), lines_per_shard):
-        # a record's number: its row in the file (Parquet) or its line in the unit (JSON Lines)
-        begin = int(numbers[first]) if first else (unit.start if parquet else 0)
-        follow = int(numbers[last + 1]) if last + 1 < len(numbers) else None
-        if parquet:
-            start, end, before = begin, unit.end if follow is None else follow, 0
-        else:
-            start = unit.start + int(line_starts[begin])
-            end = unit.end if follow is None else unit.start + int(line_starts[follow])
-            before = begin
-        span = slice(first, last + 1)
-        digest = records_digest(found.ids[span], found.texts[span])
-        pieces.append(Piece(start, end, before, int(counts[span].sum()), digest))
-    return UnitCount(pieces, lines, len(found.texts), found.skipped + found.overlong, found.first_skipped)
+    end = unit.end if unit.end >= 0 else lines
+    return UnitCount(cutter.finish(end), lines, records, skipped, first_skipped)
 
 
-def _piece_bounds(cum: np.ndarray, lines_per_shard: int) -> list[tuple[int, int]]:
-    """``(first, last)`` kept records of each piece, from ``cum`` the sentences through each: a
-    piece ends at the first record that brings it to ``lines_per_shard`` sentences; the last piece
-    takes every record left (those without sentences too). O(pieces)."""
-    total = int(cum[-1]) if len(cum) else 0
-    bounds, first, done = [], 0, 0
-    while done < total:
-        last = int(np.searchsorted(cum, done + lines_per_shard, side="left"))
-        if last >= len(cum) - 1 or cum[last] == total:
-            last = len(cum) - 1
-        bounds.append((first, last))
-        first, done = last + 1, int(cum[last])
-    return bounds
+class _Cutter:
+    """Cuts a unit's records, as they come, into pieces: a piece that has reached ``lines_per_shard``
+    sentences ends where the next record with a sentence begins (records without one stay in it),
+    the last at the unit's end."""
+
+    def __init__(self, lines_per_shard: int, start: int):
+        self.lines_per_shard = lines_per_shard
+        self.pieces: list[Piece] = []
+        self._open(start, 0)
+
+    def _open(self, start: int, before: int) -> None:
+        self.start, self.before, self.sentences, self.digest = start, before, 0, hashlib.sha256()
+
+    def add(self, position: int, number: int, ident: str, text: str, sentences: int) -> None:
+        if sentences and self.sentences >= self.lines_per_shard:
+            self._close(position)
+            self._open(position, number)
+        _digest_record(self.digest, ident, text)
+        self.sentences += sentences
+
+    def _close(self, end: int) -> None:
+        self.pieces.append(Piece(self.start, end, self.before, self.sentences, self.digest.hexdigest()))
+
+    def finish(self, end: int) -> list[Piece]:
+        if self.sentences:
+            self._close(end)
+        return self.pieces
 
 
-def read_records(segment, reading: RecordReading) -> tuple[list[bytes], RecordKeys, str]:
+class RecordStreams:
+    """Compressed JSON Lines files read forward, one open at a time, its current block's records
+    parsed once: a shard's lines [start, end) are read from where the previous shard of the same
+    file ended, and from the file's start only when they come before it (or another file came
+    between). A preparing task keeps one for the shards it is handed."""
+
+    def __init__(self) -> None:
+        self._path: str | None = None
+        self._blocks: Iterator[tuple[Records, np.ndarray, int]] | None = None
+        self._block: Records | None = None
+        self._first = self._end = 0  # the current block's lines [first, end)
+
+    def read(self, path: str, start: int, end: int, reading: RecordReading) -> Records:
+        """The records of lines [start, end) of the compressed JSON Lines file ``path``."""
+        if path != self._path or self._block is None or start < self._first:
+            self._open(path, reading)
+        out = Records()
+        while self._block is not None:
+            numbers = self._block.numbers
+            lo, hi = np.searchsorted(numbers, start), np.searchsorted(numbers, end)
+            out.texts += self._block.texts[lo:hi]
+            out.ids += self._block.ids[lo:hi]
+            out.numbers += numbers[lo:hi]
+            if self._end >= end or not self._advance():
+                break
+        return out
+
+    def _open(self, path: str, reading: RecordReading) -> None:
+        self._path, self._end = path, 0
+        self._blocks = unit_blocks(Unit("jsonl-stream", path, 0, -1), reading)
+        self._advance()
+
+    def _advance(self) -> bool:
+        try:
+            found, _, lines = next(self._blocks)
+        except StopIteration:
+            self._block = None
+            return False
+        self._block, self._first, self._end = found, self._end, self._end + lines
+        return True
+
+
+def read_records(
+    segment, reading: RecordReading, streams: RecordStreams | None = None
+) -> tuple[list[bytes], RecordKeys, str]:
     """A shard's sentences (UTF-8, no newline), their record keys, and the sha256 of its records
-    (to compare with the plan's); ``segment``: the shard's ``inputs.Segment`` of kind ``parquet``
-    or ``jsonl``."""
-    unit = Unit(segment.kind, segment.path, segment.start, segment.end)
+    (to compare with the plan's); ``segment``: the shard's ``inputs.Segment`` of a kind of
+    :data:`RECORD_KINDS`; ``streams``: where compressed files are read from (a new one: from their start)."""
     try:
-        found, _ = unit_records(unit, reading)
+        if segment.kind == "jsonl-stream":
+            found = (streams or RecordStreams()).read(segment.path, segment.start, segment.end, reading)
+        else:
+            ((found, _, _),) = unit_blocks(
+                Unit(segment.kind, segment.path, segment.start, segment.end), reading
+            )
     except (FormatError, storage.StorageError) as err:
         raise EmbedError(str(err)) from None
     sentences, counts = document_sentences(found.texts, reading.split)

@@ -21,7 +21,7 @@ from elmo_model.static_batches import BucketPlan, StaticBatch, build_passes
 from pipeline.embed.config import InvalidUTF8, LongSentences
 from pipeline.embed.errors import WORKER_ERRORS, EmbedError
 from pipeline.embed.inputs import ShardSpec, read_input
-from pipeline.embed.record_inputs import RecordReading
+from pipeline.embed.record_inputs import RecordReading, RecordStreams
 from pipeline.embed.sentences import PreparedLines, prepare_lines
 from pipeline.embed.shard_vectors import RecordKeys
 
@@ -112,10 +112,13 @@ def work_from_lines(
     return work
 
 
-def prepare_shard(spec: ShardSpec, write: bool, settings: WorkSettings) -> ShardWork:
-    """Read and prepare one shard; a one-line input problem becomes ``ShardWork.error``."""
+def prepare_shard(
+    spec: ShardSpec, write: bool, settings: WorkSettings, streams: RecordStreams | None = None
+) -> ShardWork:
+    """Read and prepare one shard (``streams``: where a compressed record file is read on from,
+    kept by the caller across its shards); a one-line input problem becomes ``ShardWork.error``."""
     try:
-        lines, records = read_input(spec, settings.records)
+        lines, records = read_input(spec, settings.records, streams)
         prepared = prepare_lines(
             lines,
             spec.first_line,

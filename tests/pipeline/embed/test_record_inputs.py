@@ -5,6 +5,7 @@ sentence index) with the vectors of a direct BiLM call, and a killed run finishe
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
@@ -17,7 +18,14 @@ from pipeline.config import load_config
 from pipeline.embed import inputs, read_embeddings, read_record_vectors
 from pipeline.embed.config import EmbedConfig
 from pipeline.embed.errors import EmbedError
-from pipeline.embed.record_inputs import RecordReading, count_unit, read_records, units_of
+from pipeline.embed.record_inputs import (
+    RecordReading,
+    RecordStreams,
+    count_unit,
+    read_records,
+    record_kind,
+    units_of,
+)
 from pipeline.embed.stage import EMBED
 from pipeline.formats.records import RecordFields
 from pipeline.formats.sentence_split import split_document
@@ -44,8 +52,14 @@ def _parquet(path, docs, row_group_size=4) -> None:
 
 
 def _jsonl(path, docs, extra_lines=()) -> None:
-    lines = [json.dumps(d) for d in docs] + list(extra_lines)
-    path.write_text("\n".join(lines) + "\n")
+    data = ("\n".join([json.dumps(d) for d in docs] + list(extra_lines)) + "\n").encode()
+    if path.name.endswith(".zst"):
+        import zstandard
+
+        data = zstandard.ZstdCompressor().compress(data)
+    elif path.name.endswith(".gz"):
+        data = gzip.compress(data)
+    path.write_bytes(data)
 
 
 def _sentences(docs) -> list[tuple[str, int, str]]:
@@ -53,25 +67,35 @@ def _sentences(docs) -> list[tuple[str, int, str]]:
     return [(d["id"], i, s) for d in docs for i, s in enumerate(split_document(d["text"]))]
 
 
-@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
-def test_units_tile_the_file_and_pieces_hold_whole_records_of_at_least_a_shards_sentences(tmp_path, kind):
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [("parquet", "docs.parquet"), ("jsonl", "docs.jsonl"), ("jsonl-stream", "docs.jsonl.zst")],
+)
+def test_units_tile_the_file_and_pieces_hold_whole_records_of_at_least_a_shards_sentences(
+    tmp_path, kind, name
+):
     docs = _documents(30)
-    path = tmp_path / f"docs.{kind}"
+    path = tmp_path / name
     _parquet(path, docs) if kind == "parquet" else _jsonl(path, docs)
-    units = units_of(str(path), kind, READING, unit_bytes=600)  # several units
-    assert len(units) > 2 and units[0].start == 0
+    assert record_kind(str(path)) == kind
+    units = units_of(str(path), kind, READING, unit_bytes=600)  # several units, but a compressed file's one
+    assert (len(units) == 1) if kind == "jsonl-stream" else (len(units) > 2 and units[0].start == 0)
+    streams = RecordStreams()  # the shards of a compressed file read on from one stream
     assert all(a.end == b.start for a, b in zip(units, units[1:], strict=False))
     expected = _sentences(docs)
     got, line = [], 0
     for unit in units:
         count = count_unit(unit, READING, lines_per_shard=5)
-        assert count.pieces[0].start == unit.start and count.pieces[-1].end == unit.end
+        assert count.pieces[0].start == unit.start and count.pieces[-1].end == (
+            unit.end if unit.end >= 0 else count.lines
+        )
         assert all(a.end == b.start for a, b in zip(count.pieces, count.pieces[1:], strict=False))
         assert all(p.sentences >= 5 for p in count.pieces[:-1])
         for piece in count.pieces:
             segment = inputs.Segment(kind, str(path), piece.start, piece.end, first_record=piece.lines_before)
-            lines, keys, digest = read_records(segment, READING)
+            lines, keys, digest = read_records(segment, READING, streams)
             assert digest == piece.sha256 and len(lines) == piece.sentences
+            assert read_records(segment, READING)[2] == digest  # read from the start as well
             assert keys.sentence[0] == 0  # a piece starts with a record's first sentence
             got += list(zip(keys.ids, keys.sentence.tolist(), (s.decode() for s in lines), strict=True))
             line += piece.sentences
@@ -90,20 +114,17 @@ def test_records_without_text_are_skipped_and_counted_and_an_id_defaults_to_file
     assert keys.ids[0] == "docs.jsonl:0" and keys.ids[-1] == "docs.jsonl:5"
 
 
-def test_text_and_records_do_not_mix_and_compressed_json_lines_are_refused(tmp_path):
+def test_text_and_records_do_not_mix_and_compressed_text_is_refused(tmp_path):
     _jsonl(tmp_path / "a.jsonl", _documents(2))
     (tmp_path / "b.txt").write_text("plain text\n")
     with pytest.raises(EmbedError, match=r"input mixes records \(.*a.jsonl\) and sentence-per-line text"):
         inputs.resolve_inputs([str(tmp_path / "a.jsonl"), str(tmp_path / "b.txt")])
-    import zstandard
-
-    (tmp_path / "c.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b'{"text": "x"}\n'))
-    with pytest.raises(
-        EmbedError, match="zstd-compressed JSON Lines .* decompress it, or convert it to Parquet"
-    ):
-        inputs.resolve_inputs([str(tmp_path / "c.jsonl.zst")])
+    _jsonl(tmp_path / "c.jsonl.gz", _documents(2))
     _parquet(tmp_path / "d.parquet", _documents(2))
-    assert inputs.resolve_inputs([str(tmp_path / "*.parquet")]) == ("records", [str(tmp_path / "d.parquet")])
+    assert inputs.resolve_inputs([str(tmp_path / "c.jsonl.gz"), str(tmp_path / "d.parquet")])[0] == "records"
+    (tmp_path / "e.txt.gz").write_bytes(gzip.compress(b"plain text\n"))
+    with pytest.raises(EmbedError, match="e.txt.gz: compressed files are not read"):
+        inputs.resolve_inputs([str(tmp_path / "e.txt.gz")])
 
 
 def _config(**overrides) -> EmbedConfig:
@@ -159,8 +180,8 @@ def test_each_sentence_of_a_record_corpus_is_found_by_its_record_and_a_killed_ru
 
 def test_a_records_pooled_vector_is_the_mean_of_its_sentences_token_vectors(ray_local, tmp_path):
     docs = _documents(12, start=100)
-    _jsonl(tmp_path / "docs.jsonl", docs)
-    args = {"input": [str(tmp_path / "docs.jsonl")], "lines_per_shard": 10, "layers": "top"}
+    _jsonl(tmp_path / "docs.jsonl.gz", docs)  # compressed: its shards read from one stream
+    args = {"input": [str(tmp_path / "docs.jsonl.gz")], "lines_per_shard": 10, "layers": "top"}
     tokens_out, records_out = str(tmp_path / "tokens"), str(tmp_path / "records")
     run_stage(EMBED, _config(**args, output=tokens_out))
     pooled = run_stage(
