@@ -230,6 +230,39 @@ def test_a_signal_to_an_embeds_group_after_a_commit_stops_it_cleanly(tmp_path, s
     assert not (out / embed_manifest.MANIFEST_FILE).exists()  # unfinished: a rerun completes it
 
 
+def test_an_embed_failing_in_a_worker_after_commits_ends_in_its_one_line_error(tmp_path):
+    """Issue 65, item 5: an embed that failed mid-run (a writer killed, a full disk) died about one
+    run in four in Ray's core worker, its one-line error lost. Here a line that is not UTF-8 fails its
+    shard's preparing task while the actor commits others: the driver says the error in one line,
+    exits 2, and stops everything it started (28 such runs by hand, a writer killed and a full disk
+    among them, ended this way at this commit)."""
+    lines = [(" ".join(s) + "\n").encode() for s in sample_sentences(3000)]
+    lines[2500] = b"In the \xff beginning\n"
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"".join(lines))
+    model = [f"options_file={REFERENCE / 'options.json'}", f"weights_file={REFERENCE / 'lm_weights.hdf5'}"]
+    settings = [
+        "lines_per_shard=200",
+        "workers=1",
+        "progress=false",
+        "wandb.mode=disabled",
+        "invalid_utf8=error",
+    ]
+    proc = _run(
+        ["-m", "jobs.embed", "--input", str(corpus), "--output", str(tmp_path / "out"), *model, *settings]
+    )
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        f"error: {corpus}: line 2500 is not valid UTF-8 (byte 7); fix the input or set invalid_utf8=replace"
+    ), err[-3000:]
+    assert "Traceback" not in err and "core_worker" not in err and "core worker" not in err, err[-3000:]
+    assert _nothing_left(proc.pid) == []
+    assert list(
+        (tmp_path / "out").glob("embeddings-*.hdf5")
+    )  # shards before it were committed (a rerun keeps them)
+
+
 def test_a_sigkilled_embed_driver_mid_commit_leaves_nothing_and_its_rerun_writes_each_shard_once(tmp_path):
     """SIGKILL to the driver while its actor's writer processes commit shards: the watchdog stops
     the cluster and the writers with it (each discarding the file it was writing: no partial file
