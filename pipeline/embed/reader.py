@@ -102,9 +102,16 @@ def _manifest(output: str) -> dict:
     return manifest.current(document)
 
 
-REQUIRED = {"name": str, "index": int, "first_line": int, "end_line": int, "sha256": str}
 CHECKED = ("sentences", "tokens", "bytes")
-"""Counts an entry has had since the first version; checked against the shard and the totals."""
+"""Counts every entry has had since the first schema; checked against the shard and the totals."""
+REQUIRED = {
+    "name": str,
+    "index": int,
+    "first_line": int,
+    "end_line": int,
+    "sha256": str,
+    **dict.fromkeys(CHECKED, int),
+}
 
 
 def _entries(output: str, document: dict) -> list[dict]:
@@ -117,9 +124,8 @@ def _entries(output: str, document: dict) -> list[dict]:
         raise EmbedError(f"{path}: not an elmo embed manifest (no list of shards and their totals)")
     end = 0
     for i, entry in enumerate(entries):
-        fields = {**REQUIRED, **{k: int for k in CHECKED if isinstance(entry, dict) and k in entry}}
         if not isinstance(entry, dict) or not all(
-            type(entry.get(k)) is kind and (kind is str or entry[k] >= 0) for k, kind in fields.items()
+            type(entry.get(k)) is kind and (kind is str or entry[k] >= 0) for k, kind in REQUIRED.items()
         ):
             raise EmbedError(
                 f"{path}: shard entry {i} is malformed (it needs {', '.join(REQUIRED)}; counts are whole numbers)"
@@ -130,13 +136,13 @@ def _entries(output: str, document: dict) -> list[dict]:
                 f"to the end once each, in order (it holds lines {entry['first_line']}-{entry['end_line'] - 1}, "
                 f"line {end} comes next)"
             )
-        if entry.get("sentences", entry["end_line"] - end) != entry["end_line"] - end:
+        if entry["sentences"] != entry["end_line"] - end:
             raise EmbedError(
                 f"{path}: shard entry {i} ({entry['name']}) counts sentences other than its lines"
             )
         end = entry["end_line"]
     if totals.get("shards") != len(entries) or any(
-        key in totals and totals[key] != sum(int(e.get(key, 0)) for e in entries) for key in CHECKED
+        totals.get(key) != sum(e[key] for e in entries) for key in CHECKED
     ):
         raise EmbedError(
             f"{path}: its {len(entries)} shard entries do not add up to its totals (a shard listed twice or "
@@ -147,7 +153,7 @@ def _entries(output: str, document: dict) -> list[dict]:
 
 def _shard(output: str, entry: dict, pooled: bool, fmt: EmbeddingFormat, records: bool) -> Iterator[tuple]:
     data, path = _shard_bytes(output, entry, fmt)
-    rows_expected = entry["end_line"] - entry["first_line"] if pooled else entry.get("tokens")
+    rows_expected = entry["end_line"] - entry["first_line"] if pooled else entry["tokens"]
     rows = fmt.read(data, path, pooled, rows_expected)
     expected = int(entry["first_line"])
     lines = int(entry["end_line"]) - expected
@@ -178,7 +184,7 @@ def _shard_bytes(output: str, entry: dict, fmt: EmbeddingFormat) -> tuple[bytes,
     path = storage.join(output, name)
     try:
         size = storage.size(path)  # before reading: a regular file of the manifest's size
-        if "bytes" in entry and size != entry["bytes"]:
+        if size != entry["bytes"]:
             raise EmbedError(
                 f"{path} is damaged or was replaced: {size:,} bytes, its manifest says {entry['bytes']:,}"
             )

@@ -92,6 +92,7 @@ def test_a_manifest_is_checked_whole_and_each_shard_sized_before_it_is_read(ray_
         (lambda d: d["shards"][0].update(first_line="zero"), r"shard entry 0 is malformed"),
         (lambda d: d["shards"].__setitem__(0, []), r"shard entry 0 is malformed"),
         (lambda d: d["shards"][2].pop("sha256"), r"shard entry 2 is malformed"),
+        (lambda d: d["shards"][1].pop("bytes"), r"shard entry 1 is malformed"),  # every schema's entries count it
         (lambda d: d["totals"].update(tokens=d["totals"]["tokens"] + 1), r"do not add up to its totals"),
         (lambda d: d.update(shards={}), r"not an elmo embed manifest"),
     ]  # fmt: skip
