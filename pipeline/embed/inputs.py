@@ -261,7 +261,7 @@ def plan_records(paths: Sequence[str], lines_per_shard: int, reading: RecordRead
         base = file_lines[unit.path]  # JSON Lines: the file's lines before the unit
         for piece in count.pieces:
             segment = Segment(
-                unit.kind, unit.path, piece.start, piece.end, first_record=base + piece.lines_before
+                unit.kind, unit.path, piece.start, piece.end, first_record=base + piece.first_record
             )
             plan.specs.append(ShardSpec(len(plan.specs), line, piece.sentences, (segment,), piece.sha256))
             line += piece.sentences

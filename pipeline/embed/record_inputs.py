@@ -82,12 +82,12 @@ class Unit:
 @dataclass(frozen=True)
 class Piece:
     """A shard-to-be: records [start, end) of its unit (rows, bytes of whole lines, or lines of a
-    compressed file), the unit's lines before it (plain JSON Lines: for the file's line numbers;
-    else 0), its sentences and the sha256 of its records."""
+    compressed file), the number of its first record (its row; its line, counted from the unit's
+    start in a plain JSON Lines file), its sentences and the sha256 of its records."""
 
     start: int
     end: int
-    lines_before: int
+    first_record: int
     sentences: int
     sha256: str
 

@@ -92,7 +92,7 @@ def test_units_tile_the_file_and_pieces_hold_whole_records_of_at_least_a_shards_
         assert all(a.end == b.start for a, b in zip(count.pieces, count.pieces[1:], strict=False))
         assert all(p.sentences >= 5 for p in count.pieces[:-1])
         for piece in count.pieces:
-            segment = inputs.Segment(kind, str(path), piece.start, piece.end, first_record=piece.lines_before)
+            segment = inputs.Segment(kind, str(path), piece.start, piece.end, first_record=piece.first_record)
             lines, keys, digest = read_records(segment, READING, streams)
             assert digest == piece.sha256 and len(lines) == piece.sentences
             assert read_records(segment, READING)[2] == digest  # read from the start as well
