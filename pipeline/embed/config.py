@@ -14,6 +14,7 @@ from omegaconf import MISSING
 from elmo_model.precision import Precision
 from pipeline.config import ConfigError, UseGPU, check_rules
 from pipeline.embed.file_format import FileFormat
+from pipeline.formats.tokenizer import TokenizerName, moses_lang_rule
 from pipeline.tracking.config import WandbConfig
 
 
@@ -94,6 +95,12 @@ class EmbedConfig:
     ``false``: each record is one sentence. Text input is always read a sentence a line."""
     max_record_bytes: int = 16 * 1024 * 1024
     """Record input: JSON Lines lines longer than this are skipped and counted (0: no limit)."""
+    tokenizer: TokenizerName = TokenizerName.whitespace
+    """How a sentence becomes tokens: ``whitespace`` (text already tokenized, as the shard stage's
+    folders are) or ``moses`` (raw text, as documents are: the tokenizer ``elmo shard
+    tokenizer=moses`` used for the model's training data)."""
+    moses_lang: str = "en"
+    """Language code of the Moses tokenizer's rules (only for ``tokenizer=moses``)."""
     output: str = MISSING
     """Output folder or s3:// prefix (``embeddings-NNNNNN.hdf5`` shards + ``manifest.json``), or a path
     ending in ``.hdf5``/``.h5`` for one AllenNLP-style file (single-file mode). A folder must be empty,
@@ -221,6 +228,7 @@ class EmbedConfig:
                 ("stop_after_shards", self.stop_after_shards, self.stop_after_shards >= 0, ">= 0"),
                 ("readers", self.readers, self.readers >= 0, ">= 0 (0: the CPUs the actors leave)"),
                 ("text_field", self.text_field, bool(self.text_field), "a field or column name"),
+                moses_lang_rule(self.tokenizer, self.moses_lang),
                 ("max_record_bytes", self.max_record_bytes, self.max_record_bytes >= 0, ">= 0"),
                 (
                     "output",

@@ -38,6 +38,7 @@ from pipeline.embed.resume import (
 from pipeline.embed.settings import EmbedSettings, record_reading
 from pipeline.embed.single_file import delete_parts, merge, parts_path
 from pipeline.embed.startup import AfterFirstCommit, StartupClock
+from pipeline.formats.tokenizer import TokenizerName, make_tokenizer
 from pipeline.model_loader import ModelSource, load_bilm, resolve_model
 from pipeline.output_folder import Claim, taken_back_on_failure
 from pipeline.runtime import cluster_capacity, ray_runtime
@@ -70,6 +71,7 @@ def run_settings(cfg, kind: str, paths: list[str], model_sha256: str) -> dict:
         # a record corpus's reading decides its sentences (text runs leave it out: their claims stay as they were)
         **({"records": dataclasses.asdict(record_reading(cfg))} if kind == "records" else {}),
         **({"pool_over": cfg.pool_over.value} if cfg.pool_over is PoolOver.record else {}),
+        **({"tokenizer": f"moses:{cfg.moses_lang}"} if cfg.tokenizer is TokenizerName.moses else {}),
     }
 
 
@@ -351,6 +353,7 @@ class _EmbedRun:
                 max_tokens=cfg.max_sentence_tokens,
                 long_sentences=cfg.long_sentences.value,
                 invalid_utf8=cfg.invalid_utf8.value,
+                tokenize=make_tokenizer(cfg.tokenizer.value, cfg.moses_lang),
             )
             if not cfg.keep_parts:
                 delete_parts(job.target)

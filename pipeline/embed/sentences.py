@@ -19,7 +19,7 @@ defined result instead of AllenNLP's refusal:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pipeline.embed.errors import EmbedError
@@ -78,15 +78,17 @@ def prepare_lines(
     long_sentences: str,
     invalid_utf8: str,
     where: str,
+    tokenize: Callable[[str], list[str]] = str.split,
 ) -> PreparedLines:
-    """Decode, strip and tokenize ``raw_lines`` (input lines ``first_line``, ``first_line + 1``, ...)."""
+    """Decode, strip and tokenize ``raw_lines`` (input lines ``first_line``, ``first_line + 1``,
+    ...) with ``tokenize`` (a line -> its tokens; ``formats.tokenizer.make_tokenizer``)."""
     out = PreparedLines(first_line=first_line)
     for offset, raw in enumerate(raw_lines):
         number = first_line + offset
         text, replaced = decode_line(raw, number, invalid_utf8, where)
         text = text.strip()
         spaced, control = replace_control_chars(text)
-        tokens = spaced.split()
+        tokens = tokenize(spaced)
         out.invalid_utf8_lines += replaced
         out.control_char_lines += control
         out.empty_sentences += not tokens

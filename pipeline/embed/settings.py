@@ -61,6 +61,8 @@ def work_settings(settings: EmbedSettings) -> WorkSettings:
         invalid_utf8=config.invalid_utf8,
         plan=bucket_plan(settings, pick_device(settings.device).type),
         records=record_reading(config),
+        tokenizer=config.tokenizer,
+        moses_lang=config.moses_lang,
     )
 
 

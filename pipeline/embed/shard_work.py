@@ -15,6 +15,7 @@ distinct token), a small fraction of its vectors, so it travels through Ray's ob
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from elmo_model.static_batches import BucketPlan, StaticBatch, build_passes
@@ -24,6 +25,7 @@ from pipeline.embed.inputs import ShardSpec, read_input
 from pipeline.embed.record_inputs import RecordReading, RecordStreams
 from pipeline.embed.sentences import PreparedLines, prepare_lines
 from pipeline.embed.shard_vectors import RecordKeys
+from pipeline.formats.tokenizer import TokenizerName, make_tokenizer
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,17 @@ class WorkSettings:
     plan: BucketPlan
     records: RecordReading | None = None
     """How a record corpus's records become sentences (read for record shards only)."""
+    tokenizer: TokenizerName = TokenizerName.whitespace
+    moses_lang: str = "en"
 
     def __post_init__(self) -> None:  # a choice's name is taken too, and checked
         object.__setattr__(self, "long_sentences", LongSentences(self.long_sentences))
         object.__setattr__(self, "invalid_utf8", InvalidUTF8(self.invalid_utf8))
+        object.__setattr__(self, "tokenizer", TokenizerName(self.tokenizer))
+
+    def tokenize(self) -> Callable[[str], list[str]]:
+        """The run's tokenizer (a Moses one built once per process)."""
+        return make_tokenizer(self.tokenizer.value, self.moses_lang)
 
 
 @dataclass
@@ -126,6 +135,7 @@ def prepare_shard(
             long_sentences=settings.long_sentences.value,
             invalid_utf8=settings.invalid_utf8.value,
             where=spec.segments[0].path if spec.segments else "input",
+            tokenize=settings.tokenize(),
         )
         work = work_from_lines(spec, write, prepared, settings)
         work.records = records

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import h5py
 
@@ -44,6 +44,7 @@ def merge(
     max_tokens: int,
     long_sentences: str,
     invalid_utf8: str,
+    tokenize: Callable[[str], list[str]] = str.split,
 ) -> None:
     """Write ``output`` from the complete shards under ``parts`` (one shard in memory at a time)."""
     sentence_to_index: dict[str, str] = {}
@@ -58,6 +59,7 @@ def merge(
                     long_sentences=long_sentences,
                     invalid_utf8=invalid_utf8,
                     where=spec.segments[0].path,
+                    tokenize=tokenize,
                 )
                 expected = spec.first_line
                 for line, value in iter_shard(PARTS_FORMAT.path(parts, spec.index)):

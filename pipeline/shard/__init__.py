@@ -24,7 +24,7 @@ Guarantees:
   it created (:func:`pipeline.output_folder.taken_back_on_failure`).
 
 Modules, in the order data flows through them: :mod:`.reader` (chunks of lines),
-:mod:`.tokenizer`, :mod:`.sentences` (line accounting, reserved words), :mod:`.split` (held-out
+:mod:`pipeline.formats.tokenizer`, :mod:`.sentences` (line accounting, reserved words), :mod:`.split` (held-out
 hash), :mod:`.duplicates` (later copies), :mod:`.vocabulary`, :mod:`.layout` (which sentence goes
 to which shard), :mod:`.writer` (shuffle, blocks, tar), :mod:`.baseline` (the Kneser-Ney pass,
 over :mod:`.sorted_runs`), :mod:`.manifest`; :mod:`.passes` (per-chunk work), :mod:`.tasks` (the

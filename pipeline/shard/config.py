@@ -12,6 +12,7 @@ from omegaconf import MISSING
 
 from pipeline.config import check_rules, seed_rule
 from pipeline.formats.kneser_ney import MAX_ORDER
+from pipeline.formats.tokenizer import TokenizerName, moses_lang_rule
 from pipeline.tracking.config import WandbConfig
 
 RUNTIME_KEYS = ("output", "workers", "ray_address", "progress", "chunk_bytes", "wandb")
@@ -32,22 +33,6 @@ class InputFormat(enum.Enum):
     """JSON Lines: one object a line, its ``text_field`` a document."""
     parquet = "parquet"
     """Parquet: its ``text_field`` column, a document a row."""
-
-
-class TokenizerName(enum.Enum):
-    whitespace = "whitespace"
-    """The input is already tokenized: split on whitespace."""
-    moses = "moses"
-    """Raw text: the Moses rules of ``moses_lang`` (sacremoses)."""
-
-
-@functools.cache
-def moses_languages() -> frozenset[str]:
-    """The language codes sacremoses has rules for (two letters; it silently falls back to none
-    for any other)."""
-    from sacremoses.corpus import NonbreakingPrefixes
-
-    return frozenset(code for code in NonbreakingPrefixes().available_langs if len(code) <= 3)
 
 
 @dataclass
@@ -110,12 +95,7 @@ class ShardConfig:
         check_rules(
             [
                 ("heldout_fraction", self.heldout_fraction, 0.0 <= self.heldout_fraction < 1.0, "in [0, 1)"),
-                (
-                    "moses_lang",
-                    self.moses_lang,
-                    self.tokenizer is not TokenizerName.moses or self.moses_lang in moses_languages(),
-                    f"a language the Moses rules know ({', '.join(sorted(moses_languages()))})",
-                ),
+                moses_lang_rule(self.tokenizer, self.moses_lang),
                 ("min_count", self.min_count, self.min_count >= 1, ">= 1"),
                 (
                     "max_size",

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.formats.shard_format import SPLITS
+from pipeline.formats.tokenizer import make_tokenizer
 from pipeline.shard.duplicates import ChunkKeys, chunk_keys, remove_sentences
 from pipeline.shard.errors import ReservedWordError, ShardError
 from pipeline.shard.layout import ChunkTokens
 from pipeline.shard.reader import Chunk, Reading, chunk_text
 from pipeline.shard.sentences import LineStats, Sentences, tokenize_lines
 from pipeline.shard.split import heldout_threshold
-from pipeline.shard.tokenizer import make_tokenizer
 from pipeline.shard.vocabulary import global_ids
 from pipeline.shard.writer import Piece, cut_pieces
 

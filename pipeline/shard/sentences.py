@@ -33,9 +33,9 @@ import numpy as np
 
 from pipeline.formats.control_chars import may_hold_control_chars, replace_control_chars
 from pipeline.formats.shard_format import RESERVED_WORDS
+from pipeline.formats.tokenizer import Tokenizer
 from pipeline.shard.errors import ReservedWordError
 from pipeline.shard.split import everything, heldout_rule
-from pipeline.shard.tokenizer import Tokenizer
 from pipeline.shard.vocabulary import local_counts, local_vocabulary
 
 

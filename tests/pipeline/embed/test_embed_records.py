@@ -29,6 +29,7 @@ from pipeline.embed.record_inputs import (
 from pipeline.embed.stage import EMBED
 from pipeline.formats.records import RecordFields
 from pipeline.formats.sentence_split import split_document
+from pipeline.formats.tokenizer import make_tokenizer
 from pipeline.runtime import storage
 from pipeline.stage import run_stage
 
@@ -200,3 +201,24 @@ def test_a_records_pooled_vector_is_the_mean_of_its_sentences_token_vectors(ray_
         next(read_embeddings(records_out))
     with pytest.raises(Exception, match="pool_over=record writes a vector per record: it needs pool=mean"):
         _config(**args, output=str(tmp_path / "x"), pool_over="record", layout="packed")
+
+
+def test_raw_documents_are_tokenized_as_the_shard_stage_tokenizes_them(ray_local, tmp_path):
+    docs = [{"id": "a", "text": 'He said, "Let there be light." And there was light.'}, *_documents(3)]
+    _parquet(tmp_path / "docs.parquet", docs)
+    out = str(tmp_path / "out")
+    run_stage(EMBED, _config(input=[str(tmp_path / "docs.parquet")], output=out, tokenizer="moses"))
+    moses = make_tokenizer("moses", "en")
+    assert moses("He said, ") == ["He", "said", ","]
+    model = load_model()
+    expected = _sentences(docs)
+    found = list(read_embeddings(out, records=True))
+    assert len(found) == len(expected)
+    for (_, record, index, vectors), (_, _, text) in zip(found, expected, strict=True):
+        np.testing.assert_allclose(
+            vectors, direct(model, moses(text)), atol=2e-5, err_msg=f"{record} {index}"
+        )
+    with pytest.raises(EmbedError, match=r"other settings \(tokenizer: 'moses:en', now None\)"):
+        run_stage(EMBED, _config(input=[str(tmp_path / "docs.parquet")], output=out))
+    with pytest.raises(Exception, match="config key 'moses_lang' must be a language the Moses rules know"):
+        _config(input=[str(tmp_path / "docs.parquet")], output=out, tokenizer="moses", moses_lang="zz")

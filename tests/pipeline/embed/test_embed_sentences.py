@@ -6,9 +6,9 @@ import pytest
 
 from pipeline.embed.errors import EmbedError
 from pipeline.embed.sentences import prepare_lines, split_tokens
+from pipeline.formats.tokenizer import make_tokenizer
 from pipeline.shard.sentences import tokenize_lines
 from pipeline.shard.split import heldout_threshold
-from pipeline.shard.tokenizer import make_tokenizer
 
 
 def _prepare(lines, **kw):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.formats.tokenizer import make_tokenizer
 from pipeline.shard.duplicates import (
     chunk_drops,
     chunk_keys,
@@ -18,7 +19,6 @@ from pipeline.shard.duplicates import (
 from pipeline.shard.errors import ShardError
 from pipeline.shard.sentences import tokenize_lines
 from pipeline.shard.split import heldout_threshold, is_heldout
-from pipeline.shard.tokenizer import make_tokenizer
 
 TOKENIZE = make_tokenizer("whitespace", "en", False)
 FRACTION = 0.3

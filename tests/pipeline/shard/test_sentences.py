@@ -3,9 +3,9 @@ from collections import Counter
 import numpy as np
 
 from pipeline.formats.control_chars import CONTROL_CHARS
+from pipeline.formats.tokenizer import make_tokenizer
 from pipeline.shard.sentences import LineStats, tokenize_lines
 from pipeline.shard.split import heldout_threshold
-from pipeline.shard.tokenizer import make_tokenizer
 
 
 def _run(data: bytes, tokenizer="whitespace", max_line_bytes=50, fraction=0.0, **kwargs):

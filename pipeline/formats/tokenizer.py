@@ -17,13 +17,45 @@ joins tokens with one space), optionally lowercased.
 
 from __future__ import annotations
 
+import enum
+import functools
 from collections.abc import Callable
 from functools import lru_cache
 
-from pipeline.shard.config import TokenizerName
+
+class TokenizerName(enum.Enum):
+    whitespace = "whitespace"
+    """The input is already tokenized: split on whitespace."""
+    moses = "moses"
+    """Raw text: the Moses rules of ``moses_lang`` (sacremoses)."""
+
 
 TOKENIZERS = tuple(name.value for name in TokenizerName)
-"""Valid values of ``ShardConfig.tokenizer``."""
+"""Valid values of a stage's ``tokenizer`` (the shard stage's, the embed stage's)."""
+
+
+@functools.cache
+def moses_languages() -> frozenset[str]:
+    """The language codes sacremoses has rules for (two letters; it silently falls back to none
+    for any other)."""
+    from sacremoses.corpus import NonbreakingPrefixes
+
+    return frozenset(code for code in NonbreakingPrefixes().available_langs if len(code) <= 3)
+
+
+def moses_lang_rule(tokenizer: TokenizerName, moses_lang: str) -> tuple:
+    """A config's ``moses_lang`` rule (``pipeline.config.check_rules``): a language the Moses rules
+    know, when the Moses tokenizer is chosen."""
+    if tokenizer is not TokenizerName.moses:
+        return ("moses_lang", moses_lang, True, "")
+    known = moses_languages()
+    return (
+        "moses_lang",
+        moses_lang,
+        moses_lang in known,
+        f"a language the Moses rules know ({', '.join(sorted(known))})",
+    )
+
 
 Tokenizer = Callable[[str], list[str]]
 """A line of text (no newline) -> its tokens."""

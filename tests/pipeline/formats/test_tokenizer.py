@@ -1,11 +1,11 @@
-"""Word tokenizers (pipeline/shard/tokenizer.py): what each makes of a line, and the invariant the
+"""Word tokenizers (pipeline/formats/tokenizer.py): what each makes of a line, and the invariant the
 block format needs (non-empty tokens without whitespace)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.shard.tokenizer import TOKENIZERS, make_tokenizer
+from pipeline.formats.tokenizer import TOKENIZERS, make_tokenizer
 
 
 def test_moses_tokenizer_splits_punctuation_without_escaping():
