@@ -235,7 +235,8 @@ def _digest_record(digest, ident: str, text: str) -> None:
 
 def count_unit(unit: Unit, reading: RecordReading, lines_per_shard: int) -> UnitCount:
     """A count task: ``unit``'s pieces (see the module docstring)."""
-    cutter = _Cutter(lines_per_shard, unit.start)
+    # the unit's first record: its first row (Parquet), or the first line of the unit
+    cutter = _Cutter(lines_per_shard, unit.start, unit.start if unit.kind == "parquet" else 0)
     lines = records = skipped = 0
     first_skipped = -1
     try:
@@ -263,10 +264,10 @@ class _Cutter:
     sentences ends where the next record with a sentence begins (records without one stay in it),
     the last at the unit's end."""
 
-    def __init__(self, lines_per_shard: int, start: int):
+    def __init__(self, lines_per_shard: int, start: int, first_record: int):
         self.lines_per_shard = lines_per_shard
         self.pieces: list[Piece] = []
-        self._open(start, 0)
+        self._open(start, first_record)
 
     def _open(self, start: int, before: int) -> None:
         self.start, self.before, self.sentences, self.digest = start, before, 0, hashlib.sha256()

@@ -91,6 +91,7 @@ def test_units_tile_the_file_and_pieces_hold_whole_records_of_at_least_a_shards_
             unit.end if unit.end >= 0 else count.lines
         )
         assert all(a.end == b.start for a, b in zip(count.pieces, count.pieces[1:], strict=False))
+        assert count.pieces[0].first_record == (unit.start if kind == "parquet" else 0)
         assert all(p.sentences >= 5 for p in count.pieces[:-1])
         for piece in count.pieces:
             segment = inputs.Segment(kind, str(path), piece.start, piece.end, first_record=piece.first_record)
