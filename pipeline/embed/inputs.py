@@ -226,18 +226,12 @@ def _tar_segments(shard_dir: str, splits: Sequence[str], planner: _Planner) -> N
 
 
 def plan_shards(
-    kind: str,
-    paths: Sequence[str],
-    lines_per_shard: int,
-    shard_splits: Sequence[str] = (),
-    reading: RecordReading | None = None,
+    kind: str, paths: Sequence[str], lines_per_shard: int, shard_splits: Sequence[str] = ()
 ) -> list[ShardSpec]:
-    """The shard specs of the whole input, in line order (one streaming pass over text input;
-    records: ``plan_records``, which runs Ray tasks)."""
+    """The shard specs of text or a shard directory, in line order (one streaming pass over text
+    input); a record corpus's: :func:`plan_records`."""
     if lines_per_shard < 1:
         raise EmbedError(f"lines_per_shard must be >= 1, got {lines_per_shard}")
-    if kind == "records":
-        return plan_records(paths, lines_per_shard, reading or RecordReading()).specs
     planner = _Planner(lines_per_shard)
     if kind == "shards":
         _tar_segments(paths[0], shard_splits, planner)

@@ -12,7 +12,7 @@ Planning is two steps, neither of which reads the corpus on the driver:
    unit's last may hold fewer), each with its sentence count and the sha256 of its records' ids
    and texts; O(pieces) comes back.
 
-Each piece is one shard (:func:`plan_record_shards`): a shard never splits a record, so a record's
+Each piece is one shard (``inputs.plan_records``): a shard never splits a record, so a record's
 sentences are in one shard, and its sentences' line numbers follow the input's order (files in the
 order given, then records, then sentences). The plan depends on the input and the settings alone:
 a rerun plans the same shards and resumes them (exactly-once as for text), and a shard whose
@@ -128,11 +128,9 @@ class RecordPlan:
 def record_kind(path: str) -> str | None:
     """``parquet``, ``jsonl`` or ``jsonl-stream`` (gzip or zstd) for a record file, known by its
     content; None for text."""
-    kind = record_files.input_kind(path)
-    if kind == "jsonl":
-        with storage.open_read(path) as stream:
-            if compression_of(stream.read(HEAD_BYTES)):
-                return "jsonl-stream"
+    kind, compression = record_files.file_kind(path)
+    if kind == "jsonl" and compression:
+        return "jsonl-stream"
     return None if kind == "text" else kind
 
 
@@ -144,7 +142,7 @@ def units_of(path: str, kind: str, reading: RecordReading, unit_bytes: int = UNI
     if kind == "parquet":
         layout = record_files.parquet_row_groups(path, reading.fields)
         units = []
-        for run, first_row in record_files.iter_parquet_chunks(path, reading.fields, unit_bytes):
+        for run, first_row in record_files.parquet_runs(layout, unit_bytes):
             rows = sum(layout[g][0] for g in run)
             if rows:
                 units.append(Unit(kind, path, first_row, first_row + rows))
@@ -178,14 +176,7 @@ def unit_blocks(unit: Unit, reading: RecordReading) -> Iterator[tuple[Records, n
     piece boundary says it (its row, its line's first byte in the file, its line); ``lines``: the
     block's lines (JSON Lines), for the file's line numbers."""
     if unit.kind == "parquet":
-        layout = record_files.parquet_row_groups(unit.path, reading.fields)
-        group_starts = np.concatenate([[0], np.cumsum([rows for rows, _ in layout])])
-        first = int(np.searchsorted(group_starts, unit.start, side="right")) - 1
-        last = int(np.searchsorted(group_starts, unit.end, side="left"))
-        groups, rows = range(first, last), range(unit.start, unit.end)
-        found = record_files.parquet_records(
-            unit.path, groups, int(group_starts[first]), reading.fields, rows
-        )
+        found = record_files.parquet_rows(unit.path, range(unit.start, unit.end), reading.fields)
         yield found, np.asarray(found.numbers, dtype=np.int64), 0
         return
     if unit.kind == "jsonl-stream":
@@ -212,9 +203,9 @@ def _stream_blocks(path: str, reading: RecordReading) -> Iterator[tuple[bytes, i
     """``record_files.line_blocks`` of a compressed JSON Lines file, decompressed as it is read."""
     raw = storage.open_read(path)
     try:
-        stream = record_files.decompressed(raw, compression_of(raw.read(HEAD_BYTES)), path)
+        head = raw.read(HEAD_BYTES)
         raw.seek(0)
-        with stream:
+        with record_files.decompressed(raw, compression_of(head), path) as stream:
             yield from record_files.line_blocks(stream, path, STREAM_BLOCK_BYTES, reading.max_record_bytes)
     finally:
         raw.close()
@@ -243,13 +234,14 @@ def count_unit(unit: Unit, reading: RecordReading, lines_per_shard: int) -> Unit
         for found, positions, block_lines in unit_blocks(unit, reading):
             _, counts = document_sentences(found.texts, reading.split)
             ids = found.ids or [""] * len(found.texts)
+            # numbers: as unit_blocks gives them (a plain JSON Lines unit is one block)
             for record in range(len(found.texts)):  # once per record: its hash is the piece's
-                number = found.numbers[record] + (lines if unit.kind == "jsonl" else 0)
+                number = found.numbers[record]
                 cutter.add(
                     int(positions[record]), number, ids[record], found.texts[record], int(counts[record])
                 )
             if found.skipped and first_skipped < 0:
-                first_skipped = found.first_skipped + (lines if unit.kind == "jsonl" else 0)
+                first_skipped = found.first_skipped
             lines += block_lines
             records += len(found.texts)
             skipped += found.skipped + found.overlong
@@ -298,6 +290,7 @@ class RecordStreams:
         self._path: str | None = None
         self._blocks: Iterator[tuple[Records, np.ndarray, int]] | None = None
         self._block: Records | None = None
+        self._numbers = np.zeros(0, dtype=np.int64)  # the current block's record numbers (its lines)
         self._first = self._end = 0  # the current block's lines [first, end)
 
     def read(self, path: str, start: int, end: int, reading: RecordReading) -> Records:
@@ -306,11 +299,10 @@ class RecordStreams:
             self._open(path, reading)
         out = Records()
         while self._block is not None:
-            numbers = self._block.numbers
-            lo, hi = np.searchsorted(numbers, start), np.searchsorted(numbers, end)
+            lo, hi = np.searchsorted(self._numbers, [start, end]).tolist()
             out.texts += self._block.texts[lo:hi]
             out.ids += self._block.ids[lo:hi]
-            out.numbers += numbers[lo:hi]
+            out.numbers += self._block.numbers[lo:hi]
             if self._end >= end or not self._advance():
                 break
         return out
@@ -322,11 +314,12 @@ class RecordStreams:
 
     def _advance(self) -> bool:
         try:
-            found, _, lines = next(self._blocks)
+            found, numbers, lines = next(self._blocks)  # a line's position is its number here
         except StopIteration:
             self._block = None
             return False
-        self._block, self._first, self._end = found, self._end, self._end + lines
+        self._block, self._numbers = found, numbers
+        self._first, self._end = self._end, self._end + lines
         return True
 
 

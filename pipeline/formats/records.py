@@ -14,6 +14,7 @@ row group that cannot be decoded, is refused in one line naming the file (and th
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import zlib
@@ -76,18 +77,24 @@ def input_kind(path: str) -> str:
     """``parquet``, ``jsonl`` or ``text``, from the file's first bytes (decompressed when gzip or
     zstd; data that does not decompress is ``text``, for the reader to refuse); StorageError when
     it cannot be read."""
+    return file_kind(path)[0]
+
+
+def file_kind(path: str) -> tuple[str, str | None]:
+    """:func:`input_kind` and the file's compression (``compression_of`` its first bytes), from
+    one read of its start."""
     with storage.open_read(path) as raw:
         head = raw.read(max(HEAD_BYTES, len(PARQUET_MAGIC)))
         if head.startswith(PARQUET_MAGIC):
-            return "parquet"
+            return "parquet", None
         raw.seek(0)
         kind = compression_of(head)
         stream = decompressed(raw, kind, path) if kind in ("gzip", "zstd") else raw
         try:
             start = stream.read(4096).lstrip()
         except (OSError, EOFError):  # damaged data: the reader names it, as for any text
-            return "text"
-    return "jsonl" if start.startswith(b"{") else "text"
+            return "text", kind
+    return ("jsonl" if start.startswith(b"{") else "text"), kind
 
 
 def decompressed(raw, kind: str | None, path: str):
@@ -225,22 +232,38 @@ def parquet_row_groups(path: str, fields: RecordFields) -> list[tuple[int, int]]
         return [(group.num_rows, group.total_byte_size) for group in groups]
 
 
-def parquet_records(
-    path: str, groups: Sequence[int], first_number: int, fields: RecordFields, rows: range | None = None
-) -> Records:
+def parquet_records(path: str, groups: Sequence[int], first_number: int, fields: RecordFields) -> Records:
     """The records of row groups ``groups`` (consecutive) of a Parquet file, whose first row is
-    the file's ``first_number``; a null text (or id) is a skipped record. ``rows``: only the file's
-    rows in this range (which those groups hold)."""
-    columns = [fields.text] + ([fields.id] if fields.id else [])
+    the file's ``first_number``; a null text (or id) is a skipped record."""
     with _parquet(path) as parquet:
-        try:
-            table = parquet.read_row_groups(list(groups), columns=columns)
-        except Exception as err:  # a damaged page: pyarrow raises OSError or ArrowInvalid
-            named = f"row group {groups[0]}" if len(groups) == 1 else f"row groups {groups[0]}-{groups[-1]}"
-            raise FormatError(f"input {path}: {named} cannot be read ({_first_line(err)})") from None
-    if rows is not None:
-        table = table.slice(rows.start - first_number, len(rows))
-        first_number = rows.start
+        table = _read_groups(parquet, path, groups, fields)
+    return _table_records(table, first_number, fields)
+
+
+def parquet_rows(path: str, rows: range, fields: RecordFields) -> Records:
+    """The records of the file's rows ``rows`` (numbered as in the file): the row groups that hold
+    them, found in the footer and read in the same open."""
+    with _parquet(path) as parquet:
+        meta = parquet.metadata
+        starts = [0]
+        for g in range(meta.num_row_groups):
+            starts.append(starts[-1] + meta.row_group(g).num_rows)
+        first = bisect.bisect_right(starts, rows.start) - 1
+        last = bisect.bisect_left(starts, rows.stop)
+        table = _read_groups(parquet, path, range(first, last), fields)
+    return _table_records(table.slice(rows.start - starts[first], len(rows)), rows.start, fields)
+
+
+def _read_groups(parquet, path: str, groups: Sequence[int], fields: RecordFields):
+    columns = [fields.text] + ([fields.id] if fields.id else [])
+    try:
+        return parquet.read_row_groups(list(groups), columns=columns)
+    except Exception as err:  # a damaged page: pyarrow raises OSError or ArrowInvalid
+        named = f"row group {groups[0]}" if len(groups) == 1 else f"row groups {groups[0]}-{groups[-1]}"
+        raise FormatError(f"input {path}: {named} cannot be read ({_first_line(err)})") from None
+
+
+def _table_records(table, first_number: int, fields: RecordFields) -> Records:
     texts = table.column(fields.text).to_pylist()
     ids = table.column(fields.id).to_pylist() if fields.id else [""] * len(texts)
     records = Records()
@@ -255,9 +278,13 @@ def parquet_records(
 def iter_parquet_chunks(path: str, fields: RecordFields, chunk_bytes: int) -> Iterator[tuple[range, int]]:
     """``(groups, first_row)``: a Parquet file's row groups, in order, gathered into runs of about
     ``chunk_bytes`` (uncompressed; a larger group is a run of its own)."""
+    return parquet_runs(parquet_row_groups(path, fields), chunk_bytes)
+
+
+def parquet_runs(layout: Sequence[tuple[int, int]], chunk_bytes: int) -> Iterator[tuple[range, int]]:
+    """:func:`iter_parquet_chunks` of a file's ``parquet_row_groups`` layout, already read."""
     first = start = 0
     size = rows = 0
-    layout = parquet_row_groups(path, fields)
     for group, (group_rows, group_bytes) in enumerate(layout):
         if group > start and size + group_bytes > chunk_bytes:
             yield range(start, group), first
