@@ -7,9 +7,9 @@ softmax gradient exchange, clipping, optimizer) that ``elmo train`` runs.
 
 Tokens are counted as both streams' positions: 2 x batch x unroll per worker per step. MFU = model
 FLOPs per second / (workers x the measured matmul peak of one worker: float32 on CPU; on a GPU the
-peak of the step's dtype, bf16 or float32 with TF32 off). Model FLOPs count every token of both
-streams through the char CNN, highway, projection, LSTM and the sampled softmax, times 3 for forward
-+ backward (the encoder runs once per distinct token, so the real work is a little smaller).
+peak of the step's dtype, bf16 or float32 with TF32 off). Model FLOPs are each step's own
+(`StepResult.flops`): the char CNN, highway and projection once per distinct spelling of the step,
+the LSTM and the sampled softmax once per position of both streams, times 3 for forward + backward.
 Batches are synthetic: Zipf-distributed word ids over a synthetic vocabulary, spelled with the
 trainer's CharCache, so the step and the sparse softmax exchange see realistic repeats.
 
@@ -69,9 +69,10 @@ def run_worker(rank: int, world: int, port: int, args: argparse.Namespace, out_f
             runner.train_step(batch, 10**6)
         _barrier(world)
         start = time.perf_counter()
-        last = None
+        last, flops = None, 0
         for batch in batches[args.warmup :]:
             last = runner.train_step(batch, 10**6)
+            flops += last.flops
         _barrier(world)
         elapsed = time.perf_counter() - start
         if rank == 0:
@@ -79,7 +80,7 @@ def run_worker(rank: int, world: int, port: int, args: argparse.Namespace, out_f
                 json.dump(
                     {
                         "elapsed": elapsed,
-                        "flops_per_step": runner.flops_per_step(args.batch_size, args.unroll_steps),
+                        "flops_per_step": flops / args.steps,
                         "exchange_bytes": last.exchange_bytes,
                         "dense_bytes": last.dense_bytes,
                         "rows": int(last.rows),
@@ -159,8 +160,10 @@ def cuda_config(args, preset: str, dtype: str, batch_size: int, mode: str, peak:
         runner.train_step(batches[i % len(batches)], 10**6)
     torch.cuda.synchronize()
     start = time.perf_counter()
+    flops = 0
     for i in range(args.warmup, total):
         result = runner.train_step(batches[i % len(batches)], 10**6)
+        flops += result.flops
     torch.cuda.synchronize()
     step_s = (time.perf_counter() - start) / args.steps
     losses = result.losses.tolist()  # before the phase split runs more steps
@@ -179,7 +182,7 @@ def cuda_config(args, preset: str, dtype: str, batch_size: int, mode: str, peak:
         "mode": mode + (" (capture failed)" if graph is not None and graph.failure else ""),
         "step_ms": step_s * 1e3,
         "tokens_s": 2 * batch_size * args.unroll_steps / step_s,
-        "mfu": runner.flops_per_step(batch_size, args.unroll_steps) / step_s / peak,
+        "mfu": flops / args.steps / step_s / peak,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
         "host_ms": float(np.median(host)) * 1e3,
         "phases_ms": {k: v * 1e3 for k, v in phases.items()} if phases else None,

@@ -38,13 +38,14 @@ def first_input_flops(options: BiLMOptions | dict) -> int:
     return 2 * o.projection_dim * 4 * o.dim
 
 
-def train_flops_per_token(options: BiLMOptions | dict, softmax_columns: int) -> int:
-    """Training FLOPs (forward + backward = 3 x forward) per token of one direction's stream.
+def train_step_flops(options: BiLMOptions | dict, softmax_columns: int, positions: int, distinct: int) -> int:
+    """Training FLOPs (forward + backward = 3 x forward) of one step.
 
-    Each of the two streams encodes its own tokens, runs its LSTM and scores ``softmax_columns``
-    classes (S + 1 sampled, or V for the full softmax) per position. A step of B x U positions
-    costs ``2 * B * U * train_flops_per_token``.
+    ``positions``: the step's token positions over both streams (2 x B x U); ``distinct``: the
+    distinct spellings the token encoder ran on (training encodes each spelling of a batch once,
+    docs/training.md#network-in-training). Every position runs one direction's LSTM and scores
+    ``softmax_columns`` classes (S + 1 sampled, or V for the full softmax).
     """
     o = _opts(options)
-    forward = encoder_flops(o) + lstm_flops(o) + 2 * o.projection_dim * softmax_columns
-    return 3 * forward
+    per_position = lstm_flops(o) + 2 * o.projection_dim * softmax_columns
+    return 3 * (distinct * encoder_flops(o) + positions * per_position)

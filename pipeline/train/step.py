@@ -24,7 +24,7 @@ from torch import nn
 
 from elmo_model import BiLM, TrainingLM
 from elmo_model.cuda_graph import WARMUP_DDP, WARMUP_SINGLE, GraphedStep
-from elmo_model.flops import train_flops_per_token
+from elmo_model.flops import train_step_flops
 from pipeline.train.checkpoint import CheckpointError
 from pipeline.train.config import TrainConfig
 from pipeline.train.data import LMBatch
@@ -74,6 +74,8 @@ class StepResult:
     lr: float
     exchange_bytes: int
     dense_bytes: int
+    flops: int
+    """Model FLOPs of this rank's step (`elmo_model.flops.train_step_flops`), known on the host."""
 
 
 class PhaseTimer:
@@ -203,10 +205,10 @@ class StepRunner:
         for tensor in (self.softmax.weight.data, self.softmax.bias.data):
             dist.broadcast(tensor, src=0)
 
-    def flops_per_step(self, batch_size: int, unroll_steps: int) -> int:
-        """Model FLOPs of one rank's step (forward + backward, both directions)."""
+    def step_flops(self, inputs: StepInputs) -> int:
+        """Model FLOPs of one rank's step (forward + backward, both streams) from its host inputs."""
         columns = self.negatives + 1 if self.negatives else self.vocab_size
-        return 2 * batch_size * unroll_steps * train_flops_per_token(self.options, columns)
+        return train_step_flops(self.options, columns, inputs.positions.numel(), inputs.chars.shape[0])
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -241,12 +243,12 @@ class StepRunner:
         negatives = (
             sample_negatives(self.negatives, self.vocab_size, self.generator) if self.negatives else None
         )
+        host = step_inputs(batch, negatives)
         if self.graph is None:
-            host = step_inputs(batch, negatives)
             self.inputs = host.pin_memory().to(self.device) if self.device.type == "cuda" else host
             out = self._run()
         else:
-            out = self._graph_step(batch, negatives)
+            out = self._graph_step(host, negatives)
         self.step += 1
         return StepResult(
             losses=out["losses"],
@@ -256,10 +258,10 @@ class StepRunner:
             lr=lr,
             exchange_bytes=self.exchange_bytes,
             dense_bytes=self.dense_bytes,
+            flops=self.step_flops(host),
         )
 
-    def _graph_step(self, batch: LMBatch, negatives) -> dict[str, torch.Tensor]:
-        host = step_inputs(batch, negatives)
+    def _graph_step(self, host: StepInputs, negatives) -> dict[str, torch.Tensor]:
         distinct = host.chars.shape[0]
         if distinct > self.capacity:
             # a larger spelling buffer: the graph reads fixed addresses, so it is captured again

@@ -110,7 +110,6 @@ class Trainer:
         self.log = RunLog(cfg, plan, self.rank, self.resumed_from, self.writer, relay, self.world)
         self.probe = LiveProbe(cfg.probe_every if self.rank == 0 else 0)  # rank 0 probes alone
         self.stop = StopCheck(relay, self.rank, device)
-        self.flops_per_step = runner.flops_per_step(cfg.batch_size, cfg.unroll_steps)
         self.peak_flops = measure_matmul_peak(device, runner.autocast_dtype or torch.float32)
 
     @staticmethod
@@ -203,11 +202,12 @@ class Trainer:
         if length.resumed_plan:
             self._say_kept_plan()
         components = (log, self.evaluator, self.checkpointer, self.probe)
-        compute, steps_timed, start = 0.0, 0, time.perf_counter()
+        compute, steps_timed, flops, start = 0.0, 0, 0, time.perf_counter()
         window = start
         while self.step < length.last_step:
             out = runner.train_step(next(self.batches), length.schedule_steps)
             steps_timed += 1
+            flops += out.flops
             replan, stopping = length.due(self.step), self.stop.due(self.step)
             last = self.step == length.last_step
             due = Due(*(c.due(self.step, last) for c in components))
@@ -228,11 +228,11 @@ class Trainer:
             # after a reading, so a rollback finds the state of before a divergence
             reading = self._read_guard() if due.log or due.checkpoint else None
             if due.log:
-                row = self._train_row(out, steps_timed, compute, time.perf_counter() - start)
+                row = self._train_row(out, steps_timed, compute, flops, time.perf_counter() - start)
                 if reading is not None:
                     row.update(reading.metrics(), **{"guard/rollbacks": self.guard.rollbacks})
                 log.emit(row)
-                compute, steps_timed = 0.0, 0
+                compute, steps_timed, flops = 0.0, 0, 0
             if reading is not None and reading.diverged:
                 stop = self._act_on_divergence(reading)
                 if stop is not None:
@@ -359,7 +359,9 @@ class Trainer:
             f"{latest_checkpoint(self.plan.run_dir) or 'none'}",
         }
 
-    def _train_row(self, out: StepResult, steps_timed: int, compute: float, elapsed: float) -> dict:
+    def _train_row(
+        self, out: StepResult, steps_timed: int, compute: float, flops: int, elapsed: float
+    ) -> dict:
         cfg = self.cfg
         fwd, bwd = out.losses.tolist()
         tokens = 2 * cfg.tokens_per_step(self.world) * steps_timed
@@ -374,7 +376,7 @@ class Trainer:
             "train/lr": out.lr,
             "train/grad_norm": float(out.grad_norm),
             "train/tokens_per_s": tokens / compute,
-            "train/mfu": self.flops_per_step * steps_timed / compute / self.peak_flops,
+            "train/mfu": flops / compute / self.peak_flops,
             "train/softmax_rows": int(out.rows),
             "train/softmax_exchange_bytes": out.exchange_bytes,
             "train/softmax_dense_bytes": out.dense_bytes,

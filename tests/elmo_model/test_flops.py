@@ -2,7 +2,7 @@
 
 import copy
 
-from elmo_model.flops import encoder_flops, first_input_flops, lstm_flops, train_flops_per_token
+from elmo_model.flops import encoder_flops, first_input_flops, lstm_flops, train_step_flops
 
 ORIGINAL = {  # 2x4096_512_2048cnn_2xhighway
     "lstm": {"dim": 4096, "projection_dim": 512, "n_layers": 2, "cell_clip": 3, "proj_clip": 3},
@@ -24,8 +24,9 @@ def test_flop_counts_of_the_original_model():
     assert first_input_flops(options) == 2 * 512 * 16384
     conv = sum(2 * (50 - w + 1) * w * 16 * n for w, n in options["char_cnn"]["filters"])
     assert encoder_flops(options) == conv + 2 * (2 * 2048 * 4096) + 2 * 2048 * 512
-    total = train_flops_per_token(options, 8193)
-    assert total == 3 * (encoder_flops(options) + lstm_flops(options) + 2 * 512 * 8193)
+    # a step of 2 x 128 x 20 positions whose encoder ran on 900 distinct spellings
+    total = train_step_flops(options, 8193, positions=5120, distinct=900)
+    assert total == 3 * (900 * encoder_flops(options) + 5120 * (lstm_flops(options) + 2 * 512 * 8193))
 
 
 def test_no_projection_flops_when_the_filters_match_the_projection():

@@ -101,7 +101,7 @@ def test_train_perplexity_falls_and_heldout_beats_half_the_unigram(trained):
     assert [r["step"] for r in train] == list(range(10, STEPS + 1, 10))
     assert train[-1]["train/sampled_perplexity"] < 0.5 * train[0]["train/sampled_perplexity"]
     for r in train:
-        assert r["train/tokens_per_s"] > 0 and 0 < r["train/mfu"] < 1.5
+        assert r["train/tokens_per_s"] > 0 and 0 < r["train/mfu"] < 1.0
         assert r["train/sampled_perplexity"] == pytest.approx(np.exp(r["train/loss"]), rel=1e-6)
         # the rows exchange or, when it would move more (a small vocabulary), the dense all-reduce
         assert 0 < r["train/softmax_exchange_bytes"] <= r["train/softmax_dense_bytes"]

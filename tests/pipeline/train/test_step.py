@@ -12,6 +12,7 @@ import torch
 from train_shards import synthetic_cache, zipf_batches
 
 from elmo_model import BiLM, LSTMState
+from elmo_model.flops import encoder_flops, lstm_flops
 from pipeline.config import load_config
 from pipeline.model_config import to_options
 from pipeline.train.char_cache import CharCache
@@ -224,3 +225,18 @@ def test_phase_timer_splits_a_cpu_step():
     runner.train_step(_batches(cache, 1)[0], 100)
     durations = runner.timer.durations()
     assert list(durations) == list(PHASES) and all(v >= 0 for v in durations.values())
+
+
+def test_a_steps_flops_count_the_encoder_once_per_distinct_spelling():
+    cache = _cache()
+    batch = _batches(cache, 1)[0]
+    cfg = _config()
+    options = to_options(cfg.model)
+    runner = StepRunner(cfg, options, VOCAB, torch.device("cpu"))
+    spellings = batch.char_ids.reshape(-1, batch.char_ids.shape[-1]).numpy()
+    distinct = np.unique(spellings, axis=0).shape[0]
+    positions = 2 * B * U
+    assert distinct < positions  # Zipf text repeats tokens: the two counts differ
+    per_position = lstm_flops(options) + 2 * int(options["lstm"]["projection_dim"]) * (S + 1)
+    want = 3 * (distinct * encoder_flops(options) + positions * per_position)
+    assert runner.train_step(batch, 100).flops == want
