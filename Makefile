@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # pytest exits 5 when it collected nothing: that is a failure too, never a green run
+# two workers: the packaging tests beside all the others, which keep their order (tests/conftest.py: pytest_xdist_make_scheduler)
 test: setup
-	@$(VENV)/bin/pytest -q; status=$$?; \
+	@$(VENV)/bin/pytest -q -n 2 --dist loadscope; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
 
 # the unit tier: no Ray cluster, no S3 server, no subprocess jobs (tests/conftest.py and the markers)

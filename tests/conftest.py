@@ -42,6 +42,28 @@ TIER_FIXTURES = {
 ``subprocess`` and ``slow`` tests, which their modules mark)."""
 
 
+SIDE_STREAM = ("tests/infra/test_packaging.py",)
+"""Modules that ``make test`` runs beside all the others (pytest-xdist, two workers, ``--dist
+loadscope``: `pytest_xdist_make_scheduler`). They build and install the wheel and run the README's
+commands: minutes spent waiting in subprocesses on Ray's start-ups, nothing timed, on a machine whose
+cores the rest leaves half idle. Everything else keeps one worker and its order, so no two of the
+session's Ray clusters run at once and no timed test shares the cores with another."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadscope``: two scopes, `SIDE_STREAM` and the rest, one worker each."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TwoStreams(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "side" if nodeid.split("::", 1)[0] in SIDE_STREAM else "main"
+
+    return TwoStreams(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     """Each test gets the ``cluster`` or ``s3`` marker when it uses the session's Ray cluster or S3
     server. Tests marked ``cuda`` are skipped without a CUDA device: CI has none, a GPU session runs

@@ -300,7 +300,6 @@ def test_parquet_holds_what_hdf5_holds_bit_for_bit(ray_local, tmp_path):
         "lines_per_shard": 20,
     }
     for layers, pool, dtype in [
-        ("top", "none", "float16"),
         ("all", "none", "float16"),
         ("top", "mean", "float16"),
         ("top", "none", "float32"),

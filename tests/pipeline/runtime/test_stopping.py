@@ -117,16 +117,9 @@ def _trained_steps(run_dir: str) -> bool:
     return os.path.exists(path) and any(r["kind"] == "train" for r in read_metrics(path))
 
 
-@pytest.mark.parametrize(
-    ("sig", "group", "status", "word"),
-    [(signal.SIGTERM, True, 143, "terminated"), (signal.SIGINT, False, 130, "interrupted")],
-    ids=["sigterm-to-the-group", "sigint-to-the-driver"],  # SIGTERM to the driver: test_launch.py
-)
-def test_a_signal_mid_run_stops_after_a_step_with_its_checkpoint(shards, tmp_path, sig, group, status, word):
-    run_dir = str(tmp_path / "run")
-    proc = _start(shards, run_dir)
-    _wait_for(lambda: _trained_steps(run_dir), proc, "train row")
-    took, err = _stop(proc, sig, group)
+def _stopped_cleanly(proc: subprocess.Popen, run_dir: str, took: float, err: str, status: int, word: str) -> int:
+    """The stop's one last line names the step it stopped at and that step's checkpoint, the
+    latest; it came within the grace period, quietly, and left no process. Returns the step."""
     assert proc.returncode == status, err[-3000:]
     last = err.strip().splitlines()[-1]
     match = re.fullmatch(
@@ -138,23 +131,31 @@ def test_a_signal_mid_run_stops_after_a_step_with_its_checkpoint(shards, tmp_pat
     assert took < GRACE_S, f"{took:.1f} s"
     assert "Traceback" not in err and "Failed to connect to GCS" not in err and "core_worker" not in err
     assert _nothing_left(proc.pid) == []
+    return step
 
 
-def test_a_sigterm_among_saves_leaves_every_checkpoint_whole(shards, tmp_path):
-    """A checkpoint every step: the signal lands during a save or between two, and the stop's
-    checkpoint, like every other kept, loads whole."""
+def test_a_sigint_to_the_driver_mid_run_stops_after_a_step_with_its_checkpoint(shards, tmp_path):
+    """No checkpoint is due (one every 1,000 steps): the stop writes its own. (SIGTERM to the
+    driver: test_launch.py; to the group: the next test.)"""
+    run_dir = str(tmp_path / "run")
+    proc = _start(shards, run_dir)
+    _wait_for(lambda: _trained_steps(run_dir), proc, "train row")
+    took, err = _stop(proc, signal.SIGINT, group=False)
+    _stopped_cleanly(proc, run_dir, took, err, 130, "interrupted")
+
+
+def test_a_sigterm_to_the_group_among_saves_leaves_every_checkpoint_whole(shards, tmp_path):
+    """A checkpoint every step, and SIGTERM to the whole process group (as a scheduler stops a
+    job): the signal lands during a save or between two, and the stop's checkpoint, like every
+    other kept, loads whole."""
     run_dir = str(tmp_path / "run")
     proc = _start(shards, run_dir, checkpoint_every=1)
     _wait_for(lambda: len(ckpt.list_checkpoints(run_dir)) >= 2, proc, "second checkpoint")
     took, err = _stop(proc, signal.SIGTERM, group=True)
-    assert proc.returncode == 143, err[-3000:]
-    match = re.search(r"terminated: stopped at step (\d+); checkpoint (\S+);", err)
-    assert match and match.group(2) == ckpt.latest_checkpoint(run_dir), err[-3000:]
+    step = _stopped_cleanly(proc, run_dir, took, err, 143, "terminated")
     kept = ckpt.list_checkpoints(run_dir)
-    assert [ckpt.load_model(path)["step"] for _, path in kept] == [step for step, _ in kept]
-    assert kept[-1][0] == int(match.group(1))
-    assert took < GRACE_S and "Traceback" not in err
-    assert _nothing_left(proc.pid) == []
+    assert [ckpt.load_model(path)["step"] for _, path in kept] == [s for s, _ in kept]
+    assert kept[-1][0] == step
 
 
 WAITING_DRIVER = """
@@ -289,12 +290,17 @@ def test_a_sigkilled_embed_driver_mid_commit_leaves_nothing_and_its_rerun_writes
     assert not list(out.rglob("*.elmo-partial")) and not (out / embed_manifest.MANIFEST_FILE).exists()
     assert entries() < 40
 
-    rerun = _run(command(out))
-    _, err = rerun.communicate(timeout=240)
-    assert rerun.returncode == 0, err[-3000:]
-    clean = _run(command(tmp_path / "clean"))
-    _, err = clean.communicate(timeout=240)
-    assert clean.returncode == 0, err[-3000:]
+    # the rerun and an uninterrupted run side by side: two embedded clusters on one machine
+    runs = [_run(command(out)), _run(command(tmp_path / "clean"))]
+    try:
+        for run in runs:
+            _, err = run.communicate(timeout=240)
+            assert run.returncode == 0, err[-3000:]
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.communicate()
 
     def shards(folder):
         doc = json.loads((folder / embed_manifest.MANIFEST_FILE).read_text())
