@@ -117,7 +117,9 @@ def _trained_steps(run_dir: str) -> bool:
     return os.path.exists(path) and any(r["kind"] == "train" for r in read_metrics(path))
 
 
-def _stopped_cleanly(proc: subprocess.Popen, run_dir: str, took: float, err: str, status: int, word: str) -> int:
+def _stopped_cleanly(
+    proc: subprocess.Popen, run_dir: str, took: float, err: str, status: int, word: str
+) -> int:
     """The stop's one last line names the step it stopped at and that step's checkpoint, the
     latest; it came within the grace period, quietly, and left no process. Returns the step."""
     assert proc.returncode == status, err[-3000:]
