@@ -45,9 +45,10 @@ TIER_FIXTURES = {
 SIDE_STREAM = ("tests/infra/test_packaging.py",)
 """Modules that ``make test`` runs beside all the others (pytest-xdist, two workers, ``--dist
 loadscope``: `pytest_xdist_make_scheduler`). They build and install the wheel and run the README's
-commands: minutes spent waiting in subprocesses on Ray's start-ups, nothing timed, on a machine whose
-cores the rest leaves half idle. Everything else keeps one worker and its order, so no two of the
-session's Ray clusters run at once and no timed test shares the cores with another."""
+commands, each in a subprocess with a Ray cluster of its own: minutes of it, nothing timed.
+Everything else keeps one worker and its order: the session's own
+Ray cluster and S3 server serve one test at a time, and the tests that time a stop
+(tests/pipeline/runtime, late in that order) come after the side stream's few minutes are over."""
 
 
 @pytest.hookimpl(optionalhook=True)
