@@ -46,9 +46,9 @@ SIDE_STREAM = ("tests/infra/test_packaging.py",)
 """Modules that ``make test`` runs beside all the others (pytest-xdist, two workers, ``--dist
 loadscope``: `pytest_xdist_make_scheduler`). They build and install the wheel and run the README's
 commands, each in a subprocess with a Ray cluster of its own: minutes of it, nothing timed.
-Everything else keeps one worker and its order: the session's own
-Ray cluster and S3 server serve one test at a time, and the tests that time a stop
-(tests/pipeline/runtime, late in that order) come after the side stream's few minutes are over."""
+Everything else keeps one worker and its order: the session's own Ray cluster and S3 server serve
+one test at a time, and the tests that time a stop (tests/pipeline/runtime, late in that order) come
+after the side stream's few minutes are over."""
 
 
 @pytest.hookimpl(optionalhook=True)
